@@ -1,0 +1,1 @@
+"""Run records, fitting the model to them, prediction bands and adjudication."""

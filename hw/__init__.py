@@ -1,0 +1,1 @@
+"""Real CUDA kernels (native and proxy paths) and microbenchmarks, producing run records."""

@@ -1,0 +1,3 @@
+"""The ``lever`` command: simulate, predict, calibrate, compare, validate, hw, sweep."""
+
+__version__ = "0.1.0"

@@ -1,0 +1,49 @@
+"""Entry point of the ``lever`` command.
+
+Each area registers its own subcommands (``register(subparsers)`` in its
+``cli`` module) so the command line grows without one file owning all of it.
+User errors (bad scenario, bad record) are one line on stderr and exit 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+# Modules that contribute subcommands, in help order.
+REGISTRARS = [
+    "sim.cli",
+    "hw.cli",
+]
+
+
+class UserError(Exception):
+    """An error whose message is the whole story: printed as one line, exit 2."""
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="lever", description=__doc__.splitlines()[0])
+    sub = p.add_subparsers(dest="command", required=True)
+    for mod in REGISTRARS:
+        importlib.import_module(mod).register(sub)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    from calibration.records import RecordError
+    from sim.scenario import ScenarioError
+
+    args = build_parser().parse_args(argv)
+    try:
+        rc = args.func(args)
+    except (ScenarioError, RecordError, UserError) as e:
+        print(f"lever: error: {e}", file=sys.stderr)
+        return 2
+    except BrokenPipeError:
+        return 1
+    return int(rc or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

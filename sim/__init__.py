@@ -1,0 +1,1 @@
+"""SimPy discrete-event model of GPU-initiated RDMA over EFA SRD (and RC for IB)."""

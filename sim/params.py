@@ -1,0 +1,290 @@
+"""Validated parameters of the model: platform, workload and design.
+
+Every quantity carries its unit in its name (``_ns``, ``_us``, ``_gbps``,
+``_bytes``). A scenario is the composition of one of each; ``sim.scenario``
+loads them from TOML files and reports bad input by file and field.
+
+The platform is split along the physical pieces so a reader finds the
+doorbell cost where the doorbell is: ``gpu`` (issuing warps and pollers),
+``nic``, ``fabric``, ``receiver``, ``proxy`` (host threads), ``nvlink``.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+CATEGORIES: tuple[str, ...] = (
+    "wqe",
+    "fence",
+    "doorbell",
+    "lock",
+    "credit_wait",
+    "proxy_queue",
+    "proxy_post",
+    "nic",
+    "wire",
+    "visibility",
+    "poll_wait",
+    "forward",
+    "signal",
+    "compute",
+)
+"""Attribution categories shared by ``sim`` and ``hw`` (DESIGN §3).
+
+``lock`` (waiting for a shared send queue or for its doorbell turn) and
+``compute`` (token packing/reduction on the GPU) were added to the design's
+list; names are stable once records use them.
+"""
+
+
+class Strict(BaseModel):
+    """Base: unknown keys are errors, assignment is validated."""
+
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+NonNeg = Field(ge=0.0)
+
+
+class GpuParams(Strict):
+    """Costs paid by one issuing warp on the GPU (H200 microbenchmarks, DESIGN §5)."""
+
+    wqe_store_ns: float = Field(50.0, ge=0, description="64 B WQE as 8 posted MMIO stores")
+    fence_ns: float = Field(1400.0, ge=0, description="__threadfence_system after MMIO/host stores")
+    doorbell_ns: float = Field(10.0, ge=0, description="one 32-bit posted MMIO store")
+    pcie_read_ns: float = Field(1200.0, ge=0, description="dependent load from host memory / BAR")
+    device_load_ns: float = Field(150.0, ge=0, description="dependent load, device memory")
+    atomic_ns: float = Field(600.0, ge=0, description="device-scope atomic round trip (slot reservation, lock)")
+    token_prep_ns: float = Field(200.0, ge=0, description="per-token pack/cast work of a warp before its put")
+    reduce_ns_per_kib: float = Field(8.0, ge=0, description="combine reduction cost per KiB of BF16")
+    poll_interval_ns: float = Field(200.0, ge=0, description="time between two polls of a spinning warp")
+    completion_counter_in_device_memory: bool = Field(
+        True, description="NIC writes its completion counter into GPU memory (else polled over PCIe)"
+    )
+
+
+class NicParams(Strict):
+    """The EFA device (or ConnectX for the IB reference)."""
+
+    nics_per_gpu: int = Field(4, ge=1)
+    line_rate_gbps: float = Field(100.0, gt=0, description="per NIC")
+    mtu_bytes: int = Field(8928, ge=256)
+    wqe_process_ns: float = Field(300.0, ge=0, description="per-WQE fetch/parse by the NIC")
+    max_msg_rate_mops: float = Field(10.0, gt=0, description="per-NIC message rate ceiling, M WQE/s")
+    dma_read_ns: float = Field(900.0, ge=0, description="PCIe latency to start fetching the payload")
+    dma_gbps: float = Field(400.0, gt=0, description="payload DMA bandwidth per NIC")
+    sq_depth: int = Field(4096, ge=1, description="send-queue entries per QP")
+    max_batch: int = Field(16, ge=1, description="doorbell must be rung at least every max_batch WQEs")
+    completion_ns: float = Field(300.0, ge=0, description="CQE/counter write after the last ACK")
+    inline_bytes: int = Field(32, ge=0)
+
+
+class JitterParams(Strict):
+    """Per-packet latency added on top of a path's base latency."""
+
+    distribution: Literal["none", "exponential", "lognormal", "gamma"] = "lognormal"
+    mean_ns: float = Field(800.0, ge=0)
+    sigma: float = Field(0.6, ge=0, description="lognormal shape / gamma 1/sqrt(k)")
+
+
+class FabricParams(Strict):
+    """SRD multipath (EFA) or RC single path in order (InfiniBand)."""
+
+    mode: Literal["srd", "rc"] = "srd"
+    paths: int = Field(16, ge=1, description="SRD paths a packet is sprayed over")
+    base_latency_ns: float = Field(6000.0, ge=0, description="one-way, mean over paths")
+    path_spread_ns: float = Field(1500.0, ge=0, description="paths' base latencies spread uniformly ±")
+    jitter: JitterParams = Field(default_factory=JitterParams)
+    loss_prob: float = Field(0.0, ge=0, le=0.5)
+    retransmit_timeout_ns: float = Field(50000.0, ge=0)
+    ack_bytes: int = Field(64, ge=0)
+
+
+class ReceiverParams(Strict):
+    """Landing side: DMA writes, visibility to pollers, receive completions."""
+
+    land_ns: float = Field(400.0, ge=0, description="PCIe write of a packet into GPU memory")
+    visibility_ns: float = Field(700.0, ge=0, description="landed until visible to a polling SM")
+    recv_completion_ns: float = Field(500.0, ge=0, description="receive CQE generation (write-imm)")
+    cq_poll_ns: float = Field(300.0, ge=0, description="GPU cost per receive-CQE consumed")
+
+
+class ProxyParams(Strict):
+    """CPU proxy: descriptor rings in pinned host memory, host progress threads."""
+
+    threads: int = Field(1, ge=1)
+    ring_depth: int = Field(32, ge=1, description="descriptors per (context, peer) queue")
+    descriptor_store_ns: float = Field(60.0, ge=0, description="128 B descriptor to pinned memory")
+    gpu_to_host_ns: float = Field(1000.0, ge=0, description="descriptor stored+fenced until host sees it")
+    host_poll_ns: float = Field(100.0, ge=0, description="one host poll of one ring")
+    host_post_ns: float = Field(900.0, ge=0, description="provider post of one write (fi_writemsg)")
+    host_cq_poll_ns: float = Field(250.0, ge=0, description="host CQ read per completion")
+    host_to_gpu_ns: float = Field(1000.0, ge=0, description="progress written until GPU sees it")
+
+
+class NvlinkParams(Strict):
+    """Intra-node GPU-to-GPU: flags and copies (2x H200 measurements)."""
+
+    flag_latency_ns: float = Field(615.0, ge=0, description="one-way; 1.23 us round trip measured")
+    gbytes_per_s: float = Field(390.0, gt=0)
+
+
+class Prior(Strict):
+    """Log-normal prior on a free parameter: centre and relative width."""
+
+    value: float
+    rel_sigma: float = Field(0.5, gt=0)
+
+
+class FreeParam(Strict):
+    """A parameter calibration may move, within bounds."""
+
+    lo: float = Field(gt=0)
+    hi: float = Field(gt=0)
+    prior: Prior | None = None
+
+    @model_validator(mode="after")
+    def _ordered(self) -> FreeParam:
+        if not self.lo < self.hi:
+            raise ValueError(f"lo ({self.lo}) must be below hi ({self.hi})")
+        return self
+
+
+class Calibrated(Strict):
+    """What calibration wrote: estimates, covariance in log space, provenance."""
+
+    names: list[str]
+    log_mean: list[float]
+    log_cov: list[list[float]]
+    records: dict[str, str] = Field(default_factory=dict, description="record id -> sha256")
+    date: str = ""
+    git_rev: str = ""
+    cost: float | None = None
+    unidentifiable: list[str] = Field(default_factory=list)
+
+
+class Platform(Strict):
+    """The hardware: what a calibration fits."""
+
+    name: str = "unnamed"
+    description: str = ""
+    gpu: GpuParams = Field(default_factory=GpuParams)
+    nic: NicParams = Field(default_factory=NicParams)
+    fabric: FabricParams = Field(default_factory=FabricParams)
+    receiver: ReceiverParams = Field(default_factory=ReceiverParams)
+    proxy: ProxyParams = Field(default_factory=ProxyParams)
+    nvlink: NvlinkParams = Field(default_factory=NvlinkParams)
+    free: dict[str, FreeParam] = Field(
+        default_factory=dict, description="dotted path (e.g. gpu.fence_ns) -> bounds/prior"
+    )
+    calibrated: Calibrated | None = None
+
+
+class Workload(Strict):
+    """The MoE layer at decode shape (DESIGN §1, §7)."""
+
+    name: str = "decode"
+    ep_ranks: int = Field(16, ge=2)
+    gpus_per_node: int = Field(8, ge=1)
+    tokens_per_rank: int = Field(128, ge=1)
+    hidden: int = Field(7168, ge=1)
+    top_k: int = Field(8, ge=1)
+    num_experts: int = Field(256, ge=1)
+    dispatch_bytes_per_token: int = Field(
+        7504, ge=1, description="FP8 hidden 7168 + scales 224 + metadata 112, 16 B aligned"
+    )
+    combine_bytes_per_token: int = Field(14400, ge=1, description="BF16 hidden + top-k weights")
+    routing: Literal["uniform", "file"] = "uniform"
+    routing_file: str | None = None
+    routing_seed_offset: int = Field(0, ge=0)
+
+    @model_validator(mode="after")
+    def _shape(self) -> Workload:
+        if self.num_experts % self.ep_ranks:
+            raise ValueError(
+                f"num_experts ({self.num_experts}) must be a multiple of ep_ranks ({self.ep_ranks})"
+            )
+        if self.top_k > self.num_experts:
+            raise ValueError(f"top_k ({self.top_k}) exceeds num_experts ({self.num_experts})")
+        if self.ep_ranks % self.gpus_per_node and self.ep_ranks > self.gpus_per_node:
+            raise ValueError(
+                f"ep_ranks ({self.ep_ranks}) must be a multiple of gpus_per_node ({self.gpus_per_node})"
+            )
+        if self.routing == "file" and not self.routing_file:
+            raise ValueError("routing = 'file' needs routing_file")
+        return self
+
+    @property
+    def nodes(self) -> int:
+        return max(1, self.ep_ranks // self.gpus_per_node)
+
+    @property
+    def ranks_per_node(self) -> int:
+        return min(self.gpus_per_node, self.ep_ranks)
+
+
+SignalMode = Literal["ordered", "flush", "imm-counting", "hw-counter", "unordered-counting"]
+
+
+class Design(Strict):
+    """How the kernels use the hardware: the thing a lever changes."""
+
+    name: str = "baseline"
+    path: Literal["native", "proxy"] = "native"
+    protocol: Literal["v1-ll", "v2-direct", "v2-hybrid"] = "v2-hybrid"
+    cached: bool = Field(False, description="reuse the layout handle: no notify/count exchange")
+    signal_mode: SignalMode = Field(
+        "flush",
+        description=(
+            "ordered: RC/strong signal right after data; flush: wait for the data's send "
+            "completions then signal; imm-counting: write-with-immediate, receiver counts "
+            "receive completions; hw-counter: NIC completion counters at the target; "
+            "unordered-counting: in-band sub-part headers + weak SignalAdd"
+        ),
+    )
+    num_sms: int = Field(24, ge=1, description="SMs (CTAs) the kernel runs on")
+    warps_per_sm: int = Field(4, ge=1, description="data (scale-out) warps per SM = channels per SM")
+    forward_warps_per_sm: int = Field(4, ge=0, description="hybrid: forward warps per SM")
+    qps_allocated: int = Field(17, ge=1)
+    qps_per_call: int = Field(9, ge=1, description="data QPs used per call (min(num_sms, 9) in V2)")
+    notify_qp_reserved: bool = Field(True, description="QP 0 kept for notify warps")
+    qp_ownership: Literal["shared-lock", "owned"] = "shared-lock"
+    doorbell_order_across_ctas: bool = Field(
+        True, description="EFA-GDA: a shared QP's doorbells ring in slot order across CTAs"
+    )
+    doorbell_batch: int = Field(1, ge=1, description="ring the doorbell every B WQEs")
+    deferred_doorbell_aggregation: int = Field(
+        1, ge=1, description="aggregate doorbells (and fences) across this many warps"
+    )
+    put_many_span: int = Field(1, ge=1, description="reserve this many SQ slots at once")
+    lazy_completion_dispatch: bool = False
+    lazy_completion_combine: bool = False
+    credit_check_every: int = Field(1, ge=1, description="puts between two credit checks when not lazy")
+    scaleout_update_interval: int = Field(6, ge=1, description="hybrid: tokens per tail signal")
+    provider_batched_tail: bool = Field(
+        False, description="the provider/NIC batches the tail signal work instead of the kernel"
+    )
+    notify_bytes: int = Field(64, ge=1)
+    nvlink_chunk_tokens: int = Field(4, ge=1, description="hybrid: tokens a forward warp moves at once")
+
+    @model_validator(mode="after")
+    def _qps(self) -> Design:
+        if self.qps_per_call > self.qps_allocated:
+            raise ValueError(
+                f"qps_per_call ({self.qps_per_call}) exceeds qps_allocated ({self.qps_allocated})"
+            )
+        return self
+
+
+class Scenario(Strict):
+    """A runnable composition."""
+
+    name: str = "scenario"
+    description: str = ""
+    platform: Platform
+    workload: Workload
+    design: Design
+    seed: int = Field(0, ge=0)
+    ops: list[Literal["dispatch", "combine"]] = Field(default_factory=lambda: ["dispatch", "combine"])

@@ -1,0 +1,169 @@
+"""Loading scenarios from TOML: includes, overrides, validation with provenance.
+
+A scenario file is a fragment: top-level tables ``[platform]``, ``[workload]``,
+``[design]`` (and keys ``name``, ``description``, ``seed``, ``ops``) plus an
+optional ``include = [...]`` list of other fragments, paths relative to the
+including file. Includes merge first, in order; the file's own tables win.
+Each leaf remembers which file set it, so a validation error names the file
+that holds the bad value, not just the scenario that pulled it in.
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import json
+import tomllib
+from pathlib import Path
+from typing import Any
+
+from pydantic import ValidationError
+
+from sim.params import Scenario
+
+SCENARIO_DIR = Path(__file__).resolve().parents[1] / "scenarios"
+
+
+class ScenarioError(ValueError):
+    """Bad scenario input; ``str()`` is the one-line message for the user."""
+
+
+def resolve(name_or_path: str | Path, kind: str = "") -> Path:
+    """Find a scenario by path, or by name under ``scenarios/`` (``kind`` a subfolder)."""
+    p = Path(name_or_path)
+    candidates = [p]
+    if p.suffix != ".toml":
+        candidates.append(p.with_suffix(".toml"))
+    base = SCENARIO_DIR / kind if kind else SCENARIO_DIR
+    candidates += [base / p, base / p.with_suffix(".toml"), SCENARIO_DIR / p.with_suffix(".toml")]
+    for c in candidates:
+        if c.is_file():
+            return c
+    raise ScenarioError(f"{name_or_path}: no such scenario file (looked in {base})")
+
+
+def _read_toml(path: Path) -> dict[str, Any]:
+    try:
+        with path.open("rb") as f:
+            return tomllib.load(f)
+    except FileNotFoundError:
+        raise ScenarioError(f"{path}: file not found") from None
+    except tomllib.TOMLDecodeError as e:
+        raise ScenarioError(f"{path}: not valid TOML: {e}") from None
+
+
+def _merge(dst: dict, src: dict, origin: dict, src_file: str, prefix: tuple = ()) -> None:
+    """Deep-merge ``src`` into ``dst``; record the file of every leaf in ``origin``."""
+    for k, v in src.items():
+        key = (*prefix, k)
+        if isinstance(v, dict) and isinstance(dst.get(k), dict):
+            _merge(dst[k], v, origin, src_file, key)
+        else:
+            dst[k] = copy.deepcopy(v)
+            origin[key] = src_file
+            if isinstance(v, dict):
+                for sub in _leaves(v, key):
+                    origin[sub] = src_file
+
+
+def _leaves(d: dict, prefix: tuple) -> list[tuple]:
+    out = []
+    for k, v in d.items():
+        out.append((*prefix, k))
+        if isinstance(v, dict):
+            out += _leaves(v, (*prefix, k))
+    return out
+
+
+def load_fragment(path: Path, origin: dict, _stack: tuple = ()) -> dict[str, Any]:
+    """Read a fragment with its includes resolved (cycles are errors)."""
+    path = path.resolve()
+    if path in _stack:
+        raise ScenarioError(f"{path}: include cycle")
+    raw = _read_toml(path)
+    includes = raw.pop("include", [])
+    if isinstance(includes, str):
+        includes = [includes]
+    if not isinstance(includes, list) or not all(isinstance(i, str) for i in includes):
+        raise ScenarioError(f"{path}: include: must be a list of file paths")
+    merged: dict[str, Any] = {}
+    for inc in includes:
+        inc_path = (path.parent / inc).resolve()
+        if not inc_path.is_file():
+            raise ScenarioError(f"{path}: include: missing file {inc}")
+        _merge(merged, load_fragment(inc_path, origin, (*_stack, path)), {}, str(inc_path))
+    _merge(merged, raw, origin, _display(path))
+    return merged
+
+
+def _display(path: Path) -> str:
+    try:
+        return str(path.relative_to(Path.cwd()))
+    except ValueError:
+        return str(path)
+
+
+def parse_value(text: str) -> Any:
+    """A ``--set`` value: a TOML literal (number, bool, string, array) or a bare string."""
+    try:
+        return tomllib.loads(f"v = {text}")["v"]
+    except tomllib.TOMLDecodeError:
+        return text
+
+
+def apply_set(data: dict, assignment: str, origin: dict, source: str = "--set") -> None:
+    """Apply ``a.b.c=VALUE`` to nested ``data``."""
+    if "=" not in assignment:
+        raise ScenarioError(f"{source}: '{assignment}': expected PATH=VALUE")
+    path, value = assignment.split("=", 1)
+    keys = path.strip().split(".")
+    cur = data
+    for k in keys[:-1]:
+        cur = cur.setdefault(k, {})
+        if not isinstance(cur, dict):
+            raise ScenarioError(f"{source}: {path}: {k} is not a table")
+    cur[keys[-1]] = parse_value(value.strip())
+    origin[tuple(keys)] = source
+
+
+def validate(data: dict, origin: dict, label: str) -> Scenario:
+    """Validate merged data; the first error becomes a one-line message."""
+    try:
+        return Scenario.model_validate(data)
+    except ValidationError as e:
+        err = e.errors()[0]
+        loc = tuple(str(x) for x in err["loc"])
+        field = ".".join(loc) or "(top level)"
+        where = label
+        for n in range(len(loc), 0, -1):
+            if loc[:n] in origin:
+                where = origin[loc[:n]]
+                break
+        got = f" (got {err['input']!r})" if "input" in err and not isinstance(err["input"], dict) else ""
+        msg = err["msg"]
+        if err["type"] == "extra_forbidden":
+            msg = "unknown key"
+        elif err["type"] == "missing":
+            msg = "missing (no file set it: is an include missing?)"
+        raise ScenarioError(f"{where}: {field}: {msg}{got}") from None
+
+
+def load(name_or_path: str | Path, sets: list[str] | tuple[str, ...] = ()) -> Scenario:
+    """Load, merge, override and validate a scenario."""
+    path = resolve(name_or_path)
+    origin: dict = {}
+    data = load_fragment(path, origin)
+    data.setdefault("name", path.stem)
+    for s in sets:
+        apply_set(data, s, origin)
+    return validate(data, origin, _display(path))
+
+
+def digest(obj: Any) -> str:
+    """sha256 of a JSON-able object in canonical form."""
+    blob = json.dumps(obj, sort_keys=True, separators=(",", ":"), default=str).encode()
+    return hashlib.sha256(blob).hexdigest()
+
+
+def platform_digest(scn: Scenario) -> str:
+    return digest(scn.platform.model_dump(mode="json"))

@@ -1,0 +1,347 @@
+// Shared device/host helpers of the primitive microbenchmarks: error checks, RAII
+// buffers, scoped loads/stores, bounded spins, per-launch clock calibration, and the
+// EFA descriptor layouts (mirroring rdma-core providers/efa/efa_io_defs.h naming).
+//
+// Timing: short batches are timed with clock64() (SM cycles); every launch records a
+// (clock64, %globaltimer) pair after its warm-up and at its end, and the host turns
+// cycles into ns with that launch's own ratio, so a clock that changes between
+// launches does not bias the numbers. Every spin is bounded (kTimeoutNs) and also
+// gives up as soon as another agent reported a failure: a broken protocol ends the
+// kernel with an error instead of hanging the GPU.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdint>
+#include <cstring>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "prim.h"
+
+#define PRIM_CHECK(call)                                                                 \
+  do {                                                                                   \
+    cudaError_t e_ = (call);                                                             \
+    if (e_ != cudaSuccess) {                                                             \
+      throw std::runtime_error(std::string(#call) + ": " + cudaGetErrorString(e_) + " (" + \
+                               __FILE__ + ":" + std::to_string(__LINE__) + ")");         \
+    }                                                                                    \
+  } while (0)
+
+namespace prim {
+
+constexpr unsigned long long kTimeoutNs = 2000000000ull;  // 2 s: far above any expected wait
+constexpr double kHostTimeoutS = 5.0;
+
+// ---------------------------------------------------------------- status / errors
+enum StatusCode : int { kOk = 0, kTimeout = 1, kStale = 2, kMismatch = 3, kHostFail = 4 };
+
+struct Status {
+  int code;   // first failure wins (atomicCAS)
+  int where;  // caller-chosen site id
+  unsigned long long expected;
+  unsigned long long got;
+};
+
+__device__ inline void fail(Status* s, int code, int where, unsigned long long expected,
+                            unsigned long long got) {
+  if (atomicCAS(&s->code, 0, code) == 0) {
+    s->where = where;
+    s->expected = expected;
+    s->got = got;
+    __threadfence_system();
+  }
+}
+
+__device__ __forceinline__ int status_code(const Status* s) {
+  return *reinterpret_cast<const volatile int*>(&s->code);
+}
+
+inline std::string status_text(const Status& s) {
+  const char* kind = s.code == kTimeout    ? "spin timed out"
+                     : s.code == kStale    ? "stale value seen"
+                     : s.code == kMismatch ? "wrong value seen"
+                     : s.code == kHostFail ? "host agent failed"
+                                           : "unknown failure";
+  return std::string(kind) + " at site " + std::to_string(s.where) + " (expected " +
+         std::to_string(s.expected) + ", got " + std::to_string(s.got) + ")";
+}
+
+inline void verify(bool ok, const std::string& what) {
+  if (!ok) throw std::runtime_error("verification failed: " + what);
+}
+
+// ---------------------------------------------------------------- RAII buffers
+template <class T>
+struct DevBuf {
+  T* p = nullptr;
+  size_t n = 0;
+  explicit DevBuf(size_t count) : n(count) {
+    PRIM_CHECK(cudaMalloc(&p, count * sizeof(T)));
+    PRIM_CHECK(cudaMemset(p, 0, count * sizeof(T)));
+  }
+  ~DevBuf() { if (p) cudaFree(p); }
+  DevBuf(const DevBuf&) = delete;
+  DevBuf& operator=(const DevBuf&) = delete;
+  std::vector<T> to_host() const {
+    std::vector<T> h(n);
+    PRIM_CHECK(cudaMemcpy(h.data(), p, n * sizeof(T), cudaMemcpyDeviceToHost));
+    return h;
+  }
+};
+
+// Pinned, mapped host memory; with UVA the same pointer works on the GPU.
+template <class T>
+struct HostBuf {
+  T* p = nullptr;
+  size_t n = 0;
+  explicit HostBuf(size_t count) : n(count) {
+    PRIM_CHECK(cudaHostAlloc(reinterpret_cast<void**>(&p), count * sizeof(T),
+                             cudaHostAllocMapped | cudaHostAllocPortable));
+    std::memset(static_cast<void*>(p), 0, count * sizeof(T));
+  }
+  ~HostBuf() { if (p) cudaFreeHost(p); }
+  HostBuf(const HostBuf&) = delete;
+  HostBuf& operator=(const HostBuf&) = delete;
+};
+
+struct Stream {
+  cudaStream_t s = nullptr;
+  Stream() { PRIM_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking)); }
+  ~Stream() { if (s) cudaStreamDestroy(s); }
+};
+
+struct Event {
+  cudaEvent_t e = nullptr;
+  Event() { PRIM_CHECK(cudaEventCreate(&e)); }
+  ~Event() { if (e) cudaEventDestroy(e); }
+};
+
+// Launch check + sync + device-reported status, one call.
+inline void finish(cudaStream_t s, const Status* st, const std::string& what) {
+  PRIM_CHECK(cudaGetLastError());
+  PRIM_CHECK(cudaStreamSynchronize(s));
+  const volatile Status* v = st;
+  Status copy{v->code, v->where, v->expected, v->got};
+  if (copy.code != kOk) throw std::runtime_error(what + ": " + status_text(copy));
+}
+
+// ---------------------------------------------------------------- timers
+__device__ __forceinline__ unsigned long long gtimer() {
+  unsigned long long t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  return t;
+}
+
+struct ClockCal {
+  long long clk0, clk1;
+  unsigned long long gt0, gt1;
+};
+
+__device__ __forceinline__ void cal_begin(ClockCal* c) {
+  c->gt0 = gtimer();
+  c->clk0 = clock64();
+}
+__device__ __forceinline__ void cal_end(ClockCal* c) {
+  c->clk1 = clock64();
+  c->gt1 = gtimer();
+}
+
+// ns per SM cycle over the measured part of one launch.
+inline double ns_per_clk(const ClockCal& c, const std::string& what) {
+  if (c.clk1 <= c.clk0 || c.gt1 <= c.gt0)
+    throw std::runtime_error(what + ": clock calibration interval is empty");
+  if (c.gt1 - c.gt0 < 20000)
+    throw std::runtime_error(what + ": clock calibration interval under 20 us (too short)");
+  return double(c.gt1 - c.gt0) / double(c.clk1 - c.clk0);
+}
+
+// cycles of batches of `per` operations -> ns per operation
+inline std::vector<double> per_op_ns(const std::vector<long long>& cycles, double nspc, double per) {
+  std::vector<double> out;
+  out.reserve(cycles.size());
+  for (long long c : cycles) out.push_back(double(c) * nspc / per);
+  return out;
+}
+
+// ---------------------------------------------------------------- scoped memory ops
+__device__ __forceinline__ uint64_t ld_acquire_sys(const uint64_t* p) {
+  uint64_t v;
+  asm volatile("ld.acquire.sys.global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
+  return v;
+}
+__device__ __forceinline__ uint64_t ld_relaxed_sys(const uint64_t* p) {
+  uint64_t v;
+  asm volatile("ld.relaxed.sys.global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
+  return v;
+}
+__device__ __forceinline__ uint64_t ld_acquire_gpu(const uint64_t* p) {
+  uint64_t v;
+  asm volatile("ld.acquire.gpu.global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
+  return v;
+}
+__device__ __forceinline__ uint64_t ld_cg(const uint64_t* p) {
+  uint64_t v;
+  asm volatile("ld.global.cg.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
+  return v;
+}
+__device__ __forceinline__ void st_volatile(uint64_t* p, uint64_t v) {
+  asm volatile("st.volatile.global.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
+}
+__device__ __forceinline__ void st_volatile32(uint32_t* p, uint32_t v) {
+  asm volatile("st.volatile.global.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
+}
+__device__ __forceinline__ void st_relaxed_sys(uint64_t* p, uint64_t v) {
+  asm volatile("st.relaxed.sys.global.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
+}
+__device__ __forceinline__ void st_release_sys(uint64_t* p, uint64_t v) {
+  asm volatile("st.release.sys.global.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
+}
+
+// Spin until pred() holds; false on timeout (reported into *s) or when another agent
+// already failed. The clock is read only every 256 polls so the poll loop stays tight.
+template <class Pred>
+__device__ __forceinline__ bool spin_until(Status* s, int where, Pred pred) {
+  unsigned long long t0 = 0;
+  unsigned n = 0;
+  while (!pred()) {
+    if ((++n & 255u) == 0) {
+      if (t0 == 0) t0 = gtimer();
+      else if (gtimer() - t0 > kTimeoutNs) {
+        fail(s, kTimeout, where, 0, 0);
+        return false;
+      }
+      if (status_code(s) != kOk) return false;
+    }
+  }
+  return true;
+}
+
+// Host side of the same bound.
+template <class Pred>
+inline bool host_spin_until(const Status* s, Pred pred) {
+  auto t0 = std::chrono::steady_clock::now();
+  unsigned n = 0;
+  while (!pred()) {
+    if ((++n & 1023u) == 0) {
+      if (*reinterpret_cast<const volatile int*>(&s->code) != kOk) return false;
+      if (std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() >
+          kHostTimeoutS)
+        return false;
+    }
+  }
+  return true;
+}
+
+inline void host_fail(Status* s, int where, unsigned long long expected, unsigned long long got) {
+  if (__sync_bool_compare_and_swap(&s->code, 0, int(kHostFail))) {
+    s->where = where;
+    s->expected = expected;
+    s->got = got;
+  }
+}
+
+// ---------------------------------------------------------------- EFA layouts
+// TX WQE: 32 B meta descriptor + 32 B data, as in rdma-core efa_io_defs.h.
+struct efa_io_tx_meta_desc {
+  uint16_t req_id;          // verbs-generated request id
+  uint8_t ctrl1;            // 3:0 op_type, 4 has_imm, 5 inline_msg, 6 meta_extension, 7 meta_desc
+  uint8_t ctrl2;            // 0 phase, 2 first, 3 last, 4 comp_req
+  uint16_t dest_qp_num;
+  uint16_t length;          // inline length or buffer length
+  uint32_t immediate_data;
+  uint16_t ah;
+  uint16_t reserved;
+  uint32_t qkey;
+  uint8_t reserved2[12];
+};
+struct efa_io_tx_buf_desc {
+  uint32_t length;
+  uint32_t lkey;            // 23:0 lkey
+  uint32_t buf_addr_lo;
+  uint32_t buf_addr_hi;
+};
+struct efa_io_remote_mem_addr {
+  uint32_t length;
+  uint32_t rkey;
+  uint32_t buf_addr_lo;
+  uint32_t buf_addr_hi;
+};
+struct efa_io_rdma_req {
+  efa_io_remote_mem_addr remote_mem;
+  efa_io_tx_buf_desc local_mem[1];
+};
+struct efa_io_tx_wqe {
+  efa_io_tx_meta_desc meta;
+  union {
+    uint8_t inline_data[32];
+    efa_io_tx_buf_desc sgl[2];
+    efa_io_rdma_req rdma_req;
+  } data;
+};
+static_assert(sizeof(efa_io_tx_meta_desc) == 32, "EFA TX meta descriptor is 32 B");
+static_assert(sizeof(efa_io_tx_wqe) == 64, "EFA TX WQE is 64 B");
+
+constexpr uint8_t EFA_IO_RDMA_WRITE = 1;
+constexpr uint8_t EFA_IO_TX_META_DESC_META_DESC = 1u << 7;
+constexpr uint8_t EFA_IO_TX_META_DESC_HAS_IMM = 1u << 4;
+constexpr uint8_t EFA_IO_TX_META_DESC_PHASE = 1u << 0;
+constexpr uint8_t EFA_IO_TX_META_DESC_FIRST = 1u << 2;
+constexpr uint8_t EFA_IO_TX_META_DESC_LAST = 1u << 3;
+constexpr uint8_t EFA_IO_TX_META_DESC_COMP_REQ = 1u << 4;
+
+// The WQE of sequence number `seq` in a ring of `depth` (phase flips per wrap), as 8
+// little-endian words: what a GPU thread stores as 8 x 8-byte (MMIO-like) stores.
+__host__ __device__ inline void make_wqe_words(uint64_t seq, uint32_t depth, uint32_t qp,
+                                               uint64_t w[8]) {
+  union {
+    efa_io_tx_wqe wqe;
+    uint64_t u[8];
+  } x;
+  for (int i = 0; i < 8; ++i) x.u[i] = 0;
+  x.wqe.meta.req_id = uint16_t(seq);
+  x.wqe.meta.ctrl1 = EFA_IO_RDMA_WRITE | EFA_IO_TX_META_DESC_HAS_IMM | EFA_IO_TX_META_DESC_META_DESC;
+  x.wqe.meta.ctrl2 = uint8_t(((seq / depth) & 1u) ? 0 : EFA_IO_TX_META_DESC_PHASE) |
+                     EFA_IO_TX_META_DESC_FIRST | EFA_IO_TX_META_DESC_LAST |
+                     EFA_IO_TX_META_DESC_COMP_REQ;
+  x.wqe.meta.dest_qp_num = uint16_t(qp);
+  x.wqe.meta.length = 7504;  // one FP8 dispatch token (DESIGN §7)
+  x.wqe.meta.immediate_data = uint32_t(seq);
+  x.wqe.meta.ah = uint16_t(qp * 7 + 1);
+  x.wqe.meta.qkey = 0x11111111u;
+  x.wqe.data.rdma_req.remote_mem.length = 7504;
+  x.wqe.data.rdma_req.remote_mem.rkey = 0x2000u + qp;
+  x.wqe.data.rdma_req.remote_mem.buf_addr_lo = uint32_t(seq * 7504u);
+  x.wqe.data.rdma_req.remote_mem.buf_addr_hi = uint32_t(seq >> 32) + qp;
+  x.wqe.data.rdma_req.local_mem[0].length = 7504;
+  x.wqe.data.rdma_req.local_mem[0].lkey = 0x3000u + qp;
+  x.wqe.data.rdma_req.local_mem[0].buf_addr_lo = uint32_t(seq * 7504u + 64);
+  x.wqe.data.rdma_req.local_mem[0].buf_addr_hi = uint32_t(seq >> 32);
+  for (int i = 0; i < 8; ++i) w[i] = x.u[i];
+}
+
+// 16-byte completion entry (EFA CQE size, DESIGN §5): word 0 carries
+// efa_io_cdesc_common {req_id, status, flags (bit 0 phase), qp_num, length};
+// word 1 the immediate and a check value. Writers store word 1, then word 0 with
+// release, so a poller that sees the phase can read a complete entry.
+struct alignas(16) Cqe {
+  uint64_t w0;
+  uint64_t w1;
+};
+
+__host__ __device__ inline uint32_t cqe_phase(uint64_t i, uint32_t depth) {
+  return ((i / depth) & 1u) ? 0u : 1u;  // zeroed memory: first pass expects phase 1
+}
+__host__ __device__ inline uint64_t cqe_w0(uint64_t i, uint32_t depth) {
+  uint64_t req_id = i & 0xffffu, status = 0, flags = cqe_phase(i, depth);
+  uint64_t qp = 3, length = 7504;
+  return req_id | (status << 16) | (flags << 24) | (qp << 32) | (length << 48);
+}
+__host__ __device__ inline uint64_t cqe_w1(uint64_t i) {
+  return (i & 0xffffffffull) | ((i * 0x9E3779B1ull & 0xffffffffull) << 32);
+}
+
+}  // namespace prim

@@ -1,11 +1,93 @@
-"""``lever simulate`` (being built)."""
+"""``lever simulate SCENARIO [--set PATH=VALUE ...] [--seeds N] [--json] [--trace OUT] [--plot OUT]``."""
 
 from __future__ import annotations
 
 import argparse
+import json
+import sys
+from pathlib import Path
+
+from sim import scenario as scenario_mod
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("simulate", help="simulate a scenario")
-    p.add_argument("scenario")
-    p.set_defaults(func=lambda a: 0)
+    p = sub.add_parser("simulate", help="simulate a scenario: latency per op and both attributions")
+    p.add_argument("scenario", help="scenario file or name under scenarios/")
+    p.add_argument("--set", action="append", default=[], metavar="PATH=VALUE",
+                   help="override a field, e.g. design.doorbell_batch=8 (repeatable)")
+    p.add_argument("--seeds", type=int, default=3)
+    p.add_argument("--json", action="store_true", help="print one JSON object on stdout")
+    p.add_argument("--trace", metavar="OUT.json", help="Chrome trace-event JSON of seed 0 (Perfetto)")
+    p.add_argument("--plot", metavar="OUT.png", help="timeline and the two attributions")
+    p.add_argument("--no-critical-path", action="store_true",
+                   help="skip the what-if reruns behind the critical-path attribution")
+    p.add_argument("--cp-seeds", type=int, default=1, help="seeds used for the critical path")
+    p.set_defaults(func=main)
+
+
+def main(args: argparse.Namespace) -> int:
+    from lever.cli import UserError
+    from sim.model import ModelError
+    from sim.results import simulate
+
+    if args.seeds < 1:
+        raise UserError("--seeds: must be >= 1")
+    scn = scenario_mod.load(args.scenario, args.set)
+    try:
+        res = simulate(scn, seeds=args.seeds, with_critical_path=not args.no_critical_path,
+                       cp_seeds=args.cp_seeds, trace=bool(args.trace or args.plot))
+    except ModelError as e:
+        raise UserError(f"{args.scenario}: {e}") from None
+    traces = res.pop("_traces", [])
+    if args.trace:
+        write_trace(traces, Path(args.trace))
+    if args.plot:
+        from sim.plot import plot_simulation
+
+        plot_simulation(res, traces, Path(args.plot))
+    if args.json:
+        json.dump(res, sys.stdout)
+        sys.stdout.write("\n")
+    else:
+        print_table(res)
+    return 0
+
+
+def write_trace(traces: list, path: Path) -> None:
+    """One Chrome trace file; each op's events in its own process group."""
+    events = []
+    for i, (op, tr) in enumerate(traces):
+        for ev in tr.events:
+            e = dict(ev)
+            e["pid"] = e["pid"] + 10000 * i
+            if e.get("name") == "process_name":
+                e["args"] = {"name": f"{op}: {e['args']['name']}"}
+            events.append(e)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps({"traceEvents": events, "displayTimeUnit": "ns"}))
+    tmp.replace(path)
+
+
+def print_table(res: dict) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    con = Console()
+    t = Table(title=f"{res['scenario']}  ({res['seeds']} seeds, {res['events']} events, {res['wall_s']} s)")
+    for col in ("op", "p50 us", "p99 us", "mean us"):
+        t.add_column(col, justify="right")
+    for op, s in res["ops"].items():
+        t.add_row(op, f"{s['p50_us']:.1f}", f"{s['p99_us']:.1f}", f"{s['mean_us']:.1f}")
+    con.print(t)
+    for op, att in res["attribution"].items():
+        a = Table(title=f"{op}: attribution")
+        a.add_column("category")
+        a.add_column("profiler share", justify="right")
+        a.add_column("put-path share", justify="right")
+        a.add_column("critical path us", justify="right")
+        cp = att.get("critical_path", {})
+        cats = sorted(set(att["profiler"]) | set(cp), key=lambda c: -abs(cp.get(c, 0.0)))
+        for c in cats:
+            a.add_row(c, f"{att['profiler'].get(c, 0):.1%}", f"{att['put_path'].get(c, 0):.1%}",
+                      f"{cp[c]:.1f}" if c in cp else "-")
+        con.print(a)

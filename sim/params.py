@@ -258,6 +258,9 @@ class Design(Strict):
     deferred_doorbell_aggregation: int = Field(
         1, ge=1, description="aggregate doorbells (and fences) across this many warps"
     )
+    fences_per_doorbell: int = Field(
+        2, ge=0, description="system fences per doorbell: after the WQE stores and after the doorbell"
+    )
     put_many_span: int = Field(1, ge=1, description="reserve this many SQ slots at once")
     lazy_completion_dispatch: bool = False
     lazy_completion_combine: bool = False

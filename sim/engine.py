@@ -1,0 +1,134 @@
+"""Shared machinery of the model: waitable counters, the cost ledger, the trace sink.
+
+Nothing here is physical; the physical pieces (``issuer``, ``proxy``, ``nic``,
+``fabric``, ``receiver``, ``nvlink``) are built from it.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections import defaultdict
+from dataclasses import dataclass, field
+
+import simpy
+
+from sim.params import CATEGORIES
+
+
+class Counter:
+    """A monotone counter processes can wait on (``yield c.reach(n)``).
+
+    Models a word in memory that a NIC, a proxy or a peer increments and a
+    poller watches: the wait fires at the simulated instant the value reaches
+    the threshold. Polling granularity is added by the poller, not here.
+    """
+
+    __slots__ = ("env", "value", "_waiters", "_seq")
+
+    def __init__(self, env: simpy.Environment, value: int = 0) -> None:
+        self.env = env
+        self.value = value
+        self._waiters: list[tuple[int, int, simpy.Event]] = []
+        self._seq = 0
+
+    def add(self, n: int = 1) -> None:
+        self.value += n
+        w = self._waiters
+        while w and w[0][0] <= self.value:
+            heapq.heappop(w)[2].succeed()
+
+    def reach(self, n: int) -> simpy.Event:
+        ev = self.env.event()
+        if self.value >= n:
+            ev.succeed()
+        else:
+            self._seq += 1
+            heapq.heappush(self._waiters, (n, self._seq, ev))
+        return ev
+
+
+@dataclass
+class Ledger:
+    """Where simulated time goes.
+
+    ``busy[cat]`` sums the time the *issuing warps* spend per category: what a
+    sampling profiler on those warps would see (the profiler attribution).
+    ``scale[cat]`` multiplies every cost of a category; setting one to 0 is how
+    the critical-path attribution asks "what if this cost were free".
+    ``events[cat]`` counts occurrences (doorbells rung, fences, signals...).
+    """
+
+    scale: dict[str, float] = field(default_factory=dict)
+    busy: dict[str, float] = field(default_factory=lambda: defaultdict(float))
+    events: dict[str, int] = field(default_factory=lambda: defaultdict(int))
+    counters: dict[str, int] = field(default_factory=lambda: defaultdict(int))
+
+    def cost(self, cat: str, ns: float) -> float:
+        """Scaled cost of ``cat`` (no bookkeeping: for NIC/wire/receiver work)."""
+        s = self.scale.get(cat, 1.0)
+        return ns * s
+
+    def on(self, cat: str) -> bool:
+        """False when the category is zeroed: waits of that kind are skipped."""
+        return self.scale.get(cat, 1.0) != 0.0
+
+    def issue(self, cat: str, ns: float, n: int = 1) -> float:
+        """Cost paid on an issuing warp: counted for the profiler."""
+        t = ns * self.scale.get(cat, 1.0)
+        self.busy[cat] += t
+        self.events[cat] += n
+        return t
+
+    def waited(self, cat: str, ns: float) -> None:
+        """Time an issuing warp spent blocked on ``cat`` (lock, credit, flush...)."""
+        if ns > 0:
+            self.busy[cat] += ns
+
+    def profiler(self) -> dict[str, float]:
+        total = sum(self.busy.values())
+        if total <= 0:
+            return {}
+        return {c: self.busy[c] / total for c in CATEGORIES if self.busy.get(c, 0) > 0}
+
+
+class Trace:
+    """Chrome trace-event sink (Perfetto opens it). Disabled unless asked for."""
+
+    def __init__(self, enabled: bool = False) -> None:
+        self.enabled = enabled
+        self.events: list[dict] = []
+        self._tids: dict[tuple[str, str], int] = {}
+
+    def span(self, proc: str, track: str, name: str, start_ns: float, dur_ns: float, **args) -> None:
+        if not self.enabled or dur_ns <= 0:
+            return
+        pid, tid = self._ids(proc, track)
+        self.events.append(
+            {"ph": "X", "pid": pid, "tid": tid, "name": name, "ts": start_ns / 1e3,
+             "dur": dur_ns / 1e3, "args": args}
+        )
+
+    def instant(self, proc: str, track: str, name: str, t_ns: float, **args) -> None:
+        if not self.enabled:
+            return
+        pid, tid = self._ids(proc, track)
+        self.events.append(
+            {"ph": "i", "s": "t", "pid": pid, "tid": tid, "name": name, "ts": t_ns / 1e3, "args": args}
+        )
+
+    def _ids(self, proc: str, track: str) -> tuple[int, int]:
+        key = (proc, track)
+        if key not in self._tids:
+            self._tids[key] = len(self._tids) + 1
+            pid = self._pid(proc)
+            self.events.append({"ph": "M", "name": "thread_name", "pid": pid,
+                                "tid": self._tids[key], "args": {"name": track}})
+        return self._pid(proc), self._tids[key]
+
+    def _pid(self, proc: str) -> int:
+        key = (proc, "")
+        if key not in self._tids:
+            self._tids[key] = len(self._tids) + 1
+            self.events.append({"ph": "M", "name": "process_name", "pid": self._tids[key],
+                                "args": {"name": proc}})
+        return self._tids[key]

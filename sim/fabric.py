@@ -1,0 +1,118 @@
+"""The wire between NICs: SRD multipath (EFA) or RC single path in order (InfiniBand).
+
+SRD sprays each packet over one of ``paths`` paths, each with its own base
+latency, plus a per-packet jitter, so packets of one write and writes of one
+queue arrive out of order. A lost data packet or a lost ACK makes the sender
+retransmit after ``retransmit_timeout_ns``; the target drops duplicates by
+packet id, so every byte lands exactly once. RC keeps one connection per
+(source NIC, target NIC) first-in first-out: an arrival never overtakes an
+earlier one, which is what makes "flag after data" safe on InfiniBand.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+import numpy as np
+import simpy
+
+from sim.engine import Ledger
+from sim.params import FabricParams
+
+if TYPE_CHECKING:
+    from sim.message import Message
+
+_BATCH = 4096
+
+
+class Draws:
+    """Pre-drawn random numbers from one seeded generator (bulk draws are fast)."""
+
+    def __init__(self, rng: np.random.Generator, fp: FabricParams) -> None:
+        self.rng = rng
+        self.fp = fp
+        self._u: list[float] = []
+        self._j: list[float] = []
+
+    def uniform(self) -> float:
+        if not self._u:
+            self._u = self.rng.random(_BATCH).tolist()
+        return self._u.pop()
+
+    def jitter(self) -> float:
+        if not self._j:
+            j = self.fp.jitter
+            m = j.mean_ns
+            if j.distribution == "none" or m == 0:
+                arr = np.zeros(_BATCH)
+            elif j.distribution == "exponential":
+                arr = self.rng.exponential(m, _BATCH)
+            elif j.distribution == "lognormal":
+                s = j.sigma
+                arr = self.rng.lognormal(np.log(m) - s * s / 2, s, _BATCH)
+            else:  # gamma with mean m and coefficient of variation sigma
+                k = 1.0 / max(j.sigma, 1e-6) ** 2
+                arr = self.rng.gamma(k, m / k, _BATCH)
+            self._j = arr.tolist()
+        return self._j.pop()
+
+
+class Fabric:
+    """Moves packets and ACKs between NICs with the configured path model."""
+
+    def __init__(self, env: simpy.Environment, fp: FabricParams, rng: np.random.Generator,
+                 ledger: Ledger) -> None:
+        self.env = env
+        self.fp = fp
+        self.ledger = ledger
+        self.draws = Draws(rng, fp)
+        spread = fp.path_spread_ns
+        self.path_base = [
+            max(0.0, fp.base_latency_ns + (spread * (2 * u - 1) if spread else 0.0))
+            for u in rng.random(fp.paths)
+        ]
+        self._rc_last: dict[tuple[int, int], float] = {}
+        self.packets_sent = 0
+        self.retransmits = 0
+
+    def _flight(self) -> float:
+        fp = self.fp
+        if fp.mode == "rc":
+            base = self.path_base[0]
+        else:
+            base = self.path_base[int(self.draws.uniform() * fp.paths) % fp.paths]
+        return self.ledger.cost("wire", base + self.draws.jitter())
+
+    def _lost(self) -> bool:
+        p = self.fp.loss_prob
+        return p > 0 and self.draws.uniform() < p
+
+    def launch(self, msg: Message, k: int, depart: float, src_nic: int, dst_nic: int,
+               deliver: Callable[[Message, int, int], None]) -> None:
+        """Packet ``k`` of ``msg`` leaves ``src_nic`` at absolute time ``depart``."""
+        env = self.env
+        self.packets_sent += 1
+        data_lost = self._lost()
+        ack_lost = (not data_lost) and self._lost()
+        if data_lost or ack_lost:
+            self.retransmits += 1
+            t_rt = depart + self.ledger.cost("wire", self.fp.retransmit_timeout_ns)
+            ev = env.timeout(max(0.0, t_rt - env.now))
+            ev.callbacks.append(
+                lambda _e: self.launch(msg, k, env.now, src_nic, dst_nic, deliver))
+            if data_lost:
+                return
+        arrive = depart + self._flight()
+        if self.fp.mode == "rc":
+            key = (src_nic, dst_nic)
+            arrive = max(arrive, self._rc_last.get(key, 0.0))
+            self._rc_last[key] = arrive
+        ack_ok = not ack_lost
+        ev = env.timeout(max(0.0, arrive - env.now))
+        ev.callbacks.append(lambda _e: deliver(msg, k, ack_ok))
+
+    def ack(self, msg: Message, k: int, on_ack: Callable[[Message, int], None]) -> None:
+        """The target's ACK for packet ``k`` flies back (SRD acks every packet)."""
+        ev = self.env.timeout(self._flight())
+        ev.callbacks.append(lambda _e: on_ack(msg, k))

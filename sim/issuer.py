@@ -1,0 +1,138 @@
+"""The GPU issuer: a warp posting RDMA writes itself (native GPU-initiated path).
+
+Per put, in the order the EFA-GDA post path does it: a credit check against
+send-queue overflow (a completion poll: one read of the completion counter
+or CQ, plus one read per CQE consumed), the QP lock when the queue is shared,
+a slot reservation (one atomic per span of ``put_many_span`` WQEs), the 64 B
+WQE stores, then every ``doorbell_batch`` WQEs a fence, the 32-bit doorbell
+and a fence. With deferred doorbell aggregation the fence+doorbell is paid
+once per ``deferred_doorbell_aggregation`` warps' worth of WQEs on the QP.
+
+The profiler attribution counts the time spent here per category; the costs
+are all scaled by the ledger so the critical path can zero them one by one.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from sim.engine import Counter
+
+if TYPE_CHECKING:
+    from sim.message import Message
+    from sim.model import World
+    from sim.nic import QueuePair
+
+
+class NativePort:
+    """One warp's view of its QP: post, ring, poll completions."""
+
+    def __init__(self, world: World, rank: int, warp: int, qp: QueuePair, lazy: bool) -> None:
+        self.w = world
+        self.env = world.env
+        self.rank = rank
+        self.warp = warp
+        self.qp = qp
+        self.shared = qp.owners > 1 and world.design.qp_ownership == "shared-lock"
+        self.lazy = lazy
+        self.posted = 0
+        self.done = Counter(self.env)
+        self.pending: list[Message] = []
+        self._since_check = 0
+        self._span_left = 0
+        self.track = f"sm{warp // world.design.warps_per_sm}.w{warp % world.design.warps_per_sm}"
+        self.proc = f"rank{rank}"
+        g = world.platform.gpu
+        self.counter_read_ns = g.device_load_ns if g.completion_counter_in_device_memory else g.pcie_read_ns
+
+    # -- helpers ----------------------------------------------------------------
+    def _pay(self, cat: str, ns: float, n: int = 1):
+        t = self.w.ledger.issue(cat, ns, n)
+        if t > 0:
+            t0 = self.env.now
+            yield self.env.timeout(t)
+            self.w.trace.span(self.proc, self.track, cat, t0, t)
+
+    def _wait(self, cat: str, ev):
+        t0 = self.env.now
+        yield ev
+        dt = self.env.now - t0
+        self.w.ledger.waited(cat, dt)
+        self.w.trace.span(self.proc, self.track, cat, t0, dt)
+
+    # -- posting ----------------------------------------------------------------
+    def post(self, msg: Message):
+        """Post one write (generator: ``yield from port.post(m)``)."""
+        w, d, g = self.w, self.w.design, self.w.platform.gpu
+        led = w.ledger
+        qp = self.qp
+        msg.qp = qp
+        msg.on_complete = self._completed
+        msg.t_post = self.env.now
+        # credit check: a completion poll before the post
+        self._since_check += 1
+        if not self.lazy and led.on("credit_wait") and self._since_check >= d.credit_check_every:
+            self._since_check = 0
+            yield from self._credit_check(1)
+        if self.shared and led.on("lock"):
+            req = qp.lock.request()
+            yield from self._wait("lock", req)
+            yield from self._pay("lock", g.atomic_ns)
+        if self._span_left == 0:
+            yield from self._pay("wqe", g.atomic_ns)  # reserve slots on the producer counter
+            self._span_left = d.put_many_span
+        self._span_left -= 1
+        yield from self._pay("wqe", g.wqe_store_ns)
+        qp.posted += 1
+        self.posted += 1
+        self.pending.append(msg)
+        if d.deferred_doorbell_aggregation > 1:
+            qp.pending.append(msg)
+            self.pending.clear()
+            if len(qp.pending) >= d.deferred_doorbell_aggregation * d.doorbell_batch:
+                yield from self._ring(qp.pending)
+        elif len(self.pending) >= d.doorbell_batch:
+            yield from self._ring(self.pending)
+        if self.shared and led.on("lock"):
+            qp.lock.release(req)
+
+    def _ring(self, batch: list[Message]):
+        """Fence, doorbell (the producer index), fence: the NIC sees the batch."""
+        w, d, g = self.w, self.w.design, self.w.platform.gpu
+        msgs = list(batch)
+        batch.clear()
+        nf = d.fences_per_doorbell
+        if nf:
+            yield from self._pay("fence", g.fence_ns * nf, nf)
+        yield from self._pay("doorbell", g.doorbell_ns)
+        self.qp.rung += len(msgs)
+        w.ledger.counters["doorbells"] += 1
+        self.qp.nic.doorbell(msgs)
+
+    def finish(self):
+        """End of this warp's puts: ring what is still un-rung (own or the QP's)."""
+        if self.pending:
+            yield from self._ring(self.pending)
+        if self.qp.pending:
+            yield from self._ring(self.qp.pending)
+
+    def _credit_check(self, need: int):
+        """Poll completions; spin while the SQ could overflow."""
+        qp, nic = self.qp, self.qp.nic
+        new = qp.completions.value - qp.consumed
+        qp.consumed = qp.completions.value
+        yield from self._pay("credit_wait", self.counter_read_ns * (1 + new))
+        limit = nic.p.sq_depth
+        if qp.posted - qp.completions.value + need > limit:
+            yield from self._wait("credit_wait", qp.completions.reach(qp.posted + need - limit))
+
+    def _completed(self, msg: Message) -> None:
+        self.done.add(1)
+
+    def flush(self, cat: str = "signal"):
+        """Wait until every WQE this warp posted has completed (send completions)."""
+        yield from self.finish()
+        if self.done.value < self.posted:
+            yield from self._wait(cat, self.done.reach(self.posted))
+        yield from self._pay(cat, self.counter_read_ns)
+        self.qp.consumed = self.qp.completions.value

@@ -1,0 +1,53 @@
+"""One RDMA write as it travels: WQE at the sender, packets on the wire, bytes at the target."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+
+class Message:
+    """A posted write (data, count/flag signal or tail signal).
+
+    ``tag`` names the receiver-side thing it feeds (e.g. ``("tok", src, ch)``);
+    ``imm`` marks write-with-immediate (a receive completion at the target);
+    ``on_complete`` runs at the sender when its CQE is written (all packets
+    ACKed); ``on_visible`` at the target when every byte is visible to a poller.
+    """
+
+    __slots__ = (
+        "src", "dst", "nbytes", "tag", "kind", "imm", "value", "qp", "npkts",
+        "landed", "acked", "seen_pkts", "t_post", "t_visible", "on_complete", "on_visible", "seq",
+        "ring", "port", "host_done",
+    )
+
+    def __init__(
+        self,
+        src: int,
+        dst: int,
+        nbytes: int,
+        tag: Any,
+        kind: str = "data",
+        imm: bool = False,
+        value: int = 1,
+    ) -> None:
+        self.src = src
+        self.dst = dst
+        self.nbytes = nbytes
+        self.tag = tag
+        self.kind = kind
+        self.imm = imm
+        self.value = value
+        self.qp: Any = None
+        self.npkts = 0
+        self.landed = 0
+        self.acked = 0
+        self.seen_pkts: set[int] | None = None
+        self.t_post = 0.0
+        self.t_visible = -1.0
+        self.on_complete: Callable[[Message], None] | None = None
+        self.on_visible: Callable[[Message], None] | None = None
+        self.seq = 0
+        self.ring: Any = None  # proxy path: the descriptor ring it went through
+        self.port: Any = None
+        self.host_done = False

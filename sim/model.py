@@ -1,0 +1,212 @@
+"""The world of one simulated op: every physical piece wired together.
+
+:func:`simulate_op` builds a fresh SimPy environment for one op (dispatch or
+combine) of one seed, lets the protocol run every rank, and returns what
+happened. All randomness comes from one ``numpy`` generator seeded from the
+scenario seed, the run seed and the op, so a (scenario, seed) pair gives the
+same numbers bit for bit.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+import simpy
+
+from sim.engine import Ledger, Trace
+from sim.fabric import Draws, Fabric
+from sim.issuer import NativePort
+from sim.message import Message
+from sim.nic import Nic, QueuePair
+from sim.nvlink import Nvlink
+from sim.params import Scenario
+from sim.proxy import ProxyPort, ProxyThread, Ring
+from sim.receiver import Receiver
+from sim.routing import Routing
+
+OP_SALT = {"dispatch": 1, "combine": 2}
+
+
+class ModelError(ValueError):
+    """A scenario the model can not run as configured (message says why)."""
+
+
+class World:
+    """Environment, ledger and every physical piece for one op."""
+
+    def __init__(self, scn: Scenario, op: str, seed: int, ledger: Ledger, trace: Trace,
+                 routing: Routing) -> None:
+        self.scn = scn
+        self.platform = scn.platform
+        self.workload = scn.workload
+        self.design = scn.design
+        self.op = op
+        self.env = simpy.Environment()
+        self.ledger = ledger
+        self.trace = trace
+        self.routing = routing
+        self.rng = np.random.default_rng([scn.seed, seed, OP_SALT[op]])
+        self.draws = Draws(self.rng, self.platform.fabric)
+        self.fabric = Fabric(self.env, self.platform.fabric, self.rng, ledger)
+        R = self.workload.ep_ranks
+        per = self.platform.nic.nics_per_gpu
+        self.nics = [
+            Nic(self.env, g * per + i, g, self.platform.nic, self.platform.receiver, self.fabric,
+                ledger, trace)
+            for g in range(R)
+            for i in range(per)
+        ]
+        for n in self.nics:
+            n.peers = self.nics
+            n.per_gpu = per
+        d = self.design
+        self.qps = [
+            [QueuePair(self.env, q, r, self.nics[r * per + q % per]) for q in range(d.qps_allocated)]
+            for r in range(R)
+        ]
+        self.receivers = [Receiver(self, r) for r in range(R)]
+        self.nvlink = Nvlink(self, R)
+        self.channels = d.num_sms * d.warps_per_sm
+        reserved = 1 if d.notify_qp_reserved else 0
+        self.data_qps = list(range(reserved, d.qps_per_call)) or [0]
+        if d.qp_ownership == "owned" and self.channels > len(self.data_qps):
+            raise ModelError(
+                f"design.qp_ownership = 'owned' needs a data QP per channel: {self.channels} channels "
+                f"(num_sms x warps_per_sm) but {len(self.data_qps)} data QPs (qps_per_call - reserved)"
+            )
+        if d.signal_mode == "unordered-counting" and d.protocol != "v2-hybrid":
+            raise ModelError("design.signal_mode = 'unordered-counting' applies to protocol v2-hybrid only")
+        if d.signal_mode == "ordered" and self.platform.fabric.mode == "srd":
+            ledger.counters["unsafe_ordered_on_srd"] = 1
+        self.tails: dict = {}  # last tail value published per (src, dst, tag)
+        self._ports: dict[tuple[int, int], NativePort | ProxyPort] = {}
+        self._rings: dict[tuple[int, int, int], Ring] = {}
+        self._threads: dict[int, list[ProxyThread]] = {}
+        for r in range(R):
+            for c in range(self.channels):
+                self.qp_of(r, c).owners += 1
+
+    # -- mapping ----------------------------------------------------------------
+    def node_of(self, rank: int) -> int:
+        return rank // self.workload.ranks_per_node
+
+    def same_node(self, a: int, b: int) -> bool:
+        return self.node_of(a) == self.node_of(b)
+
+    def qp_of(self, rank: int, channel: int) -> QueuePair:
+        """Data channel -> QP: channels start at QP 1 when QP 0 is kept for notify warps."""
+        return self.qps[rank][self.data_qps[channel % len(self.data_qps)]]
+
+    def lazy(self) -> bool:
+        """Lazy completion applies only when the SQ provably can not overflow."""
+        d = self.design
+        want = d.lazy_completion_dispatch if self.op == "dispatch" else d.lazy_completion_combine
+        if not want:
+            return False
+        worst = self.routing.max_puts_per_qp(self)
+        if worst > self.platform.nic.sq_depth:
+            self.ledger.counters["lazy_refused"] = 1
+            return False
+        return True
+
+    def port(self, rank: int, channel: int) -> NativePort | ProxyPort:
+        key = (rank, channel)
+        p = self._ports.get(key)
+        if p is None:
+            if self.design.path == "native":
+                p = NativePort(self, rank, channel, self.qp_of(rank, channel), self.lazy())
+            else:
+                ctx = self.data_qps[channel % len(self.data_qps)]
+                p = ProxyPort(self, rank, channel, ctx)
+            self._ports[key] = p
+        return p
+
+    def notify_port(self, rank: int) -> NativePort | ProxyPort:
+        """Notify warps: QP 0 when reserved, else they share channel 0's QP."""
+        key = (rank, -1)
+        p = self._ports.get(key)
+        if p is None:
+            if self.design.path == "native":
+                qp = self.qps[rank][0]
+                qp.owners += 1
+                p = NativePort(self, rank, -1, qp, lazy=True)
+                p.track = "notify"
+            else:
+                p = ProxyPort(self, rank, -1, 0)
+                p.track = "notify"
+            self._ports[key] = p
+        return p
+
+    def ring(self, rank: int, ctx: int, peer: int) -> Ring:
+        """Proxy descriptor ring per (context, peer), spread over the rank's host threads."""
+        key = (rank, ctx, peer)
+        ring = self._rings.get(key)
+        if ring is None:
+            threads = self._threads.get(rank)
+            if threads is None:
+                threads = [ProxyThread(self, rank, i) for i in range(self.platform.proxy.threads)]
+                self._threads[rank] = threads
+            ring = Ring(self, key, self.qps[rank][ctx])
+            n = sum(1 for k in self._rings if k[0] == rank)
+            ring.thread = threads[n % len(threads)]
+            ring.thread.rings.append(ring)
+            self._rings[key] = ring
+        return ring
+
+    def message(self, src: int, dst: int, nbytes: int, tag, kind: str = "data",
+                value: int = 1, seq: int = 0) -> Message:
+        m = Message(src, dst, nbytes, tag, kind=kind,
+                    imm=self.design.signal_mode == "imm-counting" or self.design.path == "proxy",
+                    value=value)
+        m.seq = seq
+        m.on_visible = self.receivers[dst].on_visible
+        self.ledger.counters["messages_" + kind] += 1
+        self.ledger.counters["bytes_sent"] += nbytes
+        return m
+
+
+@dataclass
+class OpResult:
+    """One op of one seed: per-rank latency (us) and the ledger."""
+
+    op: str
+    seed: int
+    latency_us: list[float]
+    ledger: Ledger
+    events: int
+    trace: Trace | None = None
+    counters: dict[str, int] = field(default_factory=dict)
+
+
+def simulate_op(scn: Scenario, op: str, seed: int, scale: dict[str, float] | None = None,
+                trace: bool = False) -> OpResult:
+    """Run one op for one seed; ``scale`` zeroes or scales cost categories."""
+    from sim.protocols import run_protocol
+
+    ledger = Ledger(scale=dict(scale or {}))
+    tr = Trace(enabled=trace)
+    routing = Routing.for_scenario(scn, seed)
+    world = World(scn, op, seed, ledger, tr, routing)
+    done = run_protocol(world)
+    env = world.env
+    n_events = _run_counting(env)
+    lat = []
+    for r, ev in enumerate(done):
+        if not ev.triggered:
+            raise ModelError(f"{op}: rank {r} never completed (deadlock in the model)")
+        lat.append(ev.value / 1e3)
+    return OpResult(op, seed, lat, ledger, n_events, tr if trace else None, dict(ledger.counters))
+
+
+def _run_counting(env: simpy.Environment) -> int:
+    """Run to exhaustion counting processed events (SimPy's own loop, one step at a time)."""
+    n = 0
+    step = env.step
+    try:
+        while True:
+            step()
+            n += 1
+    except simpy.core.EmptySchedule:
+        pass
+    return n

@@ -1,0 +1,163 @@
+"""The NIC: send queues, WQE processing, payload DMA, MTU segmentation, line-rate
+serialisation, ACK collection and completion generation, and the ingress side
+that lands packets in GPU memory.
+
+One :class:`Nic` per physical device (``nics_per_gpu`` per GPU). A doorbell
+hands the NIC the WQEs up to the producer index (:meth:`Nic.doorbell`); the
+NIC processes them one at a time (per-WQE time and message-rate ceiling),
+fetches the payload over PCIe and serialises packets onto its port. A WQE's
+completion (CQE) is written ``completion_ns`` after its last packet is ACKed,
+so completions come out of order whenever ACKs do.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from typing import TYPE_CHECKING
+
+import simpy
+
+from sim.engine import Counter, Ledger, Trace
+from sim.params import NicParams, ReceiverParams
+
+if TYPE_CHECKING:
+    from sim.fabric import Fabric
+    from sim.message import Message
+
+
+class QueuePair:
+    """A send queue with its completion queue/counter, as the issuing GPU sees it.
+
+    ``posted`` counts WQEs written, ``rung`` those made visible by a doorbell,
+    ``completions`` the CQEs the NIC wrote (a :class:`Counter` warps can wait
+    on), ``consumed`` the CQEs a poller already read. ``lock`` serialises
+    issuers that share the queue (and its doorbell order).
+    """
+
+    __slots__ = ("index", "rank", "nic", "posted", "rung", "completions", "consumed", "lock",
+                 "unrung", "pending", "owners")
+
+    def __init__(self, env: simpy.Environment, index: int, rank: int, nic: Nic) -> None:
+        self.index = index
+        self.rank = rank
+        self.nic = nic
+        self.posted = 0
+        self.rung = 0
+        self.completions = Counter(env)
+        self.consumed = 0
+        self.lock = simpy.Resource(env, capacity=1)
+        self.unrung = 0
+        self.pending: list[Message] = []
+        self.owners = 0
+
+
+class Nic:
+    """One EFA (or ConnectX) device: egress engine plus ingress landing."""
+
+    def __init__(self, env: simpy.Environment, index: int, gpu: int, p: NicParams,
+                 rp: ReceiverParams, fabric: Fabric, ledger: Ledger, trace: Trace) -> None:
+        self.env = env
+        self.index = index
+        self.gpu = gpu
+        self.p = p
+        self.rp = rp
+        self.fabric = fabric
+        self.ledger = ledger
+        self.trace = trace
+        self.queue: deque[Message] = deque()
+        self._kick: simpy.Event | None = None
+        self.tx_free = 0.0
+        self.rx_free = 0.0
+        self.ns_per_byte = 8.0 / p.line_rate_gbps
+        self.dma_ns_per_byte = 8.0 / p.dma_gbps
+        self.wqe_ns = max(p.wqe_process_ns, 1e3 / p.max_msg_rate_mops)
+        self.peers: list[Nic] = []  # filled by the model: global NIC table
+        env.process(self._engine())
+
+    # -- egress -----------------------------------------------------------
+    def doorbell(self, msgs: list[Message]) -> None:
+        """WQEs become visible to the NIC (the producer counter moved)."""
+        self.queue.extend(msgs)
+        if self._kick is not None and not self._kick.triggered:
+            self._kick.succeed()
+
+    def _engine(self):
+        env = self.env
+        while True:
+            if not self.queue:
+                self._kick = env.event()
+                yield self._kick
+                continue
+            msg = self.queue.popleft()
+            t0 = env.now
+            yield env.timeout(self.ledger.cost("nic", self.wqe_ns))
+            self.trace.span(f"nic{self.index}", "wqe engine", msg.kind, t0, env.now - t0)
+            self._transmit(msg)
+
+    def _transmit(self, msg: Message) -> None:
+        p, led = self.p, self.ledger
+        now = self.env.now
+        mtu = p.mtu_bytes
+        n = max(1, -(-msg.nbytes // mtu))
+        msg.npkts = n
+        inline = msg.nbytes <= p.inline_bytes
+        t_ready = now if inline else now + led.cost("nic", p.dma_read_ns)
+        # same-index NIC on the target GPU (rails are matched, as on p5)
+        dst_nic = self.peers[msg.dst * self.per_gpu + self.index % self.per_gpu]
+        left = msg.nbytes
+        for k in range(n):
+            size = min(mtu, left) if left > 0 else 0
+            left -= size
+            if not inline:
+                t_ready += led.cost("nic", size * self.dma_ns_per_byte)
+            depart = max(self.tx_free, t_ready) + led.cost("wire", (size + 64) * self.ns_per_byte)
+            self.tx_free = depart
+            self.fabric.launch(msg, k, depart, self.index, dst_nic.index, dst_nic.ingress)
+
+    # -- ingress ----------------------------------------------------------
+    def ingress(self, msg: Message, k: int, ack_ok: bool) -> None:
+        """Packet ``k`` arrived at this (target) NIC: drop duplicates, land it, ACK it."""
+        if msg.seen_pkts is None:
+            msg.seen_pkts = set()
+        if k in msg.seen_pkts:
+            self.ledger.counters["duplicates_dropped"] += 1
+            if ack_ok:
+                self.fabric.ack(msg, k, msg.qp.nic.on_ack)
+            return
+        msg.seen_pkts.add(k)
+        size = min(self.p.mtu_bytes, msg.nbytes - k * self.p.mtu_bytes)
+        now = self.env.now
+        self.rx_free = max(self.rx_free, now) + self.ledger.cost("wire", (size + 64) * self.ns_per_byte)
+        t_land = self.rx_free + self.ledger.cost("nic", self.rp.land_ns)
+        ev = self.env.timeout(t_land - now)
+        ev.callbacks.append(lambda _e: self._landed(msg, k, size, ack_ok))
+
+    def _landed(self, msg: Message, k: int, size: int, ack_ok: bool) -> None:
+        self.ledger.counters["bytes_landed"] += size
+        self.ledger.counters["packets_landed"] += 1
+        msg.landed += 1
+        if ack_ok:
+            self.fabric.ack(msg, k, msg.qp.nic.on_ack)
+        if msg.landed == msg.npkts:
+            vis = self.ledger.cost("visibility", self.rp.visibility_ns)
+            ev = self.env.timeout(vis)
+            ev.callbacks.append(lambda _e: self._visible(msg))
+
+    def _visible(self, msg: Message) -> None:
+        msg.t_visible = self.env.now
+        if msg.on_visible is not None:
+            msg.on_visible(msg)
+
+    # -- completions (sender side) ------------------------------------------
+    def on_ack(self, msg: Message, k: int) -> None:
+        msg.acked += 1
+        if msg.acked == msg.npkts:
+            ev = self.env.timeout(self.ledger.cost("nic", self.p.completion_ns))
+            ev.callbacks.append(lambda _e: self._complete(msg))
+
+    def _complete(self, msg: Message) -> None:
+        msg.qp.completions.add(1)
+        if msg.on_complete is not None:
+            msg.on_complete(msg)
+
+    per_gpu: int = 1  # NICs per GPU, set by the model

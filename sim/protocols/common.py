@@ -1,0 +1,122 @@
+"""Pieces every protocol composes: data puts, signals by strategy, NVLink delivery,
+the notify/count exchange and rank-level barriers."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from sim.engine import Counter
+
+if TYPE_CHECKING:
+    from sim.model import World
+
+
+def put(w: World, port, src: int, dst: int, nbytes: int, tag, seq: int = 0):
+    """One RDMA write from ``port`` (native or proxy)."""
+    yield from port.post(w.message(src, dst, nbytes, tag, seq=seq))
+
+
+def publish(w: World, port, src: int, dst: int, tag, value: int, flushed: bool = False):
+    """A count/flag/tail signal vouching for ``value`` writes of ``tag`` sent so far.
+
+    Native ``flush`` mode waits for the send completions of this warp's data
+    first (SRD-safe, one round trip); with ``provider_batched_tail`` that wait
+    moves off the warp into the provider. ``unordered-counting`` sends a weak
+    SignalAdd of the writes since the last signal. The proxy path posts the
+    signal at once: the receiving host delivers it in sequence order.
+    """
+    d = w.design
+    mode = d.signal_mode
+    w.ledger.events["signal"] += 1
+    if mode == "unordered-counting":
+        key = (src, dst, tag)
+        last = w.tails.get(key, 0)
+        w.tails[key] = value
+        value = value - last
+    if d.path == "native" and mode == "flush" and not flushed:
+        if d.provider_batched_tail:
+            _provider_tail(w, port, src, dst, tag, value)
+            return
+        yield from port.flush("signal")
+    m = w.message(src, dst, d.notify_bytes, tag, kind="signal", value=value)
+    yield from port.post(m)
+    if d.path == "native" and mode in ("flush", "ordered", "unordered-counting"):
+        yield from port.finish()  # a signal is rung at once, never left in a doorbell batch
+
+
+def _provider_tail(w: World, port, src: int, dst: int, tag, value: int) -> None:
+    """The provider posts the tail once the data before it completed; a newer tail
+    for the same stream subsumes an older one still waiting (batching)."""
+    key = (src, dst, tag)
+    w.tails[key] = value
+    target = port.posted
+    env = w.env
+
+    def proc():
+        yield from port.finish()
+        if port.done.value < target:
+            yield port.done.reach(target)
+        if w.tails.get(key) != value:
+            return  # a later tail carries this one
+        m = w.message(src, dst, w.design.notify_bytes, tag, kind="signal", value=value)
+        m.qp = port.qp
+        m.on_complete = None
+        port.qp.nic.doorbell([m])
+
+    env.process(proc())
+
+
+def nvlink_put(w: World, src: int, dst: int, nbytes: int, tag, track: str):
+    """Intra-node data over NVLink: visible (and ordered) at the peer after the link latency."""
+    rcv = w.receivers[dst]
+
+    def land():
+        rcv.data[tag].add(1)
+        rcv.known[tag].add(1)
+
+    yield from w.nvlink.copy(src, dst, nbytes, track, land)
+
+
+def nvlink_flag(w: World, src: int, dst: int, tag, value: int):
+    """An intra-node flag: ordered after the writer's earlier NVLink stores."""
+    rcv = w.receivers[dst]
+    # issued after the writer's earlier stores on the same link: never overtakes them
+    lat = max(0.0, w.nvlink.port_free[src] - w.env.now) + w.ledger.cost(
+        "forward", w.platform.nvlink.flag_latency_ns)
+
+    def land(_e):
+        k = rcv.known[tag]
+        if value > k.value:
+            k.add(value - k.value)
+        rcv.flags[tag].add(1)
+
+    ev = w.env.timeout(lat)
+    ev.callbacks.append(land)
+
+
+def notify_exchange(w: World, rank: int, peers: list[int]):
+    """Counts to every peer (small puts / NVLink flags), then poll until all peers' arrived."""
+    port = w.notify_port(rank)
+    d = w.design
+    for p in peers:
+        if w.same_node(rank, p):
+            nvlink_flag(w, rank, p, ("notify", rank), 1)
+        else:
+            m = w.message(rank, p, d.notify_bytes, ("notify", rank), kind="notify")
+            yield from port.post(m)
+    yield from port.finish()
+    rcv = w.receivers[rank]
+    for p in peers:
+        yield from rcv.wait(("notify", p), 1, "notify", check=False)
+
+
+class Barrier:
+    """Arrivals of ``n`` parties at a rank-level (grid) sync."""
+
+    def __init__(self, w: World, n: int) -> None:
+        self.n = n
+        self.c = Counter(w.env)
+
+    def arrive(self):
+        self.c.add(1)
+        yield self.c.reach(self.n)

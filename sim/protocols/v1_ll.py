@@ -1,0 +1,123 @@
+"""DeepEP V1 low-latency: one write per (token, expert), then a count per (expert, source rank).
+
+Dispatch: warp ``t mod channels`` packs token ``t`` and writes it to each of its
+top-k experts (NVLink when the expert's rank is on the same node, RDMA
+otherwise). After a grid sync, warp ``e mod channels`` sends the count of
+tokens for expert ``e`` (the flag the receiver polls). In ``flush`` mode every
+warp first waits for the send completions of its data (SRD-safe). Receiving
+warp groups, one per local expert, poll each source's count and then know
+(by the signalling strategy) that many tokens landed.
+
+Combine is the same exchange in reverse: every (token, expert) result goes back
+to its source rank (BF16 row), counts per (expert, source), then the source
+reduces its top-k rows per token.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from sim.protocols.common import Barrier, nvlink_flag, nvlink_put, publish, put
+
+if TYPE_CHECKING:
+    from sim.model import World
+
+
+def run(w: World) -> list:
+    env = w.env
+    R = w.workload.ep_ranks
+    rt = w.routing
+    dispatch = w.op == "dispatch"
+    nbytes = w.workload.dispatch_bytes_per_token if dispatch else w.workload.combine_bytes_per_token
+    C = w.channels
+    # items[r]: (channel, dst, tag, token) per write, in issue order; counts[(src, dst, expert)] = n
+    items: list[list[tuple[int, int, tuple, int]]] = [[] for _ in range(R)]
+    counts: dict[tuple[int, int, int], int] = {}
+    if dispatch:
+        for s in range(R):
+            for t, row in enumerate(rt.topk[s]):
+                for e in row:
+                    e = int(e)
+                    d = rt.rank_of(e)
+                    items[s].append((t % C, d, ("d", s, e), t))
+                    counts[(s, d, e)] = counts.get((s, d, e), 0) + 1
+    else:
+        for s in range(R):  # s hosts expert e; results go back to token's source rank
+            k = 0
+            for src in range(R):
+                for _t, row in enumerate(rt.topk[src]):
+                    for e in row:
+                        e = int(e)
+                        if rt.rank_of(e) == s:
+                            items[s].append((k % C, src, ("d", s, e), k))
+                            counts[(s, src, e)] = counts.get((s, src, e), 0) + 1
+                            k += 1
+    done = []
+    for r in range(R):
+        done.append(env.process(_rank(w, r, items[r], counts, nbytes, dispatch)))
+    return done
+
+
+def _rank(w: World, r: int, items, counts, nbytes: int, dispatch: bool):
+    env = w.env
+    R = w.workload.ep_ranks
+    rt = w.routing
+    C = w.channels
+    by_ch: dict[int, list] = {}
+    for it in items:
+        by_ch.setdefault(it[0], []).append(it)
+    barrier = Barrier(w, C)
+    epr = rt.epr
+    # signals this rank sends: one per (expert, peer) pair it talks to, zero counts included
+    if dispatch:
+        sig = [(e, rt.rank_of(e)) for e in range(rt.num_experts)]
+    else:
+        sig = [(e, p) for e in range(r * epr, (r + 1) * epr) for p in range(R)]
+
+    def warp(c: int):
+        port = w.port(r, c)
+        track = port.track
+        g = w.platform.gpu
+        last_token = -1
+        for _c, dst, tag, tok in by_ch.get(c, []):
+            if dispatch and tok != last_token:
+                yield env.timeout(w.ledger.issue("compute", g.token_prep_ns))
+            last_token = tok
+            if w.same_node(r, dst):
+                yield from nvlink_put(w, r, dst, nbytes, tag, track)
+            else:
+                yield from put(w, port, r, dst, nbytes, tag)
+        if w.design.signal_mode == "flush" and w.design.path == "native":
+            yield from port.flush("signal")
+        else:
+            yield from port.finish()
+        yield from barrier.arrive()
+        for e, p in sig[c::C]:
+            n = counts.get((r, p, e), 0)
+            tag = ("d", r, e)
+            if w.same_node(r, p):
+                nvlink_flag(w, r, p, tag, n)
+            else:
+                yield from publish(w, port, r, p, tag, n, flushed=True)
+        yield from port.finish()
+
+    def expert_rx(e: int):
+        rcv = w.receivers[r]
+        srcs = range(R) if dispatch else [rt.rank_of(e)]
+        for s in srcs:
+            n = counts.get((s, r, e), 0)
+            yield from rcv.wait(("d", s, e), n, f"rx e{e}", flags=1)
+
+    procs = [env.process(warp(c)) for c in range(C)]
+    if dispatch:
+        rx = [env.process(expert_rx(e)) for e in range(r * epr, (r + 1) * epr)]
+    else:
+        rx = [env.process(expert_rx(e)) for e in range(rt.num_experts)]
+    yield env.all_of(procs + rx)
+    if not dispatch:
+        # reduce the top-k BF16 rows of every token, spread over the channels
+        g = w.platform.gpu
+        kib = w.workload.combine_bytes_per_token / 1024
+        ns = g.reduce_ns_per_kib * kib * w.workload.top_k * w.workload.tokens_per_rank / C
+        yield env.timeout(w.ledger.issue("compute", ns))
+    return env.now

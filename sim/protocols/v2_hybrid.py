@@ -1,0 +1,263 @@
+"""DeepEP V2 hybrid: one RDMA write per (token, destination node) to the same-index
+GPU there, tail signals every ``scaleout_update_interval`` tokens, and forward
+warps on the receiving GPU that poll those tails and forward over NVLink.
+
+Dispatch, on rank r = (node n, local l):
+1. notify exchange of counts (skipped when ``cached``: the layout handle is reused);
+2. scale-out warp c takes tokens ``t mod channels == c``; per remote destination
+   node m it writes the token into ``recv[n][c][slot]`` on rank (m, l) and every
+   ``interval`` tokens publishes the (finish, tail) word by the platform's
+   strategy (strong/ordered, flush-then-signal, unordered counting, or none when
+   the receiver counts immediates); tokens for its own node go over NVLink;
+3. forward warps on (m, l) poll the tails of their (source node, channel) pairs
+   round-robin and copy each accepted token over NVLink to every rank of node m
+   that hosts one of its experts;
+4. every rank waits for all its tokens, then a closing NVLink barrier in the node.
+
+Combine in reverse: expert ranks send partial rows over NVLink to the forwarder
+of the token's source (same local index), forward warps reduce and write one
+row per token to the source node, flush, one signal per node; the source waits
+for every node's finish and reduces.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from sim.engine import Counter
+from sim.protocols.common import Barrier, notify_exchange, nvlink_flag, nvlink_put, publish, put
+
+if TYPE_CHECKING:
+    from sim.model import World
+
+
+def run(w: World) -> list:
+    R = w.workload.ep_ranks
+    fn = _dispatch_rank if w.op == "dispatch" else _combine_rank
+    shared = _Shared(w)
+    return [w.env.process(fn(w, r, shared)) for r in range(R)]
+
+
+class _Shared:
+    """Routing-derived layout every rank agrees on (what notify/the handle carries)."""
+
+    def __init__(self, w: World) -> None:
+        rt = w.routing
+        R = w.workload.ep_ranks
+        self.rpn = w.workload.ranks_per_node
+        self.nodes = max(1, R // self.rpn)
+        C = w.channels
+        self.C = C
+        # per source rank s, channel c, dest node m: list of tokens (in order)
+        self.stream: dict[tuple[int, int, int], list[int]] = {}
+        self.final_expected = [0] * R  # tokens each rank must receive (token, rank) pairs
+        for s in range(R):
+            for t, nodes in enumerate(rt.dst_nodes[s]):
+                for m in nodes:
+                    self.stream.setdefault((s, t % C, m), []).append(t)
+                for d in rt.dst_ranks[s][t]:
+                    self.final_expected[d] += 1
+
+    def rank(self, node: int, local: int) -> int:
+        return node * self.rpn + local
+
+
+def _dispatch_rank(w: World, r: int, sh: _Shared):
+    env = w.env
+    d, g, wl, rt = w.design, w.platform.gpu, w.workload, w.routing
+    n, l = divmod(r, sh.rpn)
+    C, N = sh.C, sh.nodes
+    nbytes = wl.dispatch_bytes_per_token
+    counting = d.path == "native" and d.signal_mode in ("imm-counting", "hw-counter")
+    if not d.cached:
+        peers = [sh.rank(m, l) for m in range(N) if m != n] + [
+            sh.rank(n, j) for j in range(sh.rpn) if j != l]
+        yield from notify_exchange(w, r, peers)
+
+    def scaleout(c: int):
+        port = w.port(r, c)
+        sent = [0] * N
+        for t in range(c, wl.tokens_per_rank, C):
+            yield env.timeout(w.ledger.issue("compute", g.token_prep_ns))
+            for m in rt.dst_nodes[r][t]:
+                if m == n:
+                    for dst in rt.dst_ranks[r][t]:
+                        if dst != r and w.node_of(dst) == n:
+                            yield from nvlink_put(w, r, dst, nbytes, ("f", r), port.track)
+                        elif dst == r:
+                            rc = w.receivers[r]
+                            rc.data[("f", r)].add(1)
+                            rc.known[("f", r)].add(1)
+                    continue
+                yield from put(w, port, r, sh.rank(m, l), nbytes, ("h", r, c), seq=sent[m])
+                sent[m] += 1
+                if not counting and sent[m] % d.scaleout_update_interval == 0:
+                    yield from publish(w, port, r, sh.rank(m, l), ("h", r, c), sent[m])
+        for m in range(N):  # the finish word: final tail for every remote node
+            if m != n and not counting and (sent[m] % d.scaleout_update_interval or not sent[m]):
+                yield from publish(w, port, r, sh.rank(m, l), ("h", r, c), sent[m])
+        yield from port.finish()
+
+    def forward(j: int, pairs: list[tuple[int, int]]):
+        """Poll the tails of (source rank, channel) pairs round-robin; forward what landed."""
+        rcv = w.receivers[r]
+        track = f"fwd{j}"
+        done = [0] * len(pairs)
+        want = [len(sh.stream.get((s, c, n), ())) for s, c in pairs]
+        while any(done[i] < want[i] for i in range(len(pairs))):
+            progressed = False
+            for i, (s, c) in enumerate(pairs):
+                tag = ("h", s, c)
+                avail = min(rcv.known[tag].value, want[i])
+                if avail > done[i]:
+                    rcv.check(tag, avail)
+                    toks = sh.stream[(s, c, n)][done[i]:avail]
+                    for t in toks:
+                        for dst in rt.dst_ranks[s][t]:
+                            if w.node_of(dst) != n:
+                                continue
+                            if dst == r:
+                                rcv.data[("f", s)].add(1)
+                                rcv.known[("f", s)].add(1)
+                            else:
+                                yield from nvlink_put(w, r, dst, nbytes, ("f", s), track)
+                    done[i] = avail
+                    progressed = True
+            if not progressed:
+                evs = [rcv.known[("h", s, c)].reach(done[i] + 1)
+                       for i, (s, c) in enumerate(pairs) if done[i] < want[i]]
+                t0 = env.now
+                yield env.any_of(evs)
+                w.ledger.waited("poll_wait", env.now - t0)
+                poll = g.poll_interval_ns * w.draws.uniform() + g.device_load_ns
+                if counting and d.signal_mode == "imm-counting":
+                    poll += w.platform.receiver.cq_poll_ns
+                yield env.timeout(w.ledger.issue("poll_wait", poll))
+                w.trace.span(f"rank{r}", track, "poll_wait", t0, env.now - t0)
+
+    F = max(1, d.num_sms * d.forward_warps_per_sm)
+    pairs = [(sh.rank(m, l), c) for m in range(N) if m != n for c in range(C)]
+    procs = [env.process(scaleout(c)) for c in range(C)]
+    if pairs:
+        procs += [env.process(forward(j, pairs[j::F])) for j in range(min(F, len(pairs)))]
+    # final buffer: every (token, this rank) pair from every source
+    rcv = w.receivers[r]
+    arrived = Counter(env)
+
+    def watch(s: int, n_exp: int):
+        yield from rcv.wait(("f", s), n_exp, "rx")
+        arrived.add(1)
+
+    exp = _expected_from(w, r)
+    procs += [env.process(watch(s, k)) for s, k in exp.items()]
+    yield env.all_of(procs)
+    yield from _node_barrier(w, r, sh, "dispatch")
+    return env.now
+
+
+def _expected_from(w: World, r: int) -> dict[int, int]:
+    rt = w.routing
+    out: dict[int, int] = {}
+    for s in range(w.workload.ep_ranks):
+        k = sum(1 for dsts in rt.dst_ranks[s] if r in dsts)
+        if k:
+            out[s] = k
+    return out
+
+
+def _node_barrier(w: World, r: int, sh: _Shared, what: str):
+    """Closing NVLink barrier among the ranks of one node."""
+    n, l = divmod(r, sh.rpn)
+    tag = ("bar", what)
+    for j in range(sh.rpn):
+        if j != l:
+            nvlink_flag(w, r, sh.rank(n, j), (tag, r), 1)
+    rcv = w.receivers[r]
+    for j in range(sh.rpn):
+        if j != l:
+            yield from rcv.wait((tag, sh.rank(n, j)), 1, "barrier", check=False)
+
+
+def _combine_rank(w: World, r: int, sh: _Shared):
+    env = w.env
+    d, g, wl, rt = w.design, w.platform.gpu, w.workload, w.routing
+    n, l = divmod(r, sh.rpn)
+    C, N = sh.C, sh.nodes
+    nbytes = wl.combine_bytes_per_token
+    rcv = w.receivers[r]
+    kib = nbytes / 1024
+
+    # 1. partial rows over NVLink to the forwarder of each token's source (same local index)
+    def expert_side(c: int):
+        track = f"cmb{c}"
+        k = 0
+        for s in range(wl.ep_ranks):
+            for t, dsts in enumerate(rt.dst_ranks[s]):
+                if r not in dsts:
+                    continue
+                if k % C == c:
+                    ns = g.reduce_ns_per_kib * kib * sum(1 for e in rt.topk[s][t] if rt.rank_of(int(e)) == r)
+                    yield env.timeout(w.ledger.issue("compute", ns))
+                    fwd = sh.rank(n, s % sh.rpn)  # forwarder for s on this node
+                    if w.node_of(s) == n:
+                        fwd = s  # same node: straight to the source
+                    tag = ("p", s, t)
+                    if fwd == r:
+                        rcv.data[tag].add(1)
+                        rcv.known[tag].add(1)
+                    else:
+                        yield from nvlink_put(w, r, fwd, nbytes, tag, track)
+                k += 1
+
+    # 2. forward warps: reduce the node's partials per token, write one row to the source node
+    F = max(1, d.num_sms * d.forward_warps_per_sm)
+    remote = [sh.rank(m, l) for m in range(N) if m != n]
+    work: list[tuple[int, int]] = [(s, t) for s in remote for t, nodes in enumerate(rt.dst_nodes[s])
+                                   if n in nodes]
+    bar = Barrier(w, min(F, len(work)) or 1)
+    sent_to: dict[int, int] = {s: 0 for s in remote}
+
+    def forwarder(j: int):
+        port = w.port(r, j % C)
+        track = f"fwd{j}"
+        for s, t in work[j::F]:
+            contrib = sum(1 for x in rt.dst_ranks[s][t] if w.node_of(x) == n)
+            yield from rcv.wait(("p", s, t), contrib, track)
+            yield env.timeout(w.ledger.issue("compute", g.reduce_ns_per_kib * kib * contrib))
+            seq = sent_to[s]  # claimed before posting: forward warps run concurrently
+            sent_to[s] += 1
+            yield from put(w, port, r, s, nbytes, ("hc", n, s), seq=seq)
+        if d.path == "native" and d.signal_mode == "flush":
+            yield from port.flush("signal")
+        else:
+            yield from port.finish()
+        yield from bar.arrive()
+        if j == 0:
+            sport = w.notify_port(r)
+            for s in remote:
+                yield from publish(w, sport, r, s, ("hc", n, s), sent_to[s], flushed=True)
+            yield from sport.finish()
+
+    procs = [env.process(expert_side(c)) for c in range(C)]
+    if work:
+        procs += [env.process(forwarder(j)) for j in range(min(F, len(work)))]
+    # 3. the source side: every node's finish plus the local partials, then reduce
+    mine = [(t, nodes) for t, nodes in enumerate(rt.dst_nodes[r])]
+
+    def source_side():
+        for m in range(N):
+            if m == n:
+                continue
+            cnt = sum(1 for _t, nodes in mine if m in nodes)
+            yield from rcv.wait(("hc", m, r), cnt, "rx", flags=1)
+        for t, _nodes in mine:
+            local = sum(1 for x in rt.dst_ranks[r][t] if w.node_of(x) == n)
+            if local:
+                yield from rcv.wait(("p", r, t), local, "rx")
+        ns = g.reduce_ns_per_kib * kib * len(mine) * N / C
+        yield env.timeout(w.ledger.issue("compute", ns))
+
+    procs.append(env.process(source_side()))
+    yield env.all_of(procs)
+    yield from _node_barrier(w, r, sh, "combine")
+    return env.now

@@ -1,0 +1,167 @@
+"""The CPU proxy path (NCCL GIN proxy backend style).
+
+The GPU warp writes a 128 B descriptor into a ring per (context, peer) in
+pinned host memory and publishes it with a system-scope fence; it spins while
+the ring is full (the consumer index lives in host memory, read over PCIe).
+The descriptor becomes visible to the host ``gpu_to_host_ns`` later. Host
+progress threads (``proxy.threads``, rings spread over them) loop over their
+rings, take at most one descriptor per ring per pass, post it to the NIC
+(``host_post_ns``), poll the CQ (``host_cq_poll_ns`` per completion) and write
+progress back where the GPU polls (``host_to_gpu_ns``). A ring's consumer
+index advances strictly in order: a completed descriptor behind an
+incomplete one does not free its slot (holes wait).
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from typing import TYPE_CHECKING
+
+from sim.engine import Counter
+
+if TYPE_CHECKING:
+    from sim.message import Message
+    from sim.model import World
+    from sim.nic import QueuePair
+
+
+class Ring:
+    """Descriptor queue in pinned memory for one (context, peer)."""
+
+    __slots__ = ("key", "qp", "posted", "visible", "inflight", "freed", "thread")
+
+    def __init__(self, world: World, key: tuple, qp: QueuePair) -> None:
+        self.key = key
+        self.qp = qp
+        self.posted = 0
+        self.visible: deque[Message] = deque()
+        self.inflight: deque[Message] = deque()
+        self.freed = Counter(world.env)
+        self.thread: ProxyThread | None = None
+
+
+class ProxyThread:
+    """One host progress thread."""
+
+    def __init__(self, world: World, rank: int, index: int) -> None:
+        self.w = world
+        self.env = world.env
+        self.rank = rank
+        self.index = index
+        self.rings: list[Ring] = []
+        self.cq: deque[Message] = deque()
+        self._kick = None
+        self.track = f"proxy{index}"
+        self.proc = f"rank{rank} host"
+        world.env.process(self._loop())
+
+    def cq_append(self, msg: Message) -> None:
+        """The NIC wrote a CQE for one of this thread's posts."""
+        self.cq.append(msg)
+        self.kick()
+
+    def kick(self) -> None:
+        if self._kick is not None and not self._kick.triggered:
+            self._kick.succeed()
+
+    def _loop(self):
+        env, w = self.env, self.w
+        pp = w.platform.proxy
+        led = w.ledger
+        while True:
+            did = False
+            while self.cq:
+                msg = self.cq.popleft()
+                t0 = env.now
+                yield env.timeout(led.cost("proxy_post", pp.host_cq_poll_ns))
+                w.trace.span(self.proc, self.track, "cq", t0, env.now - t0)
+                self._progress(msg)
+                did = True
+            for ring in self.rings:
+                if ring.visible:
+                    msg = ring.visible.popleft()
+                    t0 = env.now
+                    yield env.timeout(led.cost("proxy_post", pp.host_post_ns))
+                    w.trace.span(self.proc, self.track, "post", t0, env.now - t0)
+                    ring.inflight.append(msg)
+                    ring.qp.posted += 1
+                    ring.qp.nic.doorbell([msg])
+                    did = True
+            if did:
+                yield env.timeout(led.cost("proxy_post", pp.host_poll_ns * len(self.rings)))
+            else:
+                self._kick = env.event()
+                yield self._kick
+
+    def _progress(self, msg: Message) -> None:
+        """Completion seen on the host: advance the ring in order, tell the GPU."""
+        ring: Ring = msg.ring
+        msg.host_done = True
+        freed = 0
+        while ring.inflight and ring.inflight[0].host_done:
+            ring.inflight.popleft()
+            freed += 1
+        port: ProxyPort = msg.port
+        lat = self.w.ledger.cost("proxy_queue", self.w.platform.proxy.host_to_gpu_ns)
+        ev = self.env.timeout(lat)
+        ev.callbacks.append(lambda _e: (ring.freed.add(freed), port.done.add(1)))
+
+
+class ProxyPort:
+    """One warp's view of the proxy path: same interface as the native port."""
+
+    def __init__(self, world: World, rank: int, warp: int, ctx: int) -> None:
+        self.w = world
+        self.env = world.env
+        self.rank = rank
+        self.warp = warp
+        self.ctx = ctx
+        self.posted = 0
+        self.done = Counter(self.env)
+        self.track = f"sm{warp // world.design.warps_per_sm}.w{warp % world.design.warps_per_sm}"
+        self.proc = f"rank{rank}"
+
+    def _pay(self, cat: str, ns: float, n: int = 1):
+        t = self.w.ledger.issue(cat, ns, n)
+        if t > 0:
+            t0 = self.env.now
+            yield self.env.timeout(t)
+            self.w.trace.span(self.proc, self.track, cat, t0, t)
+
+    def _wait(self, cat: str, ev):
+        t0 = self.env.now
+        yield ev
+        self.w.ledger.waited(cat, self.env.now - t0)
+        self.w.trace.span(self.proc, self.track, cat, t0, self.env.now - t0)
+
+    def post(self, msg: Message):
+        w = self.w
+        pp, g = w.platform.proxy, w.platform.gpu
+        ring = w.ring(self.rank, self.ctx, msg.dst)
+        msg.qp = ring.qp
+        msg.ring = ring
+        msg.port = self
+        msg.on_complete = ring.thread.cq_append
+        msg.t_post = self.env.now
+        if ring.posted - ring.freed.value >= pp.ring_depth:
+            # ring full: spin on the consumer index in host memory
+            yield from self._wait("proxy_queue", ring.freed.reach(ring.posted - pp.ring_depth + 1))
+            yield from self._pay("proxy_queue", g.pcie_read_ns)
+        yield from self._pay("wqe", pp.descriptor_store_ns)
+        yield from self._pay("fence", g.fence_ns)
+        ring.posted += 1
+        self.posted += 1
+        w.ledger.counters["descriptors"] += 1
+        ev = self.env.timeout(w.ledger.cost("proxy_queue", pp.gpu_to_host_ns))
+        ev.callbacks.append(lambda _e: (ring.visible.append(msg), ring.thread.kick()))
+
+    def finish(self):
+        return
+        yield  # a generator with nothing to ring: the host posts
+
+    def flush(self, cat: str = "signal"):
+        """Wait until the host reported every descriptor of this warp complete."""
+        if self.done.value < self.posted:
+            yield from self._wait(cat, self.done.reach(self.posted))
+        yield from self._pay(cat, self.w.platform.gpu.pcie_read_ns)
+

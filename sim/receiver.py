@@ -1,0 +1,167 @@
+"""The receiving GPU: what a poller can know, and when.
+
+Landed bytes become visible ``visibility_ns`` after the NIC's DMA write (the
+NIC does that part). What a polling warp may *conclude* from memory depends on
+the signalling strategy, and that is this module:
+
+- ``ordered``/``flush``: the poller reads a flag or tail word. On RC (or after a
+  flush) the data before it is known landed. On SRD a flag sent without a
+  flush can overtake its data: consuming then is an *ordering violation*,
+  which the model counts instead of hiding.
+- ``imm-counting``: every data write carries an immediate; the poller counts
+  receive completions (``recv_completion_ns`` after landing, ``cq_poll_ns`` of
+  poller time each).
+- ``hw-counter``: the NIC bumps a counter in GPU memory per landed write.
+- ``unordered-counting``: in-band headers per sub-part plus a weak SignalAdd;
+  a prefix of sub-parts is accepted only when every header in it is visible
+  *and* the signal count reached it.
+- proxy path: a host thread counts write-with-immediate completions and
+  delivers signals in sequence order, writing them into GPU memory.
+
+Every wait ends with the poll loop's granularity: the value is seen at the
+next poll (uniform phase over ``poll_interval_ns``) plus one load.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from typing import TYPE_CHECKING
+
+from sim.engine import Counter
+
+if TYPE_CHECKING:
+    from sim.message import Message
+    from sim.model import World
+
+
+class Receiver:
+    """Receiver-side state of one rank: counters per tag, the host thread for proxy."""
+
+    def __init__(self, world: World, rank: int) -> None:
+        self.w = world
+        self.env = world.env
+        self.rank = rank
+        self.mode = world.design.signal_mode
+        self.proxy = world.design.path == "proxy"
+        self.data: dict = defaultdict(lambda: Counter(self.env))  # visible data writes (truth)
+        self.known: dict = defaultdict(lambda: Counter(self.env))  # what a poller may conclude
+        self.flags: dict = defaultdict(lambda: Counter(self.env))  # signal arrivals per tag
+        self._prefix: dict = defaultdict(set)  # unordered-counting: visible sub-part seqs
+        self._prefix_n: dict = defaultdict(int)
+        self._sig: dict = defaultdict(int)
+        self._host_busy_until = 0.0
+        self._held: dict = defaultdict(list)  # proxy: signals waiting for their data
+
+    # -- arrivals ----------------------------------------------------------------
+    def on_visible(self, msg: Message) -> None:
+        """Called by the NIC when every byte of ``msg`` is visible in this GPU's memory."""
+        w, rp = self.w, self.w.platform.receiver
+        led = w.ledger
+        tag = msg.tag
+        if msg.kind == "notify":
+            self.data[tag].add(1)
+            self.known[tag].add(1)
+            return
+        if self.proxy:
+            self._host_handle(msg)
+            return
+        if msg.kind == "data":
+            self.data[tag].add(1)
+            if self.mode == "imm-counting":
+                self._later(led.cost("signal", rp.recv_completion_ns), tag, 1)
+            elif self.mode == "hw-counter":
+                self._later(led.cost("signal", w.platform.nic.completion_ns), tag, 1)
+            elif self.mode == "unordered-counting":
+                self._prefix[tag].add(msg.seq)
+                self._advance_prefix(tag)
+            return
+        # a signal (count/flag/tail) vouching for msg.value writes of tag: absolute for
+        # ordered/flush, additive for unordered counting, only an arrival for imm/hw counting
+        if self.mode == "unordered-counting":
+            self._sig[tag] += msg.value
+            self._advance_prefix(tag)
+        elif self.mode in ("ordered", "flush"):
+            k = self.known[tag]
+            if msg.value > k.value:
+                k.add(msg.value - k.value)
+        self.flags[tag].add(1)
+
+    def _later(self, dt: float, tag, n: int) -> None:
+        ev = self.env.timeout(dt)
+        ev.callbacks.append(lambda _e: self.known[tag].add(n))
+
+    def _advance_prefix(self, tag) -> None:
+        seen = self._prefix[tag]
+        p = self._prefix_n[tag]
+        while p in seen:
+            p += 1
+        self._prefix_n[tag] = p
+        k = self.known[tag]
+        target = min(p, self._sig[tag])
+        if target > k.value:
+            k.add(target - k.value)
+
+    def _host_handle(self, msg: Message) -> None:
+        """Proxy path: the receiving host thread consumes one receive completion."""
+        pp = self.w.platform.proxy
+        led = self.w.ledger
+        now = self.env.now
+        start = max(now, self._host_busy_until)
+        self._host_busy_until = start + led.cost("proxy_post", pp.host_cq_poll_ns)
+        done = self._host_busy_until + led.cost("proxy_queue", pp.host_to_gpu_ns)
+        ev = self.env.timeout(done - now)
+        tag = msg.tag
+        if msg.kind == "data":
+            self.data[tag].add(1)
+            ev.callbacks.append(lambda _e: self._host_data(tag))
+        else:
+            ev.callbacks.append(lambda _e: self._host_signal(tag, msg.value))
+
+    def _host_data(self, tag) -> None:
+        self._sig[("hostdata", tag)] += 1
+        self._host_release(tag)
+
+    def _host_signal(self, tag, value: int) -> None:
+        self._held[tag].append(value)
+        self._host_release(tag)
+
+    def _host_release(self, tag) -> None:
+        """Deliver held signals whose data all arrived (sequence order per stream)."""
+        have = self._sig[("hostdata", tag)]
+        held = self._held[tag]
+        k = self.known[tag]
+        for v in sorted(held):
+            if v <= have:
+                if v > k.value:
+                    k.add(v - k.value)
+                self.flags[tag].add(1)
+        self._held[tag] = [v for v in held if v > have]
+
+    # -- polling -------------------------------------------------------------------
+    def wait(self, tag, n: int, track: str, cat: str = "poll_wait", flags: int = 0,
+             check: bool = True):
+        """A warp polls until it may conclude ``n`` writes of ``tag`` landed
+        (and, with ``flags``, until that many signals of ``tag`` arrived)."""
+        w = self.w
+        led, g = w.ledger, w.platform.gpu
+        k = self.known[tag]
+        t0 = self.env.now
+        if flags and self.flags[tag].value < flags:
+            yield self.flags[tag].reach(flags)
+        if k.value < n:
+            yield k.reach(n)
+        dt = self.env.now - t0
+        led.waited(cat, dt)
+        poll = g.poll_interval_ns * w.draws.uniform() + g.device_load_ns
+        if self.mode == "imm-counting" and not self.proxy:
+            poll += w.platform.receiver.cq_poll_ns
+        t = led.issue(cat, poll)
+        yield self.env.timeout(t)
+        w.trace.span(f"rank{self.rank}", track, cat, t0, self.env.now - t0, tag=str(tag))
+        if check:
+            self.check(tag, n)
+
+    def check(self, tag, n: int) -> None:
+        """Consuming ``n`` writes of ``tag``: count a violation if they are not all visible."""
+        if self.data[tag].value < n:
+            self.w.ledger.counters["ordering_violations"] += 1

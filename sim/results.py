@@ -1,0 +1,103 @@
+"""From simulated ops to the numbers engineers read: latency statistics and the two attributions.
+
+*Profiler* attribution: share of the GPU warps' time per category, summed over
+every issuing, polling and forwarding warp of every rank and seed: what a
+sampling profiler on those warps sees. ``put_path`` restricts it to the
+issue-side categories (the campaign's "share of the put path").
+
+*Critical path* attribution: for each category c, the p50 latency of the op
+minus its p50 when every cost of c is set to zero (waits of c's kind
+skipped), on the same seeds. A category can be busy on the profiler yet
+worth ~0 here when its time overlaps the wire; the two disagree by design.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import numpy as np
+
+from sim.model import OpResult, simulate_op
+from sim.params import CATEGORIES, Scenario
+
+PUT_PATH = ("wqe", "fence", "doorbell", "lock", "credit_wait", "proxy_queue", "compute", "signal")
+
+
+def stats(lat_us: list[float]) -> dict[str, float]:
+    a = np.asarray(lat_us)
+    return {
+        "p50_us": float(np.percentile(a, 50)),
+        "p99_us": float(np.percentile(a, 99)),
+        "mean_us": float(a.mean()),
+        "max_us": float(a.max()),
+    }
+
+
+def run_seeds(scn: Scenario, op: str, seeds: int, scale: dict[str, float] | None = None,
+              trace: bool = False) -> list[OpResult]:
+    return [simulate_op(scn, op, s, scale=scale, trace=trace and s == 0) for s in range(seeds)]
+
+
+def profiler_shares(results: list[OpResult], cats: tuple[str, ...] | None = None) -> dict[str, float]:
+    busy: dict[str, float] = {}
+    for r in results:
+        for c, v in r.ledger.busy.items():
+            if cats is None or c in cats:
+                busy[c] = busy.get(c, 0.0) + v
+    total = sum(busy.values())
+    if total <= 0:
+        return {}
+    return {c: round(busy[c] / total, 6) for c in CATEGORIES if busy.get(c, 0.0) > 0}
+
+
+def critical_path(scn: Scenario, op: str, base_p50: float, seeds: int,
+                  cats: tuple[str, ...] = CATEGORIES) -> dict[str, float]:
+    out = {}
+    for c in cats:
+        res = run_seeds(scn, op, seeds, scale={c: 0.0})
+        p50 = stats([x for r in res for x in r.latency_us])["p50_us"]
+        out[c] = round(base_p50 - p50, 4)
+    return out
+
+
+def simulate(scn: Scenario, seeds: int = 1, with_critical_path: bool = True, cp_seeds: int = 1,
+             trace: bool = False) -> dict[str, Any]:
+    """The ``lever simulate --json`` object (DESIGN §6), plus counters and traces."""
+    t0 = time.perf_counter()
+    out: dict[str, Any] = {"scenario": scn.name, "seeds": seeds, "events": 0, "ops": {},
+                           "attribution": {}, "counters": {}, "per_rank_us": {}}
+    traces = []
+    for op in scn.ops:
+        res = run_seeds(scn, op, seeds, trace=trace)
+        lat = [x for r in res for x in r.latency_us]
+        out["ops"][op] = stats(lat)
+        out["per_rank_us"][op] = [
+            round(float(np.mean([r.latency_us[k] for r in res])), 4) for k in range(len(res[0].latency_us))
+        ]
+        out["events"] += sum(r.events for r in res)
+        att: dict[str, Any] = {
+            "profiler": profiler_shares(res),
+            "put_path": profiler_shares(res, PUT_PATH),
+        }
+        if with_critical_path:
+            k = max(1, min(cp_seeds, seeds))
+            base = stats([x for r in res[:k] for x in r.latency_us])["p50_us"]
+            att["critical_path"] = critical_path(scn, op, base, k)
+        out["attribution"][op] = att
+        cnt: dict[str, int] = {}
+        for r in res:
+            for key, v in r.counters.items():
+                cnt[key] = cnt.get(key, 0) + v
+        ev: dict[str, int] = {}
+        for r in res:
+            for key, v in r.ledger.events.items():
+                ev[key] = ev.get(key, 0) + v
+        cnt.update({f"events_{k}": v for k, v in ev.items()})
+        out["counters"][op] = cnt
+        if trace:
+            traces.append((op, res[0].trace))
+    out["wall_s"] = round(time.perf_counter() - t0, 4)
+    if trace:
+        out["_traces"] = traces
+    return out

@@ -1,0 +1,75 @@
+"""Top-k routing of tokens to experts: seeded uniform, or read from a file.
+
+Experts are laid out contiguously: rank ``e // experts_per_rank`` hosts
+expert ``e``. The routing is drawn per seed (not per op) so dispatch and
+combine of one seed see the same tokens.
+"""
+
+from __future__ import annotations
+
+import json
+from functools import cached_property
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from sim.params import Scenario
+
+if TYPE_CHECKING:
+    from sim.model import World
+
+
+class Routing:
+    """``topk[r]`` is an int array (tokens_per_rank, top_k) of expert ids, sorted per token."""
+
+    def __init__(self, topk: list[np.ndarray], num_experts: int, ranks_per_node: int) -> None:
+        self.topk = topk
+        self.R = len(topk)
+        self.num_experts = num_experts
+        self.epr = num_experts // self.R
+        self.rpn = ranks_per_node
+
+    @classmethod
+    def for_scenario(cls, scn: Scenario, seed: int) -> Routing:
+        wl = scn.workload
+        if wl.routing == "file":
+            data = json.loads(Path(wl.routing_file).read_text())
+            topk = [np.sort(np.asarray(t, dtype=np.int64), axis=1) for t in data["topk"]]
+            if len(topk) != wl.ep_ranks or any(t.shape != (wl.tokens_per_rank, wl.top_k) for t in topk):
+                raise ValueError(f"{wl.routing_file}: topk shape does not match the workload")
+            return cls(topk, wl.num_experts, wl.ranks_per_node)
+        rng = np.random.default_rng([scn.seed, seed, 7919 + wl.routing_seed_offset])
+        keys = rng.random((wl.ep_ranks, wl.tokens_per_rank, wl.num_experts))
+        idx = np.argpartition(keys, wl.top_k, axis=2)[:, :, : wl.top_k]
+        return cls([np.sort(idx[r], axis=1) for r in range(wl.ep_ranks)], wl.num_experts,
+                   wl.ranks_per_node)
+
+    def rank_of(self, expert: int) -> int:
+        return expert // self.epr
+
+    def node_of_rank(self, rank: int) -> int:
+        return rank // self.rpn
+
+    @cached_property
+    def dst_ranks(self) -> list[list[tuple[int, ...]]]:
+        """Per source rank, per token: the distinct ranks hosting its experts."""
+        return [[tuple(sorted({int(e) // self.epr for e in row})) for row in t] for t in self.topk]
+
+    @cached_property
+    def dst_nodes(self) -> list[list[tuple[int, ...]]]:
+        return [[tuple(sorted({r // self.rpn for r in row})) for row in d] for d in self.dst_ranks]
+
+    def max_puts_per_qp(self, world: World) -> int:
+        """An upper bound of WQEs one QP carries in one call (all on one QP, plus signals)."""
+        d = world.design
+        R = self.R
+        T = self.topk[0].shape[0]
+        if d.protocol == "v1-ll":
+            per = T * self.topk[0].shape[1] + self.num_experts
+        elif d.protocol == "v2-direct":
+            per = T * R + R
+        else:
+            nodes = max(1, R // self.rpn)
+            per = T * nodes + (T // d.scaleout_update_interval + 2) * nodes
+        return per

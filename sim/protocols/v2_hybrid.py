@@ -65,13 +65,13 @@ class _Shared:
 def _dispatch_rank(w: World, r: int, sh: _Shared):
     env = w.env
     d, g, wl, rt = w.design, w.platform.gpu, w.workload, w.routing
-    n, l = divmod(r, sh.rpn)
+    n, loc = divmod(r, sh.rpn)
     C, N = sh.C, sh.nodes
     nbytes = wl.dispatch_bytes_per_token
     counting = d.path == "native" and d.signal_mode in ("imm-counting", "hw-counter")
     if not d.cached:
-        peers = [sh.rank(m, l) for m in range(N) if m != n] + [
-            sh.rank(n, j) for j in range(sh.rpn) if j != l]
+        peers = [sh.rank(m, loc) for m in range(N) if m != n] + [
+            sh.rank(n, j) for j in range(sh.rpn) if j != loc]
         yield from notify_exchange(w, r, peers)
 
     def scaleout(c: int):
@@ -89,13 +89,13 @@ def _dispatch_rank(w: World, r: int, sh: _Shared):
                             rc.data[("f", r)].add(1)
                             rc.known[("f", r)].add(1)
                     continue
-                yield from put(w, port, r, sh.rank(m, l), nbytes, ("h", r, c), seq=sent[m])
+                yield from put(w, port, r, sh.rank(m, loc), nbytes, ("h", r, c), seq=sent[m])
                 sent[m] += 1
                 if not counting and sent[m] % d.scaleout_update_interval == 0:
-                    yield from publish(w, port, r, sh.rank(m, l), ("h", r, c), sent[m])
+                    yield from publish(w, port, r, sh.rank(m, loc), ("h", r, c), sent[m])
         for m in range(N):  # the finish word: final tail for every remote node
             if m != n and not counting and (sent[m] % d.scaleout_update_interval or not sent[m]):
-                yield from publish(w, port, r, sh.rank(m, l), ("h", r, c), sent[m])
+                yield from publish(w, port, r, sh.rank(m, loc), ("h", r, c), sent[m])
         yield from port.finish()
 
     def forward(j: int, pairs: list[tuple[int, int]]):
@@ -136,7 +136,7 @@ def _dispatch_rank(w: World, r: int, sh: _Shared):
                 w.trace.span(f"rank{r}", track, "poll_wait", t0, env.now - t0)
 
     F = max(1, d.num_sms * d.forward_warps_per_sm)
-    pairs = [(sh.rank(m, l), c) for m in range(N) if m != n for c in range(C)]
+    pairs = [(sh.rank(m, loc), c) for m in range(N) if m != n for c in range(C)]
     procs = [env.process(scaleout(c)) for c in range(C)]
     if pairs:
         procs += [env.process(forward(j, pairs[j::F])) for j in range(min(F, len(pairs)))]
@@ -167,21 +167,21 @@ def _expected_from(w: World, r: int) -> dict[int, int]:
 
 def _node_barrier(w: World, r: int, sh: _Shared, what: str):
     """Closing NVLink barrier among the ranks of one node."""
-    n, l = divmod(r, sh.rpn)
+    n, loc = divmod(r, sh.rpn)
     tag = ("bar", what)
     for j in range(sh.rpn):
-        if j != l:
+        if j != loc:
             nvlink_flag(w, r, sh.rank(n, j), (tag, r), 1)
     rcv = w.receivers[r]
     for j in range(sh.rpn):
-        if j != l:
+        if j != loc:
             yield from rcv.wait((tag, sh.rank(n, j)), 1, "barrier", check=False)
 
 
 def _combine_rank(w: World, r: int, sh: _Shared):
     env = w.env
     d, g, wl, rt = w.design, w.platform.gpu, w.workload, w.routing
-    n, l = divmod(r, sh.rpn)
+    n, loc = divmod(r, sh.rpn)
     C, N = sh.C, sh.nodes
     nbytes = wl.combine_bytes_per_token
     rcv = w.receivers[r]
@@ -211,7 +211,7 @@ def _combine_rank(w: World, r: int, sh: _Shared):
 
     # 2. forward warps: reduce the node's partials per token, write one row to the source node
     F = max(1, d.num_sms * d.forward_warps_per_sm)
-    remote = [sh.rank(m, l) for m in range(N) if m != n]
+    remote = [sh.rank(m, loc) for m in range(N) if m != n]
     work: list[tuple[int, int]] = [(s, t) for s in remote for t, nodes in enumerate(rt.dst_nodes[s])
                                    if n in nodes]
     bar = Barrier(w, min(F, len(work)) or 1)

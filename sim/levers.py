@@ -1,0 +1,73 @@
+"""Lever files: a named change to a baseline scenario.
+
+``scenarios/levers/NAME.toml``::
+
+    name = "lazy-completion-dispatch"
+    baseline = "decode-ep16-efa-native"      # scenario name or path
+    description = "why it should help (the mechanism)"
+    [set]                                    # dotted paths into the scenario
+    "design.lazy_completion_dispatch" = true
+
+A lever only sets model fields: where a lever needs a mechanism the model
+lacks, the mechanism goes into the model, never a constant into the file.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from sim import scenario as scn_mod
+from sim.params import Scenario
+
+LEVER_DIR = scn_mod.SCENARIO_DIR / "levers"
+
+
+class Lever(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    name: str
+    baseline: str
+    description: str = Field(min_length=1)
+    set: dict[str, Any] = Field(default_factory=dict)
+    path: str = ""
+
+
+def load_lever(name_or_path: str | Path) -> Lever:
+    p = scn_mod.resolve(name_or_path, kind="levers")
+    raw = scn_mod._read_toml(p)
+    try:
+        lev = Lever.model_validate({**raw, "path": str(p)})
+    except ValidationError as e:
+        err = e.errors()[0]
+        field = ".".join(str(x) for x in err["loc"])
+        raise scn_mod.ScenarioError(f"{p}: {field}: {err['msg']}") from None
+    return lev
+
+
+def lever_sets(lev: Lever) -> list[str]:
+    """The lever's changes as ``--set`` strings (values in TOML literal form)."""
+    return [f"{k}={_toml_literal(v)}" for k, v in lev.set.items()]
+
+
+def _toml_literal(v: Any) -> str:
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, str):
+        return '"' + v.replace('"', '\\"') + '"'
+    return repr(v)
+
+
+def load_with_levers(scenario: str | Path, levers: list[str] | tuple[str, ...] = (),
+                     sets: list[str] | tuple[str, ...] = ()) -> Scenario:
+    """The scenario with each lever's changes applied in order, then ``sets``."""
+    all_sets: list[str] = []
+    for name in levers:
+        all_sets += lever_sets(load_lever(name))
+    return scn_mod.load(scenario, [*all_sets, *sets])
+
+
+def all_levers() -> list[str]:
+    return sorted(p.stem for p in LEVER_DIR.glob("*.toml"))

@@ -350,3 +350,24 @@ def main(args: argparse.Namespace) -> int:
             print(f"  {name:40s} {m:9.4g} vs {lo:g}-{hi:g}  x{ratio:.2f}{flag}")
     print(f"\nrecord {rec.id} -> {args.out} (gate {'passed' if rec.gate.passed else 'FAILED'})")
     return 0 if rec.gate.passed else 1
+
+
+def _standalone(argv: list[str] | None = None) -> int:
+    """``python3 -m hw.primitives ...``: the same as ``lever hw primitives`` without the
+    rest of the CLI (the GPU machine lacks the simulator's dependencies)."""
+    from lever.cli import UserError
+
+    p = argparse.ArgumentParser(
+        prog="python3 -m hw.primitives", description=__doc__.splitlines()[0]
+    )
+    add_args(p)
+    args = p.parse_args(argv)
+    try:
+        return main(args)
+    except (UserError, RecordError) as e:
+        print(f"lever: error: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(_standalone())

@@ -42,8 +42,8 @@ def load_extension(
     return load(
         name=name,
         sources=srcs,
-        extra_cflags=["-O3", "-std=c++17"],
-        extra_cuda_cflags=["-O3", "-std=c++17", *extra_cuda_cflags],
+        extra_cflags=["-O3"],
+        extra_cuda_cflags=["-O3", *extra_cuda_cflags],
         extra_include_paths=includes,
         build_directory=str(build_dir),
         verbose=os.environ.get("LEVER_BUILD_VERBOSE", "") not in ("", "0"),

@@ -13,6 +13,12 @@ export PYTHONUNBUFFERED=1
 # NVLink multicast stays off (shared hosts), whatever a library would default to.
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 export LEVER_BUILD_DIR=${LEVER_BUILD_DIR:-/tmp/lever-build}
+# The GPU image has no pydantic (calibration.records needs it): carried wheels in .whl/.
+if ! python3 -c 'import pydantic' 2>/dev/null && ls .whl/*.whl >/dev/null 2>&1; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+    --target /tmp/site .whl/*.whl || exit 4
+  export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
+fi
 
 {
   nvidia-smi --query-gpu=index,name,driver_version,pstate,clocks.sm,clocks.mem,temperature.gpu,power.draw --format=csv

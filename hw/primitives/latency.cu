@@ -70,6 +70,13 @@ std::vector<uint64_t> random_cycle(size_t n, uint32_t seed) {
   return next;
 }
 
+// One index per 128-byte line, uploaded as a full image (one plain copy).
+void upload_lines(uint64_t* dev, const std::vector<uint64_t>& next) {
+  std::vector<uint64_t> img(next.size() * kLineWords, 0);
+  for (size_t i = 0; i < next.size(); ++i) img[i * kLineWords] = next[i];
+  PRIM_CHECK(cudaMemcpy(dev, img.data(), img.size() * sizeof(uint64_t), cudaMemcpyHostToDevice));
+}
+
 uint64_t walk(const std::vector<uint64_t>& next, uint64_t idx, uint64_t steps) {
   steps %= next.size();  // one cycle of length n
   for (uint64_t i = 0; i < steps; ++i) idx = next[idx];
@@ -111,8 +118,7 @@ Result run_latency(int device, int reps) {
     const size_t n = 4096;
     auto next = random_cycle(n, 2);
     DevBuf<uint64_t> buf(n * kLineWords);
-    PRIM_CHECK(cudaMemcpy2D(buf.p, kLineWords * sizeof(uint64_t), next.data(), sizeof(uint64_t),
-                            sizeof(uint64_t), n, cudaMemcpyHostToDevice));
+    upload_lines(buf.p, next);
     res.first["device_load_ns"] = chase(buf.p, false, next, 256, warmup, reps, "device_load");
     res.second.push_back("device_load: L2-resident chase ended on the host-computed line");
   }
@@ -120,8 +126,7 @@ Result run_latency(int device, int reps) {
     const size_t n = (size_t(256) << 20) / 128;
     auto next = random_cycle(n, 3);
     DevBuf<uint64_t> buf(n * kLineWords);
-    PRIM_CHECK(cudaMemcpy2D(buf.p, kLineWords * sizeof(uint64_t), next.data(), sizeof(uint64_t),
-                            sizeof(uint64_t), n, cudaMemcpyHostToDevice));
+    upload_lines(buf.p, next);
     res.first["device_load_dram_ns"] =
         chase(buf.p, false, next, 64, warmup, reps, "device_load_dram");
     res.second.push_back("device_load_dram: 256 MiB chase ended on the host-computed line");

@@ -15,6 +15,8 @@ import sys
 REGISTRARS = [
     "sim.cli",
     "hw.cli",
+    "calibration.cli",
+    "sim.predict_cli",
 ]
 
 

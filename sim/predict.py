@@ -1,0 +1,357 @@
+"""Predict a lever before it is built: baseline and lever on common random numbers.
+
+For every seed s the baseline and the lever scenario run with the same seed
+(the same routing, the same generator seed), and the per-seed p50 latency
+(over ranks) gives a paired difference d_s. The predicted delta is the mean
+of d_s, its noise band a Student-t interval of that mean. A no-op lever
+therefore has a band of exactly zero; a real lever's band is narrower than
+with unpaired seeds, because most seed noise (routing, jitter) cancels.
+
+Parameter uncertainty: when the platform carries ``calibrated`` (names,
+log_mean, log_cov), K parameter vectors are drawn from that multivariate
+normal in log space and applied as ``--set`` overrides to *both* sides; the
+spread of their deltas widens the band (``band_kind = "noise+params"``).
+Otherwise the band is ``"noise-only"``.
+
+Attribution: per op, profiler shares (all warps, and the put path) and
+critical-path microseconds of the baseline and the lever, so the reader sees
+which category the lever moves.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import math
+import os
+import subprocess
+from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from sim import levers as levers_mod
+from sim import scenario as scn_mod
+from sim.params import Scenario
+from sim.results import PUT_PATH, critical_path, profiler_shares, run_seeds, stats
+
+BAND_LEVEL = 0.90
+PREREG_KIND = "lever-preregistration"
+VERDICT_RULE = (
+    "per op: measured delta (lever p50 - baseline p50, us) with its 90% band. "
+    "inconclusive if the measured band is wider than the predicted band and contains one of its edges; "
+    "else validated if the measured delta lies inside the predicted band [lo, hi]; "
+    "else refuted (sign_flip flagged when the measured band lies entirely on the other side of zero "
+    "from the predicted delta)."
+)
+
+
+def t_quantile(level: float, dof: int) -> float:
+    """Two-sided Student-t quantile for a ``level`` interval."""
+    from scipy.stats import t
+
+    return float(t.ppf(0.5 + level / 2.0, dof))
+
+
+def _side(scn: Scenario, seeds: list[int], with_cp: bool, cp_seeds: int) -> dict[str, Any]:
+    """Run one scenario on the given seeds; a picklable summary per op."""
+    from sim.model import simulate_op
+
+    out: dict[str, Any] = {}
+    for op in scn.ops:
+        res = [simulate_op(scn, op, s) for s in seeds]
+        lat = [x for r in res for x in r.latency_us]
+        per_seed = [float(np.percentile(r.latency_us, 50)) for r in res]
+        cnt: dict[str, int] = {}
+        for r in res:
+            for k, v in r.counters.items():
+                cnt[k] = cnt.get(k, 0) + v
+            for k, v in r.ledger.events.items():
+                cnt[f"events_{k}"] = cnt.get(f"events_{k}", 0) + v
+        side: dict[str, Any] = {
+            "stats": stats(lat),
+            "per_seed_p50": per_seed,
+            "profiler": {k: float(v) for k, v in profiler_shares(res).items()},
+            "put_path": {k: float(v) for k, v in profiler_shares(res, PUT_PATH).items()},
+            "counters": cnt,
+        }
+        if with_cp:
+            k = max(1, min(cp_seeds, len(seeds)))
+            # critical_path reruns seeds 0..k-1: its base p50 is taken on the same seeds
+            first = res[:k] if seeds[:k] == list(range(k)) else run_seeds(scn, op, k)
+            base = stats([x for r in first for x in r.latency_us])["p50_us"]
+            side["critical_path"] = critical_path(scn, op, base, k)
+        out[op] = side
+    return out
+
+
+def _side_job(args: tuple) -> dict[str, Any]:
+    baseline, lever_names, sets, seeds, with_cp, cp_seeds = args
+    scn = levers_mod.load_with_levers(baseline, lever_names, sets)
+    return _side(scn, seeds, with_cp, cp_seeds)
+
+
+def _noise_band(d: np.ndarray, level: float = BAND_LEVEL) -> float:
+    """Half-width of the t-interval of the mean of paired differences."""
+    n = len(d)
+    if n < 2:
+        return 0.0
+    sd = float(np.std(d, ddof=1))
+    if sd == 0.0:
+        return 0.0
+    return t_quantile(level, n - 1) * sd / math.sqrt(n)
+
+
+def _welch_band(a: np.ndarray, b: np.ndarray, level: float = BAND_LEVEL) -> float:
+    va, vb = np.var(a, ddof=1) / len(a), np.var(b, ddof=1) / len(b)
+    se2 = float(va + vb)
+    if se2 == 0.0:
+        return 0.0
+    dof = se2**2 / (va**2 / (len(a) - 1) + vb**2 / (len(b) - 1))
+    return t_quantile(level, max(1, int(dof))) * math.sqrt(se2)
+
+
+def param_sets(scn: Scenario, k: int, rng_seed: int = 12345) -> list[list[str]]:
+    """K draws of the calibrated parameters as ``--set`` strings ([] when uncalibrated)."""
+    cal = scn.platform.calibrated
+    if cal is None or k <= 0 or not cal.names:
+        return []
+    rng = np.random.default_rng(rng_seed)
+    draws = rng.multivariate_normal(np.asarray(cal.log_mean), np.asarray(cal.log_cov), size=k)
+    out = []
+    for row in draws:
+        sets = []
+        for name, v in zip(cal.names, np.exp(row), strict=True):
+            path = name if name.startswith("platform.") else f"platform.{name}"
+            sets.append(f"{path}={float(v)!r}")
+        out.append(sets)
+    return out
+
+
+def paired_delta(base: dict, lev: dict, op: str, paired: bool = True) -> tuple[float, float]:
+    """(delta, noise half-width) of p50 for one op."""
+    b = np.asarray(base[op]["per_seed_p50"])
+    x = np.asarray(lev[op]["per_seed_p50"])
+    if paired:
+        d = x - b
+        return float(d.mean()), _noise_band(d)
+    return float(x.mean() - b.mean()), _welch_band(x, b)
+
+
+def attribution_shift(base: dict, lev: dict, op: str) -> dict[str, dict[str, float]]:
+    """Per category: profiler share, put-path share and critical path (us), baseline vs lever."""
+    cats = sorted(set(base[op]["profiler"]) | set(lev[op]["profiler"])
+                  | set(base[op].get("critical_path", {})) | set(lev[op].get("critical_path", {})))
+    from sim.params import CATEGORIES
+
+    order = {c: i for i, c in enumerate(CATEGORIES)}
+    cats.sort(key=lambda c: order.get(c, 99))
+    out = {}
+    for c in cats:
+        row = {
+            "profiler_base": base[op]["profiler"].get(c, 0.0),
+            "profiler_lever": lev[op]["profiler"].get(c, 0.0),
+            "put_path_base": base[op]["put_path"].get(c, 0.0),
+            "put_path_lever": lev[op]["put_path"].get(c, 0.0),
+        }
+        if "critical_path" in base[op]:
+            row["cp_base_us"] = base[op]["critical_path"].get(c, 0.0)
+            row["cp_lever_us"] = lev[op]["critical_path"].get(c, 0.0)
+        out[c] = row
+    return out
+
+
+def main_shift(shift: dict[str, dict[str, float]]) -> tuple[str, str]:
+    """The category the lever moves most: by critical path when present, else profiler share."""
+    if not shift:
+        return "", ""
+    if any("cp_base_us" in r for r in shift.values()):
+        c = max(shift, key=lambda k: abs(shift[k]["cp_lever_us"] - shift[k]["cp_base_us"]))
+        r = shift[c]
+        if abs(r["cp_lever_us"] - r["cp_base_us"]) < 1e-9:
+            return "", "none"
+        return c, f"{c} cp {r['cp_base_us']:+.1f}->{r['cp_lever_us']:+.1f} us"
+    c = max(shift, key=lambda k: abs(shift[k]["profiler_lever"] - shift[k]["profiler_base"]))
+    r = shift[c]
+    if abs(r["profiler_lever"] - r["profiler_base"]) < 1e-9:
+        return "", "none"
+    return c, f"{c} {100 * r['profiler_base']:.1f}%->{100 * r['profiler_lever']:.1f}%"
+
+
+def split_sets(lev: levers_mod.Lever, sets: list[str] | tuple[str, ...]) -> tuple[list[str], list[str]]:
+    """(common, lever_only): a ``--set`` of a field the lever itself sets re-parameterises the
+    lever (e.g. ``design.doorbell_batch=4``) and applies to the lever side only; others to both."""
+    common, only = [], []
+    for s in sets:
+        key = s.split("=", 1)[0].strip()
+        (only if key in lev.set else common).append(s)
+    return common, only
+
+
+def predict(lever: str, seeds: int = 3, sets: list[str] | tuple[str, ...] = (), param_samples: int = 0,
+            with_cp: bool = True, cp_seeds: int = 1, paired: bool = True, baseline: str | None = None,
+            lever_names: list[str] | None = None, workers: int = 1) -> dict[str, Any]:
+    """Baseline vs lever on common random numbers: the ``lever predict --json`` object.
+
+    ``sets`` apply to both sides, except those naming a field the lever sets: those
+    re-parameterise the lever (``--set design.doorbell_batch=4``) on the lever side only. ``lever_names=[]`` runs the baseline against itself.
+    """
+    lev = levers_mod.load_lever(lever)
+    base_name = baseline or lev.baseline
+    names = [lever] if lever_names is None else list(lever_names)
+    common, lever_only = split_sets(lev, sets) if names else (list(sets), [])
+    base_scn = levers_mod.load_with_levers(base_name, [], common)
+    lev_scn = levers_mod.load_with_levers(base_name, names, [*common, *lever_only])
+    base_seeds = list(range(seeds))
+    lev_seeds = base_seeds if paired else list(range(seeds, 2 * seeds))
+
+    jobs = [(base_name, [], common, base_seeds, with_cp, cp_seeds),
+            (base_name, names, [*common, *lever_only], lev_seeds, with_cp, cp_seeds)]
+    psets = param_sets(base_scn, param_samples)
+    p_seeds = base_seeds[: max(1, min(2, seeds))]
+    for ps in psets:
+        jobs.append((base_name, [], [*common, *ps], p_seeds, False, 1))
+        jobs.append((base_name, names, [*common, *lever_only, *ps], p_seeds, False, 1))
+    if workers > 1 and len(jobs) > 1:
+        with ProcessPoolExecutor(max_workers=workers) as ex:
+            sides = list(ex.map(_side_job, jobs))
+    else:
+        sides = [_side_job(j) for j in jobs]
+    base, levr = sides[0], sides[1]
+
+    band_kind = "noise+params" if psets else "noise-only"
+    ops: dict[str, Any] = {}
+    for op in base_scn.ops:
+        delta, hw = paired_delta(base, levr, op, paired)
+        lo, hi = delta - hw, delta + hw
+        row: dict[str, Any] = {
+            "baseline_p50_us": round(base[op]["stats"]["p50_us"], 4),
+            "lever_p50_us": round(levr[op]["stats"]["p50_us"], 4),
+            "baseline_p99_us": round(base[op]["stats"]["p99_us"], 4),
+            "lever_p99_us": round(levr[op]["stats"]["p99_us"], 4),
+            "delta_us": round(delta, 4),
+            "noise_halfwidth_us": round(hw, 4),
+            "per_seed_delta_us": [round(b - a, 4) for a, b in
+                                  zip(base[op]["per_seed_p50"], levr[op]["per_seed_p50"], strict=True)],
+        }
+        if psets:
+            pd = np.asarray([sides[2 + 2 * i + 1][op]["stats"]["p50_us"] - sides[2 + 2 * i][op]["stats"]["p50_us"]
+                             for i in range(len(psets))])
+            q = (1 - BAND_LEVEL) / 2
+            plo, phi = np.quantile(pd, [q, 1 - q]) if len(pd) > 1 else (pd[0], pd[0])
+            pmid = float(np.median(pd))
+            lo = delta - math.hypot(hw, max(0.0, pmid - float(plo)))
+            hi = delta + math.hypot(hw, max(0.0, float(phi) - pmid))
+            row["param_deltas_us"] = [round(float(v), 4) for v in pd]
+        row["band_us"] = [round(lo, 4), round(hi, 4)]
+        row["attribution"] = attribution_shift(base, levr, op)
+        row["main_shift"] = main_shift(row["attribution"])[1]
+        row["counters_baseline"] = base[op]["counters"]
+        row["counters_lever"] = levr[op]["counters"]
+        ops[op] = row
+    return {
+        "lever": lever,
+        "levers_applied": names,
+        "baseline": base_name,
+        "sets": common,
+        "lever_only_sets": lever_only,
+        "lever_sets": {k: v for k, v in lev.set.items()} if lever_names is None else {},
+        "description": lev.description,
+        "platform": base_scn.platform.name,
+        "platform_digest": scn_mod.platform_digest(base_scn),
+        "lever_scenario_digest": scn_mod.digest(lev_scn.model_dump(mode="json")),
+        "seeds": seeds,
+        "paired": paired,
+        "param_samples": len(psets),
+        "band_kind": band_kind,
+        "band_level": BAND_LEVEL,
+        "critical_path": with_cp,
+        "ops": ops,
+    }
+
+
+def predict_all(seeds: int = 2, with_cp: bool = False, cp_seeds: int = 1,
+                sets: list[str] | tuple[str, ...] = (), workers: int | None = None) -> list[dict[str, Any]]:
+    """Every lever on its baseline; baselines shared; runs in a process pool. Sorted by gain."""
+    workers = workers or os.cpu_count() or 1
+    names = levers_mod.all_levers()
+    levs = {n: levers_mod.load_lever(n) for n in names}
+    seeds_l = list(range(seeds))
+    baselines = sorted({lv.baseline for lv in levs.values()})
+    jobs = [(b, [], list(sets), seeds_l, with_cp, cp_seeds) for b in baselines]
+    jobs += [(levs[n].baseline, [n], list(sets), seeds_l, with_cp, cp_seeds) for n in names]
+    errors: dict[str, str] = {}
+    with ProcessPoolExecutor(max_workers=workers) as ex:
+        futs = [ex.submit(_side_job, j) for j in jobs]
+        sides = []
+        for j, f in zip(jobs, futs, strict=True):
+            try:
+                sides.append(f.result())
+            except Exception as e:  # a lever the model refuses: reported, not fatal
+                sides.append(None)
+                errors[j[1][0] if j[1] else j[0]] = f"{type(e).__name__}: {e}"
+    base_of = dict(zip(baselines, sides[: len(baselines)], strict=True))
+    rows = []
+    for n, side in zip(names, sides[len(baselines):], strict=True):
+        b = base_of[levs[n].baseline]
+        row: dict[str, Any] = {"lever": n, "baseline": levs[n].baseline, "ops": {}}
+        if side is None or b is None:
+            row["error"] = errors.get(n) or errors.get(levs[n].baseline, "failed")
+            rows.append(row)
+            continue
+        for op in b:
+            delta, hw = paired_delta(b, side, op)
+            shift = attribution_shift(b, side, op)
+            row["ops"][op] = {
+                "baseline_p50_us": round(b[op]["stats"]["p50_us"], 4),
+                "lever_p50_us": round(side[op]["stats"]["p50_us"], 4),
+                "delta_us": round(delta, 4),
+                "band_us": [round(delta - hw, 4), round(delta + hw, 4)],
+                "main_shift": main_shift(shift)[1],
+            }
+        row["gain_us"] = round(-sum(v["delta_us"] for v in row["ops"].values()), 4)
+        rows.append(row)
+    rows.sort(key=lambda r: -r.get("gain_us", -math.inf))
+    return rows
+
+
+# -- preregistration ----------------------------------------------------------------
+
+def git_rev() -> str:
+    try:
+        return subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, check=True,
+                              cwd=Path(__file__).resolve().parent).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return ""
+
+
+def content_sha256(obj: dict[str, Any]) -> str:
+    """sha256 of the preregistration's canonical JSON without its ``sha256`` field."""
+    return scn_mod.digest({k: v for k, v in obj.items() if k != "sha256"})
+
+
+def preregistration(pred: dict[str, Any]) -> dict[str, Any]:
+    """The record written by ``--out``: what is predicted, how it will be judged, sealed by sha256."""
+    obj: dict[str, Any] = {
+        "kind": PREREG_KIND,
+        "lever": pred["lever"],
+        "baseline": pred["baseline"],
+        "sets": pred["sets"],
+        "lever_only_sets": pred["lever_only_sets"],
+        "lever_sets": pred["lever_sets"],
+        "platform": pred["platform"],
+        "platform_digest": pred["platform_digest"],
+        "seeds": pred["seeds"],
+        "param_samples": pred["param_samples"],
+        "band_kind": pred["band_kind"],
+        "band_level": pred["band_level"],
+        "predictions": {
+            op: {k: r[k] for k in ("baseline_p50_us", "lever_p50_us", "delta_us", "band_us")}
+            for op, r in pred["ops"].items()
+        },
+        "verdict_rule": VERDICT_RULE,
+        "date": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
+        "git_rev": git_rev(),
+    }
+    obj["sha256"] = content_sha256(obj)
+    return obj

@@ -1,0 +1,190 @@
+"""``lever predict LEVER|--all`` and ``lever compare PREREG RECORD...``."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+import time
+from pathlib import Path
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("predict", help="predict a lever: baseline vs lever on common random numbers, with a band")
+    p.add_argument("lever", nargs="?", help="lever file or name under scenarios/levers/")
+    p.add_argument("--all", action="store_true", help="every lever on its baseline, sorted by predicted gain")
+    p.add_argument("--seeds", type=int, default=None, help="paired seeds (default 3; 2 with --all)")
+    p.add_argument("--set", action="append", default=[], metavar="PATH=VALUE",
+                   help="override a field on both sides, after the lever (e.g. design.doorbell_batch=4)")
+    p.add_argument("--param-samples", type=int, default=0, metavar="K",
+                   help="draw K parameter vectors from the platform's calibrated covariance")
+    p.add_argument("--critical-path", dest="cp", action="store_true", default=None,
+                   help="compute the critical-path attribution (default on for one lever, off for --all)")
+    p.add_argument("--no-critical-path", dest="cp", action="store_false")
+    p.add_argument("--cp-seeds", type=int, default=1)
+    p.add_argument("--unpaired", action="store_true", help="lever on other seeds than the baseline (for checks)")
+    p.add_argument("--workers", type=int, default=None, help="process pool size (default: CPU count)")
+    p.add_argument("--json", action="store_true", help="print one JSON object on stdout")
+    p.add_argument("--out", metavar="PREREG.json", help="write a preregistration (sealed with sha256)")
+    p.set_defaults(func=main_predict)
+
+    c = sub.add_parser("compare", help="judge a preregistered prediction against measured run records")
+    c.add_argument("prereg", help="preregistration JSON written by 'lever predict --out'")
+    c.add_argument("records", nargs="+", help="measured run records: the baseline and the lever's")
+    c.add_argument("--json", action="store_true")
+    c.add_argument("--plot", metavar="OUT.png")
+    c.set_defaults(func=main_compare)
+
+
+def main_predict(args: argparse.Namespace) -> int:
+    import os
+
+    from lever.cli import UserError
+    from sim import predict as pr
+    from sim.model import ModelError
+
+    if args.all == bool(args.lever):
+        raise UserError("predict: give a LEVER or --all (not both)")
+    seeds = args.seeds or (2 if args.all else 3)
+    if seeds < 1:
+        raise UserError("--seeds: must be >= 1")
+    workers = args.workers or os.cpu_count() or 1
+    t0 = time.perf_counter()
+    if args.all:
+        if args.out:
+            raise UserError("--out: preregister one lever at a time")
+        rows = pr.predict_all(seeds=seeds, with_cp=bool(args.cp), cp_seeds=args.cp_seeds, sets=args.set,
+                              workers=workers)
+        wall = round(time.perf_counter() - t0, 2)
+        if args.json:
+            json.dump({"seeds": seeds, "wall_s": wall, "levers": rows}, sys.stdout)
+            sys.stdout.write("\n")
+        else:
+            print_all(rows, seeds, wall)
+        return 0
+    try:
+        res = pr.predict(args.lever, seeds=seeds, sets=args.set, param_samples=args.param_samples,
+                         with_cp=args.cp is not False, cp_seeds=args.cp_seeds, paired=not args.unpaired,
+                         workers=workers)
+    except ModelError as e:
+        raise UserError(f"{args.lever}: {e}") from None
+    res["wall_s"] = round(time.perf_counter() - t0, 2)
+    if args.out:
+        obj = pr.preregistration(res)
+        p = Path(args.out)
+        tmp = p.with_name(p.name + ".tmp")
+        tmp.write_text(json.dumps(obj, indent=2) + "\n")
+        tmp.replace(p)
+    if args.json:
+        json.dump(res, sys.stdout)
+        sys.stdout.write("\n")
+    else:
+        print_predict(res, args.out)
+    return 0
+
+
+def _band(b: list) -> str:
+    if b[0] is None:
+        return "n/a"
+    return f"[{b[0]:+.2f}, {b[1]:+.2f}]"
+
+
+def print_predict(res: dict, out: str | None) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    con = Console()
+    t = Table(title=f"{res['lever']} on {res['baseline']}  ({res['seeds']} paired seeds, "
+                    f"band {int(100 * res['band_level'])}% {res['band_kind']}, {res.get('wall_s', '')} s)")
+    for col in ("op", "baseline p50 us", "lever p50 us", "delta us", "band us", "main shift"):
+        t.add_column(col, justify="right" if col != "main shift" else "left")
+    for op, r in res["ops"].items():
+        t.add_row(op, f"{r['baseline_p50_us']:.2f}", f"{r['lever_p50_us']:.2f}", f"{r['delta_us']:+.2f}",
+                  _band(r["band_us"]), r["main_shift"])
+    con.print(t)
+    for op, r in res["ops"].items():
+        a = Table(title=f"{op}: attribution, baseline -> lever")
+        cols = ["category", "profiler", "put path"] + (["critical path us"] if res["critical_path"] else [])
+        for col in cols:
+            a.add_column(col, justify="right" if col != "category" else "left")
+        for c, row in r["attribution"].items():
+            cells = [c, f"{100 * row['profiler_base']:.1f}% -> {100 * row['profiler_lever']:.1f}%",
+                     f"{100 * row['put_path_base']:.1f}% -> {100 * row['put_path_lever']:.1f}%"]
+            if "cp_base_us" in row:
+                cells.append(f"{row['cp_base_us']:+.2f} -> {row['cp_lever_us']:+.2f}")
+            a.add_row(*cells)
+        con.print(a)
+    if out:
+        con.print(f"preregistration written to {out}")
+
+
+def print_all(rows: list[dict], seeds: int, wall: float) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    t = Table(title=f"every lever on its baseline, sorted by predicted gain ({seeds} paired seeds, {wall} s)")
+    for col in ("lever", "gain us", "dispatch delta us", "dispatch band", "combine delta us", "combine band",
+                "main shift"):
+        t.add_column(col, justify="left" if col in ("lever", "main shift") else "right")
+    for r in rows:
+        if "error" in r:
+            t.add_row(r["lever"], "error", "", "", "", "", r["error"])
+            continue
+        cells = [r["lever"], f"{r['gain_us']:+.2f}"]
+        shifts = []
+        for op in ("dispatch", "combine"):
+            o = r["ops"].get(op)
+            if o is None:
+                cells += ["", ""]
+                continue
+            cells += [f"{o['delta_us']:+.2f}", _band(o["band_us"])]
+            if o["main_shift"] != "none":
+                shifts.append(f"{op[0]}: {o['main_shift']}")
+        cells.append("; ".join(shifts) or "none")
+        t.add_row(*cells)
+    Console().print(t)
+
+
+def main_compare(args: argparse.Namespace) -> int:
+    from calibration import compare as cmp
+    from calibration.records import load_record
+    from lever.cli import UserError
+    from sim import levers as levers_mod
+    from sim import scenario as scn_mod
+
+    try:
+        prereg = json.loads(Path(args.prereg).read_text())
+    except FileNotFoundError:
+        raise UserError(f"{args.prereg}: file not found") from None
+    except json.JSONDecodeError as e:
+        raise UserError(f"{args.prereg}: not valid JSON: {e.msg} at line {e.lineno}") from None
+    cmp.check_prereg(prereg, None, args.prereg)
+    scn = levers_mod.load_with_levers(prereg["baseline"], [], prereg.get("sets", []))
+    cmp.check_prereg(prereg, scn_mod.platform_digest(scn), args.prereg)
+    records = [load_record(p) for p in args.records]
+    res = cmp.compare(prereg, records)
+    if args.plot:
+        cmp.plot_compare(res, args.plot)
+    if args.json:
+        json.dump(res, sys.stdout, default=lambda v: None if isinstance(v, float) and math.isnan(v) else v)
+        sys.stdout.write("\n")
+    else:
+        print_compare(res)
+    return 0
+
+
+def print_compare(res: dict) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    style = {"validated": "green", "refuted": "red", "inconclusive": "yellow"}
+    t = Table(title=f"{res['lever']} on {res['baseline']}: predicted ({res['band_kind']}) vs measured")
+    for col in ("op", "predicted us", "predicted band", "measured us", "measured band", "verdict", "why"):
+        t.add_column(col, justify="left" if col in ("op", "verdict", "why") else "right")
+    for op, r in res["ops"].items():
+        v = r["verdict"] + (" (sign flip)" if r["sign_flip"] else "")
+        t.add_row(op, f"{r['predicted_delta_us']:+.2f}", _band(r["predicted_band_us"]),
+                  f"{r['measured_delta_us']:+.2f}", _band(r["measured_band_us"]),
+                  f"[{style[r['verdict']]}]{v}[/]", r["reason"])
+    Console().print(t)

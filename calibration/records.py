@@ -158,7 +158,7 @@ class SimLink(_Strict):
 class Gate(_Strict):
     """The correctness gate: output equal to a reference, landing proven at the receiver."""
 
-    passed: bool | None = Field(description="None when the source did not report one")
+    passed: bool | None = Field(None, description="None when the source did not report one")
     checks: list[str] = Field(default_factory=list)
     detail: str = ""
 
@@ -185,6 +185,17 @@ class RunRecord(_Strict):
         default_factory=dict, description="profiler shares per category, 0..1"
     )
     attribution_samples: int | None = Field(None, ge=0)
+    attribution_scope: Literal["profiler", "put_path"] = Field(
+        "profiler", description="what the shares are of: all warp time, or the issue-side put path"
+    )
+    baseline_latency_us: dict[Literal["dispatch", "combine"], LatencyDist] = Field(
+        default_factory=dict,
+        description="for latency_delta_us: the baseline's measured level when the source gave it; "
+        "the fit then compares relative changes (the campaign's baseline may differ from today's)",
+    )
+    baseline_attribution: dict[Literal["dispatch", "combine"], dict[str, float]] = Field(
+        default_factory=dict, description="profiler shares of the baseline run, 0..1"
+    )
     metrics: dict[str, Distribution] = Field(default_factory=dict)
     gate: Gate
     provenance: Provenance
@@ -204,7 +215,7 @@ class RunRecord(_Strict):
                 raise ValueError(f"metric '{name}' has no unit suffix (one of {', '.join(UNIT_SUFFIXES)})")
         return v
 
-    @field_validator("attribution")
+    @field_validator("attribution", "baseline_attribution")
     @classmethod
     def _shares(cls, v: dict[str, dict[str, float]]) -> dict[str, dict[str, float]]:
         for op, rows in v.items():

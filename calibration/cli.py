@@ -1,0 +1,207 @@
+"""``lever calibrate RECORD... --out PLATFORM`` and ``lever validate`` (DESIGN §6)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+from calibration.records import DATA_DIR, RecordError, RunRecord, load_record
+
+BASE_PLATFORM = {"efa": "platforms/efa-p5.toml", "ib": "platforms/ib-cx7.toml"}
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("calibrate", help="fit a platform's free parameters to run records")
+    p.add_argument("records", nargs="+", metavar="RECORD", help="run-record JSON files")
+    p.add_argument("--out", required=True, metavar="PLATFORM", help="calibrated platform TOML to write")
+    p.add_argument("--platform", metavar="TOML",
+                   help="base platform (its values and [platform.free]) swapped into every record's "
+                        "scenario; default: the platform of the first record's scenario")
+    p.add_argument("--seeds", type=int, default=1, help="common random numbers: seeds 0..N-1")
+    p.add_argument("--max-nfev", type=int, default=8, help="least-squares function evaluations")
+    p.add_argument("--workers", type=int, default=None, help="processes (default: all cores)")
+    p.add_argument("--json", action="store_true", help="print one JSON object on stdout")
+    p.set_defaults(func=main_calibrate)
+
+    v = sub.add_parser("validate", help="leave-one-out over the shipped records of one platform")
+    v.add_argument("--nic", choices=sorted(BASE_PLATFORM), default="efa")
+    v.add_argument("--records", nargs="*", metavar="RECORD", help="default: calibration/data/*.json of --nic")
+    v.add_argument("--platform", metavar="TOML", help="base (uncalibrated) platform; default per NIC")
+    v.add_argument("--max-nfev", type=int, default=3)
+    v.add_argument("--workers", type=int, default=None)
+    v.add_argument("--json", action="store_true")
+    v.set_defaults(func=main_validate)
+
+
+def load_records(paths: list[str]) -> list[RunRecord]:
+    recs = [load_record(p) for p in paths]
+    ids: dict[str, str] = {}
+    for p, r in zip(paths, recs, strict=True):
+        if r.id in ids:
+            raise RecordError(f"{p}: id: '{r.id}' already used by {ids[r.id]}")
+        ids[r.id] = p
+    nics = {r.nic for r in recs}
+    if len(nics) > 1:
+        raise RecordError(f"{paths[0]}: nic: records mix NIC kinds {sorted(nics)} (one platform per fit)")
+    if "emulated-srd" in nics:
+        raise RecordError(f"{paths[0]}: nic: emulated-NIC records can not calibrate a real platform")
+    return recs
+
+
+def resolve_platform(records: list[RunRecord], platform: str | None):
+    """(Platform, base_sets): the platform fitted and the overrides that install it everywhere."""
+    from calibration.fit import flatten_platform
+    from sim import scenario as scn_mod
+    from sim.levers import load_with_levers
+    from sim.params import Platform
+
+    if platform is None:
+        link = records[0].sim
+        if link is None:
+            raise RecordError(f"record {records[0].id}: sim: missing")
+        plat = load_with_levers(link.scenario, link.levers).platform
+        return plat, ()
+    path = scn_mod.resolve(platform, kind="")
+    origin: dict = {}
+    data = scn_mod.load_fragment(path, origin)
+    if "platform" not in data:
+        raise scn_mod.ScenarioError(f"{path}: platform: missing [platform] table")
+    try:
+        plat = Platform.model_validate(data["platform"])
+    except Exception as e:  # pydantic ValidationError -> one line
+        errs = getattr(e, "errors", None)
+        if errs:
+            err = errs()[0]
+            raise scn_mod.ScenarioError(
+                f"{path}: platform.{'.'.join(str(x) for x in err['loc'])}: {err['msg']}") from None
+        raise
+    return plat, tuple(flatten_platform(plat.model_dump(mode="json")))
+
+
+def _bar(quiet: bool):
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    return Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
+                    TextColumn("sims"), TimeElapsedColumn(), console=Console(stderr=True), disable=quiet,
+                    transient=False)
+
+
+def main_calibrate(args: argparse.Namespace) -> int:
+    from calibration.fit import FitError, calibrated_platform, fit, platform_toml, write_atomic
+    from lever.cli import UserError
+
+    if args.seeds < 1:
+        raise UserError("--seeds: must be >= 1")
+    if args.max_nfev < 1:
+        raise UserError("--max-nfev: must be >= 1")
+    out = Path(args.out)
+    if out.suffix != ".toml":
+        raise UserError(f"--out {out}: a platform file ends in .toml")
+    recs = load_records(args.records)
+    plat, base_sets = resolve_platform(recs, args.platform)
+    t0 = time.perf_counter()
+    with _bar(not sys.stderr.isatty()) as bar:
+        task = bar.add_task(f"calibrating {plat.name}", total=None)
+
+        def progress(done: int, total: int) -> None:
+            bar.update(task, completed=done, total=total)
+
+        try:
+            res = fit(recs, plat, base_sets, seeds=args.seeds, max_nfev=args.max_nfev,
+                      workers=args.workers, progress=progress)
+        except FitError as e:
+            raise UserError(str(e)) from None
+    name = out.stem
+    cal = calibrated_platform(plat, res, recs, name)
+    cmd = "lever calibrate " + " ".join(args.records) + f" --out {args.out} --seeds {args.seeds}"
+    header = (f"{name}: written by `{cmd}`\n"
+              f"{len(res.names)} free parameters, {res.evaluations} model evaluations, "
+              f"{res.wall_s:.0f} s; do not edit by hand, re-run the command")
+    write_atomic(out, platform_toml(cal, header))
+    wall = time.perf_counter() - t0
+    if args.json:
+        json.dump({"out": str(out), "platform": name, **res.as_dict(), "wall_s": round(wall, 2)}, sys.stdout)
+        sys.stdout.write("\n")
+    else:
+        print_fit(res, out, wall)
+    return 0
+
+
+def print_fit(res, out: Path, wall: float) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    c = Console()
+    t = Table(title=f"calibrated -> {out}  ({res.evaluations} model evaluations, {wall:.0f} s)")
+    for h in ("parameter", "estimate", "± se", "flag"):
+        t.add_column(h, justify="right" if h != "parameter" else "left")
+    for p in res.params():
+        flag = ", ".join(f for f, on in (("unidentifiable", p["unidentifiable"]), ("at bound", p["at_bound"])) if on)
+        se = f"{p['se']:.4g}" if p["se"] is not None else "-"
+        t.add_row(p["name"], f"{p['estimate']:.4g}", se, flag)
+    c.print(t)
+    print_rows(res.rows, "fit vs records")
+
+
+def print_rows(rows, title: str, predicted_label: str = "simulated") -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    t = Table(title=title)
+    for h in ("record", "quantity", "measured", predicted_label, "% err", "% of level"):
+        t.add_column(h, justify="left" if h in ("record", "quantity") else "right")
+    for r in rows:
+        d = r.as_dict() if hasattr(r, "as_dict") else r
+        t.add_row(d["record"], d["quantity"], f"{d['measured']:.4g}", f"{d['predicted']:.4g}",
+                  f"{d['pct_err']:+.1f}", f"{d['level_pct_err']:+.1f}")
+    Console().print(t)
+
+
+def shipped_records(nic: str) -> list[str]:
+    return [str(p) for p in sorted(DATA_DIR.glob("*.json")) if load_record(p).nic == nic]
+
+
+def main_validate(args: argparse.Namespace) -> int:
+    """Leave-one-out: fit on all records but one (from the uncalibrated platform), predict it."""
+    import numpy as np
+
+    from calibration.fit import FitError, fit, predict
+    from lever.cli import UserError
+
+    paths = args.records or shipped_records(args.nic)
+    if len(paths) < 2:
+        raise UserError(f"validate: needs at least 2 records of nic '{args.nic}', found {len(paths)}")
+    recs = load_records(paths)
+    plat, base_sets = resolve_platform(recs, args.platform or BASE_PLATFORM[recs[0].nic])
+    t0 = time.perf_counter()
+    rows = []
+    with _bar(not sys.stderr.isatty()) as bar:
+        outer = bar.add_task("leave-one-out", total=len(recs))
+        for i, held in enumerate(recs):
+            train = recs[:i] + recs[i + 1:]
+            try:
+                res = fit(train, plat, base_sets, seeds=1, max_nfev=args.max_nfev, workers=args.workers)
+            except FitError as e:
+                raise UserError(str(e)) from None
+            vals = dict(zip(res.names, (float(v) for v in res.x), strict=True))
+            for r in predict([held], base_sets, vals, workers=args.workers):
+                if r.unit == "us":
+                    rows.append(r)
+            bar.advance(outer)
+    errs = np.abs([r.level_pct_err for r in rows]) if rows else np.array([np.nan])
+    summary = {"median_abs_pct_err": round(float(np.median(errs)), 2),
+               "max_abs_pct_err": round(float(np.max(errs)), 2)}
+    wall = time.perf_counter() - t0
+    if args.json:
+        json.dump({"nic": args.nic, "records": [r.id for r in recs], "rows": [r.as_dict() for r in rows],
+                   **summary, "wall_s": round(wall, 2)}, sys.stdout)
+        sys.stdout.write("\n")
+    else:
+        print_rows(rows, f"leave-one-out ({args.nic}, {len(recs)} records, {wall:.0f} s)", "predicted")
+        print(f"median |% err| {summary['median_abs_pct_err']}  max |% err| {summary['max_abs_pct_err']} "
+              "(deltas in % of their latency level)")
+    return 0

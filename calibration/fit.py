@@ -1,0 +1,490 @@
+"""Fitting a platform's free parameters to run records (DESIGN §5, §6).
+
+The platform file declares what may move (``[platform.free."gpu.fence_ns"]`` with
+``lo``/``hi`` and an optional log-normal ``prior``). Each record says how to
+reproduce it in the model (``sim``: scenario, levers, ``set`` overrides; a delta
+record also its ``baseline``). The fit:
+
+- works in log-parameter space, within the bounds, with
+  ``scipy.optimize.least_squares`` and a robust ``soft_l1`` loss;
+- applies the free values as ``--set platform.PATH=VALUE`` overrides, so any
+  scenario works and the whole base platform can be swapped in (``base``);
+- simulates on common random numbers (fixed seeds 0..N-1) so the objective is
+  a smooth-enough deterministic function;
+- evaluates all simulations of one residual vector and of a finite-difference
+  Jacobian in parallel across cores (one process pool);
+- reports per parameter the estimate and its standard error from
+  ``(J^T J)^-1 s^2`` and flags what the records can not identify.
+
+Residuals (each divided by its scale, so one unit is "one typical miss"):
+- absolute medians: (sim - meas) / meas / max(REL_SIGMA, se/meas)
+- deltas: (sim_d - meas_d) / max(|meas_d|, DELTA_FLOOR_US) / DELTA_SIGMA, or,
+  when the record carries the baseline's measured level, the relative change
+  (sim_d/sim_base - meas_d/meas_base) / REL_DELTA_SIGMA
+- attribution shares: (sim - meas) / SHARE_SIGMA
+- priors: log(x / prior) / rel_sigma
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import subprocess
+import time
+from collections.abc import Callable
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from calibration.records import OPS, RecordError, RunRecord, SimLink
+from sim.params import FreeParam, Platform
+
+REL_SIGMA = 0.02
+DELTA_FLOOR_US = 10.0
+DELTA_SIGMA = 0.25
+REL_DELTA_SIGMA = 0.03
+SHARE_SIGMA = 0.05
+FD_STEP = 0.05
+"""Finite-difference step in log space: 5%, wide enough to average over event-order jumps."""
+UNIDENTIFIABLE_LOG_SE = 1.0
+"""A parameter whose log standard error exceeds this (a factor e) is not identified."""
+UNIDENTIFIABLE_CORR = 0.98
+
+
+class FitError(ValueError):
+    """A fit that can not be set up or run; ``str()`` is the one-line message."""
+
+
+# --------------------------------------------------------------------------- jobs
+
+
+@dataclass(frozen=True)
+class Job:
+    """One simulation: scenario + levers + overrides, the ops it must run."""
+
+    scenario: str
+    levers: tuple[str, ...]
+    sets: tuple[str, ...]
+    ops: tuple[str, ...]
+
+    def key(self) -> tuple:
+        return (self.scenario, self.levers, self.sets)
+
+
+def _literal(v: Any) -> str:
+    from sim.levers import _toml_literal
+
+    return _toml_literal(v)
+
+
+def link_key(link: SimLink) -> tuple:
+    sets = tuple(f"{k}={_literal(v)}" for k, v in sorted(link.set.items()))
+    return (link.scenario, tuple(link.levers), sets)
+
+
+def _needs(rec: RunRecord) -> list[tuple[SimLink, set[str]]]:
+    """The simulations a record needs and which ops of each."""
+    if rec.sim is None:
+        raise RecordError(f"record {rec.id}: sim: missing (the fitter does not know how to simulate it)")
+    out = []
+    ops_after = set(rec.latency_us) | set(rec.latency_delta_us) | set(rec.attribution)
+    out.append((rec.sim, ops_after))
+    if rec.latency_delta_us or rec.baseline_attribution:
+        if rec.baseline is None:
+            raise RecordError(f"record {rec.id}: baseline: missing (needed by latency_delta_us)")
+        out.append((rec.baseline, set(rec.latency_delta_us) | set(rec.baseline_attribution)))
+    return out
+
+
+def plan_jobs(records: list[RunRecord]) -> list[Job]:
+    ops: dict[tuple, set[str]] = {}
+    for r in records:
+        for link, need in _needs(r):
+            ops.setdefault(link_key(link), set()).update(need)
+    return [Job(k[0], k[1], k[2], tuple(o for o in OPS if o in v)) for k, v in ops.items()]
+
+
+def flatten_platform(plat: dict, prefix: str = "platform") -> list[str]:
+    """A platform table as ``--set`` strings (``free`` and ``calibrated`` are not model inputs)."""
+    out = []
+    for k, v in plat.items():
+        if prefix == "platform" and k in ("free", "calibrated"):
+            continue
+        if isinstance(v, dict):
+            out += flatten_platform(v, f"{prefix}.{k}")
+        elif v is not None:
+            out.append(f"{prefix}.{k}={_literal(v)}")
+    return out
+
+
+def run_job(job: Job, base_sets: tuple[str, ...], values: dict[str, float], seeds: int) -> dict:
+    """Simulate one job (in a worker): per op the p50 and the two share tables."""
+    from sim.levers import load_with_levers
+    from sim.results import simulate
+
+    sets = [*base_sets, *job.sets, *(f"platform.{k}={v!r}" for k, v in values.items()),
+            "ops=[" + ",".join(f'"{o}"' for o in job.ops) + "]"]
+    scn = load_with_levers(job.scenario, list(job.levers), sets)
+    res = simulate(scn, seeds=seeds, with_critical_path=False)
+    out = {}
+    for op in job.ops:
+        att = res["attribution"].get(op, {})
+        out[op] = {"p50_us": float(res["ops"][op]["p50_us"]),
+                   "profiler": {k: float(v) for k, v in att.get("profiler", {}).items()},
+                   "put_path": {k: float(v) for k, v in att.get("put_path", {}).items()}}
+    return out
+
+
+def _run_job_star(a: tuple) -> dict:
+    return run_job(*a)
+
+
+# --------------------------------------------------------------------------- rows and residuals
+
+
+@dataclass
+class Row:
+    """One compared quantity of one record."""
+
+    record: str
+    quantity: str
+    unit: str
+    measured: float
+    predicted: float
+    residual: float
+    level_us: float | None = None
+    """For deltas: the latency level the change is taken from (to judge it in % of level)."""
+
+    @property
+    def pct_err(self) -> float:
+        return 100.0 * (self.predicted - self.measured) / max(abs(self.measured), 1e-12)
+
+    @property
+    def level_pct_err(self) -> float:
+        """Error in % of the latency level (deltas) or of the measured value (others)."""
+        if self.level_us:
+            return 100.0 * (self.predicted - self.measured) / self.level_us
+        return self.pct_err
+
+    def as_dict(self) -> dict:
+        return {"record": self.record, "quantity": self.quantity, "unit": self.unit,
+                "measured": round(self.measured, 4), "predicted": round(self.predicted, 4),
+                "pct_err": round(self.pct_err, 2), "level_pct_err": round(self.level_pct_err, 2)}
+
+
+def record_rows(rec: RunRecord, sims: dict[tuple, dict]) -> list[Row]:
+    after = sims[link_key(rec.sim)] if rec.sim else {}
+    base = sims[link_key(rec.baseline)] if rec.baseline else {}
+    rows = []
+    for op, d in rec.latency_us.items():
+        p = after[op]["p50_us"]
+        sig = max(REL_SIGMA, d.median_se() / d.median)
+        rows.append(Row(rec.id, f"{op}.p50", "us", d.median, p, (p - d.median) / d.median / sig))
+    for op, d in rec.latency_delta_us.items():
+        sa, sb = after[op]["p50_us"], base[op]["p50_us"]
+        if op in rec.baseline_latency_us:
+            mb = rec.baseline_latency_us[op].median
+            pred = mb * (sa - sb) / sb
+            r = ((sa - sb) / sb - d.median / mb) / REL_DELTA_SIGMA
+            rows.append(Row(rec.id, f"{op}.delta", "us", d.median, pred, r, level_us=mb))
+        else:
+            r = ((sa - sb) - d.median) / max(abs(d.median), DELTA_FLOOR_US) / DELTA_SIGMA
+            rows.append(Row(rec.id, f"{op}.delta", "us", d.median, sa - sb, r, level_us=sb))
+    scope = rec.attribution_scope
+    for src, table, label in ((after, rec.attribution, "share"), (base, rec.baseline_attribution, "baseline_share")):
+        for op, cats in table.items():
+            got = src[op][scope]
+            for cat, m in cats.items():
+                s = got.get(cat, 0.0)
+                rows.append(Row(rec.id, f"{op}.{scope}.{cat}.{label}", "share", m, s, (s - m) / SHARE_SIGMA))
+    return rows
+
+
+# --------------------------------------------------------------------------- the fit
+
+
+@dataclass
+class FitResult:
+    names: list[str]
+    x: np.ndarray
+    log_cov: np.ndarray
+    se_log: np.ndarray
+    corr: np.ndarray
+    unidentifiable: list[str]
+    at_bound: list[str]
+    cost: float
+    rows: list[Row]
+    evaluations: int
+    wall_s: float
+    nfev: int
+    status: str
+    priors: dict[str, FreeParam] = field(default_factory=dict)
+
+    def params(self) -> list[dict]:
+        out = []
+        for i, n in enumerate(self.names):
+            out.append({"name": n, "estimate": float(self.x[i]),
+                        "se": float(self.x[i] * self.se_log[i]) if math.isfinite(self.se_log[i]) else None,
+                        "log_se": float(self.se_log[i]),
+                        "unidentifiable": n in self.unidentifiable, "at_bound": n in self.at_bound})
+        return out
+
+    def as_dict(self) -> dict:
+        return {"params": self.params(), "cost": self.cost, "evaluations": self.evaluations,
+                "nfev": self.nfev, "wall_s": round(self.wall_s, 2), "status": self.status,
+                "unidentifiable": self.unidentifiable,
+                "correlation": np.round(self.corr, 4).tolist(),
+                "rows": [r.as_dict() for r in self.rows]}
+
+
+def _get(plat: Platform, path: str) -> float:
+    obj: Any = plat
+    for k in path.split("."):
+        if not hasattr(obj, k):
+            raise FitError(f"platform.free: '{path}' is not a platform field")
+        obj = getattr(obj, k)
+    if isinstance(obj, bool) or not isinstance(obj, (int, float)):
+        raise FitError(f"platform.free: '{path}' is not a number")
+    return float(obj)
+
+
+class Evaluator:
+    """Evaluates simulations of many parameter vectors, in parallel, with a cache."""
+
+    def __init__(self, jobs: list[Job], base_sets: tuple[str, ...], names: list[str], seeds: int,
+                 workers: int | None, progress: Callable[[int], None] | None = None):
+        self.jobs, self.base_sets, self.names, self.seeds = jobs, base_sets, names, seeds
+        self.workers = max(1, workers or os.cpu_count() or 1)
+        self.pool = ProcessPoolExecutor(self.workers) if self.workers > 1 else None
+        self.cache: dict[tuple, dict[tuple, dict]] = {}
+        self.evaluations = 0
+        self.progress = progress
+
+    def close(self) -> None:
+        if self.pool:
+            self.pool.shutdown(cancel_futures=True)
+
+    def many(self, xs: list[np.ndarray]) -> list[dict[tuple, dict]]:
+        keys = [tuple(np.round(x, 12)) for x in xs]
+        todo = [k for k in dict.fromkeys(keys) if k not in self.cache]
+        tasks = [(j, self.base_sets, {n: float(v) for n, v in zip(self.names, k, strict=True)}, self.seeds)
+                 for k in todo for j in self.jobs]
+        if self.pool:
+            results = []
+            for r in self.pool.map(_run_job_star, tasks):
+                results.append(r)
+                if self.progress:
+                    self.progress(1)
+        else:
+            results = []
+            for t in tasks:
+                results.append(_run_job_star(t))
+                if self.progress:
+                    self.progress(1)
+        self.evaluations += len(tasks)
+        for i, k in enumerate(todo):
+            chunk = results[i * len(self.jobs):(i + 1) * len(self.jobs)]
+            self.cache[k] = {j.key(): r for j, r in zip(self.jobs, chunk, strict=True)}
+        return [self.cache[k] for k in keys]
+
+
+def fit(records: list[RunRecord], platform: Platform, base_sets: tuple[str, ...] = (),
+        free: dict[str, FreeParam] | None = None, seeds: int = 1, max_nfev: int = 8,
+        workers: int | None = None, progress: Callable[[int, int], None] | None = None) -> FitResult:
+    """Fit ``free`` (default: ``platform.free``) to ``records``; ``base_sets`` swap in a platform."""
+    free = dict(platform.free if free is None else free)
+    if not free:
+        raise FitError(f"platform {platform.name}: no [platform.free] parameters to fit")
+    if not records:
+        raise FitError("no records to fit")
+    names = sorted(free)
+    lo = np.log([free[n].lo for n in names])
+    hi = np.log([free[n].hi for n in names])
+    x0 = np.log([_get(platform, n) for n in names])
+    x0 = np.clip(x0, lo + 1e-9, hi - 1e-9)
+    jobs = plan_jobs(records)
+    t0 = time.perf_counter()
+    total = max_nfev * (len(names) + 1) * len(jobs)
+    done = [0]
+
+    def tick(k: int) -> None:
+        done[0] += k
+        if progress:
+            progress(done[0], max(total, done[0]))
+
+    ev = Evaluator(jobs, tuple(base_sets), names, seeds, workers, tick)
+
+    def resid_from(sims: dict, z: np.ndarray) -> np.ndarray:
+        r = [row.residual for rec in records for row in record_rows(rec, sims)]
+        for i, n in enumerate(names):
+            p = free[n].prior
+            if p is not None:
+                r.append((z[i] - math.log(p.value)) / p.rel_sigma)
+        return np.asarray(r, dtype=float)
+
+    def pts(z: np.ndarray) -> list[np.ndarray]:
+        out = [z]
+        for i in range(len(z)):
+            h = FD_STEP if z[i] + FD_STEP <= hi[i] else -FD_STEP
+            zi = z.copy()
+            zi[i] += h
+            out.append(zi)
+        return out
+
+    def f(z: np.ndarray) -> np.ndarray:
+        return resid_from(ev.many([np.exp(z)])[0], z)
+
+    def jac(z: np.ndarray, *_: Any) -> np.ndarray:
+        ps = pts(z)
+        sims = ev.many([np.exp(p) for p in ps])
+        r0 = resid_from(sims[0], ps[0])
+        J = np.empty((r0.size, len(z)))
+        for i in range(len(z)):
+            J[:, i] = (resid_from(sims[i + 1], ps[i + 1]) - r0) / (ps[i + 1][i] - z[i])
+        return J
+
+    from scipy.optimize import least_squares
+
+    try:
+        # Evaluate x0 and its Jacobian points in one parallel batch up front.
+        ev.many([np.exp(p) for p in pts(x0)])
+        res = least_squares(f, x0, jac=jac, bounds=(lo, hi), loss="soft_l1", f_scale=1.0,
+                            x_scale=1.0, max_nfev=max_nfev, method="trf", diff_step=None)
+        J = jac(res.x)
+        r = f(res.x)
+    finally:
+        ev.close()
+    m, n = J.shape
+    dof = max(m - n, 1)
+    s2 = max(float(r @ r) / dof, 1e-12)
+    jtj = J.T @ J
+    eps = 1e-10 * max(float(np.trace(jtj)), 1e-30)
+    cov = np.linalg.inv(jtj + eps * np.eye(n)) * s2
+    se = np.sqrt(np.maximum(np.diag(cov), 0.0))
+    d = np.where(se > 0, se, 1.0)
+    corr = cov / np.outer(d, d)
+    unid = []
+    for i, nm in enumerate(names):
+        # a prior alone pins a parameter to its prior width: that is not identification
+        p = free[nm].prior
+        data_only = J[: m - sum(1 for k in names if free[k].prior), i]
+        weak = not np.any(np.abs(data_only) > 1e-3)
+        if se[i] > UNIDENTIFIABLE_LOG_SE or weak or (p is None and se[i] > UNIDENTIFIABLE_LOG_SE):
+            unid.append(nm)
+            continue
+        if any(abs(corr[i, j]) > UNIDENTIFIABLE_CORR for j in range(n) if j != i):
+            unid.append(nm)
+    at_bound = [nm for i, nm in enumerate(names) if res.x[i] <= lo[i] + 1e-3 or res.x[i] >= hi[i] - 1e-3]
+    sims = ev.cache[tuple(np.round(np.exp(res.x), 12))]
+    rows = [row for rec in records for row in record_rows(rec, sims)]
+    return FitResult(names=names, x=np.exp(res.x), log_cov=cov, se_log=se, corr=corr,
+                     unidentifiable=unid, at_bound=at_bound, cost=float(res.cost), rows=rows,
+                     evaluations=ev.evaluations, wall_s=time.perf_counter() - t0, nfev=int(res.nfev),
+                     status=str(res.message), priors=free)
+
+
+def predict(records: list[RunRecord], base_sets: tuple[str, ...] = (), values: dict[str, float] | None = None,
+            seeds: int = 1, workers: int | None = None) -> list[Row]:
+    """Simulate the records at given parameter values (default: the scenarios' own)."""
+    values = values or {}
+    jobs = plan_jobs(records)
+    names = sorted(values)
+    ev = Evaluator(jobs, tuple(base_sets), names, seeds, min(workers or os.cpu_count() or 1, len(jobs)))
+    try:
+        sims = ev.many([np.array([values[n] for n in names])])[0]
+    finally:
+        ev.close()
+    return [row for rec in records for row in record_rows(rec, sims)]
+
+
+# --------------------------------------------------------------------------- writing the platform
+
+
+def git_rev() -> str:
+    try:
+        return subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=10,
+                              cwd=Path(__file__).resolve().parent).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return ""
+
+
+def calibrated_platform(platform: Platform, result: FitResult, records: list[RunRecord],
+                        name: str) -> Platform:
+    plat = platform.model_copy(deep=True)
+    data = plat.model_dump(mode="json")
+    for n, v in zip(result.names, result.x, strict=True):
+        cur = data
+        keys = n.split(".")
+        for k in keys[:-1]:
+            cur = cur[k]
+        cur[keys[-1]] = type(cur[keys[-1]])(round(float(v), 3)) if isinstance(cur[keys[-1]], float) else v
+    data["name"] = name
+    data["description"] = (f"{platform.description} -- calibrated by lever calibrate on "
+                           f"{len(records)} records")
+    data["calibrated"] = {
+        "names": result.names, "log_mean": [float(np.log(v)) for v in result.x],
+        "log_cov": [[float(c) for c in row] for row in result.log_cov],
+        "records": {r.id: r.digest() for r in records},
+        "date": datetime.now(UTC).isoformat(timespec="seconds"),
+        "git_rev": git_rev(), "cost": result.cost, "unidentifiable": result.unidentifiable,
+    }
+    return Platform.model_validate(data)
+
+
+def _toml_value(v: Any) -> str:
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, (int, float)):
+        if isinstance(v, float) and not math.isfinite(v):
+            raise FitError(f"can not write non-finite value {v}")
+        return repr(v)
+    if isinstance(v, str):
+        return '"' + v.replace("\\", "\\\\").replace('"', '\\"') + '"'
+    if isinstance(v, list):
+        return "[" + ", ".join(_toml_value(x) for x in v) + "]"
+    if isinstance(v, dict):
+        return "{ " + ", ".join(f"{_key(k)} = {_toml_value(x)}" for k, x in v.items()) + " }"
+    raise FitError(f"can not write {type(v).__name__} to TOML")
+
+
+def _key(k: str) -> str:
+    return k if k.replace("_", "").replace("-", "").isalnum() else _toml_value(k)
+
+
+def platform_toml(plat: Platform, header: str = "") -> str:
+    data = plat.model_dump(mode="json", exclude_none=True)
+    lines = [f"# {h}" for h in header.splitlines()]
+
+    def table(name: str, d: dict) -> None:
+        scalars = {k: v for k, v in d.items() if not isinstance(v, dict)}
+        subs = {k: v for k, v in d.items() if isinstance(v, dict)}
+        lines.append(f"\n[{name}]")
+        for k, v in scalars.items():
+            lines.append(f"{_key(k)} = {_toml_value(v)}")
+        for k, v in subs.items():
+            if name.endswith(".free") or k == "free":
+                if k == "free":
+                    for fk, fv in v.items():
+                        lines.append(f"\n[{name}.free.{_toml_value(fk)}]")
+                        for kk, vv in fv.items():
+                            lines.append(f"{kk} = {_toml_value(vv)}")
+                continue
+            table(f"{name}.{k}", v)
+
+    table("platform", data)
+    return "\n".join(lines).lstrip("\n") + "\n"
+
+
+def write_atomic(path: Path, text: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        tmp.write_text(text)
+        tmp.replace(path)
+    finally:
+        if tmp.exists():
+            tmp.unlink()

@@ -18,7 +18,7 @@ class Message:
     __slots__ = (
         "src", "dst", "nbytes", "tag", "kind", "imm", "value", "qp", "npkts",
         "landed", "acked", "seen_pkts", "t_post", "t_visible", "on_complete", "on_visible", "seq",
-        "ring", "port", "host_done",
+        "ring", "port", "host_done", "t_complete",
     )
 
     def __init__(
@@ -45,6 +45,7 @@ class Message:
         self.seen_pkts: set[int] | None = None
         self.t_post = 0.0
         self.t_visible = -1.0
+        self.t_complete = -1.0
         self.on_complete: Callable[[Message], None] | None = None
         self.on_visible: Callable[[Message], None] | None = None
         self.seq = 0

@@ -156,6 +156,7 @@ class Nic:
             ev.callbacks.append(lambda _e: self._complete(msg))
 
     def _complete(self, msg: Message) -> None:
+        msg.t_complete = self.env.now
         msg.qp.completions.add(1)
         if msg.on_complete is not None:
             msg.on_complete(msg)

@@ -1,16 +1,637 @@
-"""Harness for `lever hw ep` (being built; see the issue tracker)."""
+"""``lever hw ep``: native DeepEP-style LL dispatch/combine over the emulated SRD NIC.
+
+What runs (hw/ep/ep_kernels.cu): per GPU one cooperative launch per op whose
+EP blocks build and post real 64-byte EFA TX WQEs, fence, ring doorbells and
+poll CQEs, and whose NIC blocks emulate the SRD wire with the fabric of
+``scenarios/platforms/emulated-nvlink.toml`` (the model's platform file). Ranks
+are spread over the GPUs (EP2 on two H200s; more ranks per GPU as virtual
+ranks; loopback on one GPU).
+
+Why records look the way they do: ``nic = "emulated-srd"`` with the fabric
+inside, so a record never passes for EFA; ``sim`` names the scenario, levers
+and overrides that make the model simulate the same run; the gate says what
+was checked on every run (outputs ``torch.equal`` the pure-PyTorch reference of
+``hw/reference.py``, receiver-side stamps, no timeout, no bad CQE/WQE).
+"""
 
 from __future__ import annotations
 
 import argparse
+import datetime as _dt
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+from hw.profiler import attribution as prof_attribution
+from hw.profiler import decode as prof_decode
+from hw.reference import Shape
+
+HERE = Path(__file__).resolve().parent
+PLATFORM = "platforms/emulated-nvlink"
+DMSG, CMSG = 7504, 14400
+NQ_MAX = 32
+ERR_NAMES = {
+    1: "dispatch receiver timed out waiting for a count flag",
+    2: "receiver timed out counting receive completions (write-imm)",
+    3: "combine receiver timed out waiting for a peer's flag",
+    4: "issuer timed out waiting for send completions",
+    5: "issuer timed out waiting for a shared QP's lock",
+    6: "rank barrier timed out",
+    7: "NIC agent timed out (EP blocks never finished)",
+    8: "NIC parsed a malformed or stale WQE",
+    9: "issuer read a CQE with bad status",
+    10: "cross-GPU start barrier timed out",
+}
+STAT_NAMES = ["stamp_bad_dispatch", "stamp_bad_combine", "packets", "retransmits", "wqes",
+              "doorbells", "fences", "cqes", "rx_cqes", "locks", "credit_polls", "reordered"]
+
+# Lever -> design overrides, used when scenarios/levers/NAME.toml does not exist (yet).
+LEVER_FALLBACK: dict[str, list[str]] = {
+    "qp-fanout-fix": ["design.notify_qp_reserved=false"],
+    "qp17-ownership": ["design.qps_allocated=17", "design.qps_per_call=17",
+                       'design.qp_ownership="owned"'],
+    "lazy-completion-dispatch": ["design.lazy_completion_dispatch=true"],
+    "lazy-completion-combine": ["design.lazy_completion_combine=true"],
+    "batched-doorbells": ["design.doorbell_batch=8"],
+    "write-imm-counting": ['design.signal_mode="imm-counting"'],
+    "provider-batched-tail": ["design.provider_batched_tail=true"],
+    "put-many": ["design.put_many_span=8"],
+    "deferred-doorbell-aggregation": ["design.deferred_doorbell_aggregation=8"],
+}
+SUPPORTED_LEVERS = sorted(LEVER_FALLBACK)
+
+
+class EpError(RuntimeError):
+    """A failed run: the message is the one-line diagnostic."""
 
 
 def add_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--out", required=True, help="record path to write")
+    p.add_argument("--path", choices=["native", "proxy"], default="native")
+    p.add_argument("--ranks", type=int, default=2, help="EP ranks (spread over --gpus GPUs)")
+    p.add_argument("--gpus", type=int, default=0, help="GPUs to use (0: min(ranks, visible))")
+    p.add_argument("--faults", action="store_true",
+                   help="inject packet loss (platform.fabric.loss_prob=0.02): drops are retransmitted")
+    p.add_argument("--lever", default="", help="comma-separated lever names (scenarios/levers/)")
+    p.add_argument("--set", action="append", default=[], metavar="PATH=VALUE",
+                   help="scenario override (platform.fabric.*, design.*), recorded in the record")
+    p.add_argument("--iters", type=int, default=60, help="timed iterations (>= 50 for records)")
+    p.add_argument("--warmup", type=int, default=10)
+    p.add_argument("--profile", type=int, default=4,
+                   help="profiler: sample one post group in N (0: no profiled pass)")
+    p.add_argument("--profile-iters", type=int, default=20)
+    p.add_argument("--num-sms", type=int, default=0, help="EP blocks per rank (0: design.num_sms)")
+    p.add_argument("--timeout-ms", type=float, default=200.0)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--unsafe-ordered", action="store_true",
+                   help="negative test: flag right after the data (no flush); the gate must fail")
+    p.add_argument("--variants", default="",
+                   help="';'-separated lever sets to run in one process (e.g. ';lazy-completion-dispatch'); "
+                        "records go to --out-dir")
+    p.add_argument("--out-dir", default="", help="directory for --variants records")
+    p.add_argument("--id-prefix", default="emu-ep")
+    p.add_argument("--out", default="", help="record path to write (single run)")
+
+
+# ----------------------------------------------------------------- configuration
+def scenario_sets(ranks: int, faults: bool, extra: list[str]) -> list[str]:
+    """The model's view of this run: the emulated platform, V1 LL, every rank its own node."""
+    sets = [f"workload.ep_ranks={ranks}", "workload.gpus_per_node=1", 'workload.name="decode"',
+            'design.name="v1-ll-emulated"', 'design.protocol="v1-ll"', 'design.signal_mode="flush"',
+            "design.forward_warps_per_sm=0"]
+    if faults:
+        sets.append("platform.fabric.loss_prob=0.02")
+    return sets + list(extra)
+
+
+def lever_sets(levers: list[str]) -> list[str]:
+    """Design overrides of the levers: from their files when present, else the built-in table."""
+    out: list[str] = []
+    for name in levers:
+        f = HERE.parent / "scenarios" / "levers" / f"{name}.toml"
+        if f.is_file():
+            from sim.levers import lever_sets as _ls
+            from sim.levers import load_lever
+            out += _ls(load_lever(str(f)))
+        elif name in LEVER_FALLBACK:
+            out += LEVER_FALLBACK[name]
+        else:
+            raise EpError(f"--lever {name}: unknown lever (supported: {', '.join(SUPPORTED_LEVERS)})")
+    return out
+
+
+def load_scenario(ranks: int, faults: bool, extra: list[str], levers: list[str]):
+    from sim.scenario import load
+
+    return load(PLATFORM, [*scenario_sets(ranks, faults, extra), *lever_sets(levers)])
+
+
+def kernel_flags(scn, op: str, path: str, prof_period: int, unsafe: bool) -> dict[str, int]:
+    """Design fields -> the kernels' run-time flags (hw/ep/efa_emu.cuh EpFlags)."""
+    d, nic = scn.design, scn.platform.nic
+    if d.signal_mode not in ("flush", "imm-counting", "ordered"):
+        raise EpError(f"design.signal_mode {d.signal_mode!r}: the emulated kernels support flush, "
+                      "imm-counting and (as a negative test) ordered")
+    if d.cached:
+        raise EpError("design.cached (cached-dispatch) is not built in the emulated kernels yet")
+    if d.qps_per_call > NQ_MAX:
+        raise EpError(f"design.qps_per_call {d.qps_per_call} above the {NQ_MAX} QPs allocated per rank")
+    lazy = d.lazy_completion_dispatch if op == "dispatch" else d.lazy_completion_combine
+    return {
+        "lazy": int(lazy), "credit_every": d.credit_check_every,
+        "db_batch": min(d.doorbell_batch, 16), "span": min(d.put_many_span, 16),
+        "owned": int(d.qp_ownership == "owned"), "notify_qp": int(d.notify_qp_reserved),
+        "num_qps": d.qps_per_call,
+        "agg": nic.max_batch if d.deferred_doorbell_aggregation > 1 else 0,
+        "imm_counting": int(d.signal_mode == "imm-counting"),
+        "ordered_unsafe": int(unsafe or d.signal_mode == "ordered"),
+        "batched_tail": int(d.provider_batched_tail), "prof_period": prof_period,
+        "proxy": int(path == "proxy"),
+    }
+
+
+def fabric_dict(scn, seed: int) -> dict[str, float]:
+    f, nic, rcv = scn.platform.fabric, scn.platform.nic, scn.platform.receiver
+    if f.mode != "srd":
+        raise EpError("platform.fabric.mode must be 'srd' for the emulated NIC")
+    kinds = {"none": 0, "exponential": 1, "lognormal": 2, "gamma": 3}
+    return {
+        "paths": f.paths, "jitter_kind": kinds[f.jitter.distribution], "base_ns": f.base_latency_ns,
+        "spread_ns": f.path_spread_ns, "jitter_mean_ns": f.jitter.mean_ns, "jitter_sigma": f.jitter.sigma,
+        "loss_prob": f.loss_prob, "rto_ns": f.retransmit_timeout_ns, "line_rate_gbps": nic.line_rate_gbps,
+        "mtu": nic.mtu_bytes, "wqe_process_ns": nic.wqe_process_ns, "dma_read_ns": nic.dma_read_ns,
+        "completion_ns": nic.completion_ns, "min_wqe_gap_ns": 1000.0 / nic.max_msg_rate_mops,
+        "recv_completion_ns": rcv.recv_completion_ns, "nics_per_rank": nic.nics_per_gpu,
+        "seed": float(seed + 1),
+    }
+
+
+def emulated_fabric_record(scn) -> dict[str, Any]:
+    """What the record carries: the model's fabric plus the NIC/receiver values the agent used."""
+    p = scn.platform
+    return {"platform": PLATFORM, "fabric": p.fabric.model_dump(mode="json"),
+            "nic": {k: getattr(p.nic, k) for k in ("nics_per_gpu", "line_rate_gbps", "mtu_bytes",
+                                                     "wqe_process_ns", "max_msg_rate_mops", "dma_read_ns",
+                                                     "sq_depth", "max_batch", "completion_ns")},
+            "receiver": {"recv_completion_ns": p.receiver.recv_completion_ns},
+            "wire": "NVLink peer stores between GPUs, loopback stores on one GPU"}
+
+
+# ----------------------------------------------------------------- statistics
+def summarize(samples: list[float]) -> dict[str, Any]:
+    """Median, p10/p90, mean, std, n and the samples (µs), as the record schema wants."""
+    xs = sorted(samples)
+    n = len(xs)
+    if n == 0:
+        raise EpError("no timed samples")
+
+    def q(p: float) -> float:
+        i = p * (n - 1)
+        lo, hi = math.floor(i), math.ceil(i)
+        return xs[lo] + (xs[hi] - xs[lo]) * (i - lo)
+
+    mean = sum(xs) / n
+    std = math.sqrt(sum((x - mean) ** 2 for x in xs) / max(1, n - 1))
+    return {"median": round(q(0.5), 3), "p10": round(q(0.1), 3), "p90": round(q(0.9), 3),
+            "mean": round(mean, 3), "std": round(std, 3), "n": n,
+            "samples": [round(x, 3) for x in samples]}
+
+
+def build_record(*, rid: str, path: str, ranks: int, gpus: int, levers: list[str], sets: list[str],
+                 scn, lat: dict[str, list[float]], gate: dict[str, Any], attribution: dict | None,
+                 samples: int | None, metrics: dict[str, dict], how: dict[str, Any],
+                 platform_info: dict[str, str], command: str) -> dict[str, Any]:
+    """Assemble and validate a run record (calibration/records.py)."""
+    from calibration.records import SCHEMA_VERSION, parse_record
+
+    wl = scn.workload
+    set_map: dict[str, Any] = {}
+    from sim.scenario import parse_value
+
+    for s in sets:
+        k, v = s.split("=", 1)
+        set_map[k.strip()] = parse_value(v.strip())
+    rec = {
+        "schema_version": SCHEMA_VERSION,
+        "id": rid,
+        "nic": "emulated-srd",
+        "what": {
+            "design": f"v1-ll {path} (DeepEP-style LL) over emulated SRD",
+            "path": path, "protocol": "v1-ll", "levers": levers,
+            "workload": {"ep_ranks": ranks, "nodes": ranks, "tokens_per_rank": wl.tokens_per_rank,
+                         "hidden": wl.hidden, "top_k": wl.top_k, "num_experts": wl.num_experts},
+            "platform": platform_info,
+            "emulated_fabric": emulated_fabric_record(scn) | {"gpus": gpus, "ranks_per_gpu": ranks // gpus},
+        },
+        "how": how,
+        "sim": {"scenario": PLATFORM, "levers": levers, "set": set_map},
+        "latency_us": {op: summarize(v) for op, v in lat.items()},
+        "gate": gate,
+        "metrics": metrics,
+        "provenance": {"source": "lever hw ep (hw/ep/ep_kernels.cu, emulated SRD NIC)",
+                       "date": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
+                       "git_rev": _git_rev(), "tool_version": "lever-efa 0.1.0", "command": command},
+    }
+    if attribution:
+        rec["attribution"] = attribution
+        rec["attribution_samples"] = samples
+    parse_record(rec, rid)
+    return rec
+
+
+def _git_rev() -> str:
+    try:
+        return subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True,
+                              cwd=HERE.parent, timeout=10).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return ""
+
+
+# ----------------------------------------------------------------- the device run
+class Runner:
+    """Owns the buffers of every rank and the per-GPU worlds; runs ops and the gate."""
+
+    def __init__(self, torch, ext, shape: Shape, ranks: int, gpus: int, scn, seed: int,
+                 num_sms: int, timeout_ms: float) -> None:
+        self.t, self.ext, self.shape, self.R, self.G = torch, ext, shape, ranks, gpus
+        self.rpg = ranks // gpus
+        d = scn.design
+        self.nb = num_sms or d.num_sms
+        self.warps = d.warps_per_sm
+        if not 1 <= self.warps <= 8:
+            raise EpError(f"design.warps_per_sm {self.warps}: the kernels take 1..8 warps per block")
+        self.nics = scn.platform.nic.nics_per_gpu
+        if self.nics * self.warps < 4:
+            raise EpError("nic.nics_per_gpu x design.warps_per_sm must be >= 4 (QPs per NIC warp)")
+        self.depth = scn.platform.nic.sq_depth
+        T, K, El = shape.tokens, shape.top_k, shape.experts_per_rank
+        C = self.nb * self.warps
+        self.C = C
+        self.n_rxcq = max(El, C)
+        need = max(ranks * T + ranks, K * math.ceil(T / C)) + 64
+        self.rx_depth = 1 << (need - 1).bit_length()
+        self.prof_cap = 1 << 17
+        self.timeout_ns = int(timeout_ms * 1e6)
+        self.inputs = __import__("hw.reference", fromlist=["make_inputs"]).make_inputs(shape, seed)
+        ref = __import__("hw.reference", fromlist=["x"])
+        self.layouts = ref.dispatch_layout(shape, self.inputs)
+        self.y = ref.make_expert_outputs(shape, self.layouts, seed + 1)
+        self.ref_comb = ref.combine(shape, self.inputs, self.layouts, self.y)
+        self.streams, self.bufs, self.gbufs, self.handles = [], [], [], []
+        self.scn = scn
+        self.seq = 0
+        self.epoch = 0
+        for g in range(gpus):
+            for h in range(gpus):
+                if g != h and ext.enable_peer(g, h) != 0:
+                    raise EpError(f"GPU {g} can not enable peer access to GPU {h}")
+        self._alloc()
+
+    def dev(self, r: int) -> int:
+        return r // self.rpg
+
+    def _alloc(self) -> None:
+        t, s = self.t, self.shape
+        T, H, K, E, El, R = s.tokens, s.hidden, s.top_k, s.num_experts, s.experts_per_rank, self.R
+        u8, i32, i64 = t.uint8, t.int32, t.int64
+        for r in range(R):
+            dv = f"cuda:{self.dev(r)}"
+
+            def z(n: int, dt, dv: str = dv):
+                return t.zeros(n, dtype=dt, device=dv)
+
+            inp = self.inputs[r]
+            b = {
+                "x_fp8": inp["x_fp8"].to(dv), "x_scales": inp["scales"].to(dv),
+                "topk": inp["topk"].to(dv), "topk_w": inp["topk_w"].to(dv),
+                "send_buf": z(T * DMSG, u8), "comb_send": z(El * R * T * CMSG, u8),
+                "sig_src": z(E + R, i64), "slot_tab": z(T * K, i32), "exp_count": z(E, i32),
+                "out_src": z(El * R * T, i32), "out_count": z(El * R, i32),
+                "comb_out": t.zeros(T, H, dtype=t.bfloat16, device=dv),
+                "rx_head": z(self.n_rxcq, i32), "qps": z(NQ_MAX * 128, u8),
+                "sq": z(NQ_MAX * self.depth * 64, u8), "cq": z(NQ_MAX * self.depth * 16, u8),
+                "db": z(NQ_MAX * 32, i32), "nicqp": z(NQ_MAX * 128, u8), "nic_rem": z(NQ_MAX * self.depth, u8),
+                "bar": z(4, i32), "prof": z(self.prof_cap * 8, i64), "prof_n": z(1, i32),
+                # peer-visible
+                "recv_x": z(El * R * T * DMSG, u8), "recv_cnt": z(El * R, i64),
+                "comb_recv": z(T * K * CMSG, u8), "comb_flag": z(R, i64),
+                "rxcq": z(self.n_rxcq * self.rx_depth * 16, u8), "rx_tail": z(self.n_rxcq, i32),
+            }
+            # expert outputs at +16 of each combine message (zero-copy send buffer)
+            cs = b["comb_send"].view(El, R, T, CMSG)
+            cs[..., 16:16 + 2 * H] = self.y[r].view(t.uint8).reshape(El, R, T, 2 * H).to(dv)
+            self.bufs.append(b)
+        for g in range(self.G):
+            dv = f"cuda:{g}"
+            self.gbufs.append({"err": t.zeros(8, dtype=i32, device=dv), "stats": t.zeros(16, dtype=i64, device=dv),
+                               "ep_done": t.zeros(1, dtype=i32, device=dv), "wbar": t.zeros(self.G, dtype=i64, device=dv)})
+            with t.cuda.device(g):
+                self.streams.append(t.cuda.Stream())
+        grid = self.rpg * (self.nb + self.nics)
+        cap = self.ext.coop_max_blocks(0, 32 * self.warps, 0)
+        if grid > cap:
+            raise EpError(f"{grid} blocks per GPU ({self.rpg} ranks x ({self.nb} EP + {self.nics} NIC)) "
+                          f"exceed the {cap} co-resident blocks: lower --num-sms or ranks per GPU")
+        self.t.cuda.synchronize()
+
+    def rebuild(self, scn, seed: int) -> None:
+        """(Re)build the per-GPU worlds for this scenario's fabric; buffers and QP state are kept."""
+        self.scn = scn
+        self.handles = []
+        s, R = self.shape, self.R
+        peers = [{k: self.bufs[r][k].data_ptr() for k in ("recv_x", "recv_cnt", "comb_recv", "comb_flag", "rxcq", "rx_tail")}
+                 for r in range(R)]
+        wbar_peers = [gb["wbar"].data_ptr() for gb in self.gbufs]
+        fab = fabric_dict(self.scn, seed)
+        for g in range(self.G):
+            gb = self.gbufs[g]
+            cfg = {"num_ranks": R, "ranks_per_gpu": self.rpg, "num_gpus": self.G, "T": s.tokens, "H": s.hidden,
+                   "K": s.top_k, "E": s.num_experts, "E_local": s.experts_per_rank, "sq_depth": self.depth,
+                   "rx_depth": self.rx_depth, "n_rxcq": self.n_rxcq, "ring_depth": 32,
+                   "ep_blocks_per_rank": self.nb, "ep_warps": self.warps, "nic_warps": self.warps,
+                   "nic_blocks": self.rpg * self.nics, "timeout_ns": self.timeout_ns, "prof_cap": self.prof_cap,
+                   "err": gb["err"].data_ptr(), "stats": gb["stats"].data_ptr(),
+                   "ep_done": gb["ep_done"].data_ptr(), "wbar": gb["wbar"].data_ptr()}
+            locs = []
+            for r in range(g * self.rpg, (g + 1) * self.rpg):
+                m = {k: v.data_ptr() for k, v in self.bufs[r].items()}
+                m["rank"] = r
+                m["pring"] = m["pprod"] = m["pdone"] = 0
+                locs.append(m)
+            self.handles.append(self.ext.make_world(g, cfg, fab, locs, peers, wbar_peers))
+
+    # -- running
+    def run_op(self, op: int, flags: dict[str, int], events: list | None) -> None:
+        self.seq += 1
+        for g in range(self.G):
+            st = self.streams[g]
+            rc = self.ext.launch_barrier(self.handles[g], self.seq, st.cuda_stream)
+            if rc:
+                raise EpError(f"GPU {g}: barrier launch failed: {self.ext.err_string(rc)}")
+            if events is not None:
+                events[g][0].record(st)
+            rc = self.ext.launch_op(self.handles[g], op, self.epoch, flags, st.cuda_stream)
+            if rc:
+                raise EpError(f"GPU {g}: op launch failed: {self.ext.err_string(rc) if rc > 0 else rc}")
+            if events is not None:
+                events[g][1].record(st)
+
+    def iteration(self, fd: dict, fc: dict, timed: bool) -> tuple[float, float] | None:
+        t = self.t
+        self.epoch += 1
+        evs = None
+        out = []
+        for op, fl in ((0, fd), (1, fc)):
+            if timed:
+                evs = []
+                for g in range(self.G):
+                    with t.cuda.device(g):
+                        evs.append((t.cuda.Event(enable_timing=True), t.cuda.Event(enable_timing=True)))
+            self.run_op(op, fl, evs)
+            if timed:
+                out.append(evs)
+        if not timed:
+            return None
+        return tuple(out)  # type: ignore[return-value]
+
+    def sync(self) -> None:
+        for g in range(self.G):
+            self.t.cuda.synchronize(g)
+
+    def check_errors(self) -> None:
+        for g, gb in enumerate(self.gbufs):
+            e = gb["err"].cpu().tolist()
+            if e[0]:
+                what = ERR_NAMES.get(e[0], f"error {e[0]}")
+                raise EpError(f"GPU {g}: {what}: rank {e[1]}, expert/qp {e[2]}, counter {e[3]}, "
+                              f"expected {e[4]}, aux {e[5]}")
+
+    def stats(self) -> dict[str, int]:
+        tot = [0] * 16
+        for gb in self.gbufs:
+            for i, v in enumerate(gb["stats"].cpu().tolist()):
+                tot[i] += v
+        return {n: tot[i] for i, n in enumerate(STAT_NAMES)}
+
+    def reset_stats(self) -> None:
+        for gb in self.gbufs:
+            gb["stats"].zero_()
+        for b in self.bufs:
+            b["prof_n"].zero_()
+
+    def poison(self) -> None:
+        for b in self.bufs:
+            b["recv_x"].fill_(0xA5)
+            b["out_src"].fill_(-7)
+            b["out_count"].fill_(-7)
+            b["comb_recv"].fill_(0x5A)
+            b["comb_out"].fill_(-3.0)
+        self.sync()
+
+    def gate_check(self) -> list[str]:
+        """Compare every rank's outputs with the reference; returns failure strings (empty: pass)."""
+        t, s = self.t, self.shape
+        El, R, T, H = s.experts_per_rank, self.R, s.tokens, s.hidden
+        from hw.reference import dispatch_payload
+
+        fails = []
+        for r in range(R):
+            b, lay = self.bufs[r], self.layouts[r]
+            counts = b["out_count"].view(El, R).cpu()
+            if not t.equal(counts, lay["counts"]):
+                fails.append(f"rank {r}: dispatch counts differ")
+                continue
+            src = b["out_src"].view(El, R, T).cpu()
+            valid = t.arange(T)[None, None, :] < counts[:, :, None]
+            if not t.equal(t.where(valid, src, -1), lay["src"]):
+                fails.append(f"rank {r}: dispatch source indices differ")
+            rx = b["recv_x"].view(El, R, T, DMSG).cpu()
+            xr, scr = dispatch_payload(s, self.inputs, lay)
+            got_x = t.where(valid[..., None], rx[..., :H], 0)
+            got_s = t.where(valid[..., None], rx[..., H:H + 4 * s.scales].contiguous().view(t.float32), 0)
+            if not t.equal(got_x, xr):
+                fails.append(f"rank {r}: dispatch FP8 payload differs")
+            if not t.equal(got_s, scr):
+                fails.append(f"rank {r}: dispatch scales differ")
+            if not t.equal(b["comb_out"].cpu(), self.ref_comb[r]):
+                n = int((b["comb_out"].cpu() != self.ref_comb[r]).sum())
+                fails.append(f"rank {r}: combine output differs in {n} elements")
+        return fails
+
+    def read_profile(self) -> list[dict]:
+        rows = []
+        for b in self.bufs:
+            n = min(int(b["prof_n"].item()), self.prof_cap)
+            if n:
+                rows += prof_decode(b["prof"][: n * 8].view(n, 8).cpu().tolist())
+        return rows
+
+
+def _platform_info(torch) -> dict[str, str]:
+    import platform as _pf
+
+    drv = ""
+    try:
+        drv = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+                             capture_output=True, text=True, timeout=20).stdout.split("\n")[0].strip()
+    except (OSError, subprocess.SubprocessError):
+        pass
+    return {"gpu": torch.cuda.get_device_name(0), "nic": "emulated-srd (hw/ep NIC agent on the GPU)",
+            "driver": drv, "cuda": str(torch.version.cuda), "torch": torch.__version__, "host": _pf.node()}
+
+
+def load_ext():
+    from hw.build import load_extension
+
+    return load_extension("lever_hw_ep", [HERE / "ep" / "ep_kernels.cu", HERE / "ep" / "binding.cpp"])
+
+
+def run_variant(runner: Runner, scn, args, levers: list[str], sets: list[str], rid: str,
+                platform_info: dict[str, str], unsafe: bool = False) -> dict[str, Any]:
+    """Gate, warm-up, timed iterations, profiled pass; returns a validated record dict."""
+    fd = kernel_flags(scn, "dispatch", args.path, 0, unsafe)
+    fc = kernel_flags(scn, "combine", args.path, 0, unsafe)
+    s = runner.shape
+    bound = s.tokens * s.top_k + s.num_experts + runner.R
+    for fl, op in ((fd, "dispatch"), (fc, "combine")):
+        if fl["lazy"] and bound > runner.depth:
+            raise EpError(f"lazy completion on {op} refused: up to {bound} WQEs per QP may exceed "
+                          f"sq_depth {runner.depth}")
+    checks = []
+    # gate pass on poisoned outputs
+    runner.poison()
+    runner.reset_stats()
+    runner.iteration(fd, fc, False)
+    runner.sync()
+    runner.check_errors()
+    fails = runner.gate_check()
+    st0 = runner.stats()
+    if st0["stamp_bad_dispatch"] or st0["stamp_bad_combine"]:
+        fails.append(f"receiver stamps: {st0['stamp_bad_dispatch']} dispatch and "
+                     f"{st0['stamp_bad_combine']} combine messages without this epoch's stamp")
+    if fails:
+        raise EpError("gate failed: " + "; ".join(fails))
+    checks += ["dispatch counts, source indices, FP8 payload and scales torch.equal the reference "
+               "(poisoned buffers before the gate iteration)",
+               "combine output torch.equal the reference (float32 k-order accumulation, BF16 RNE)",
+               "receiver-side stamps (epoch, source, token, k) checked in-kernel on every message of every "
+               "iteration: 0 bad",
+               "signals sent only after the data's send completions (flush) or counted receive completions "
+               "(write-imm); a send completion alone never counts as delivery",
+               "every poll loop bounded; no timeout, no bad WQE/CQE on any run"]
+    for _ in range(args.warmup):
+        runner.iteration(fd, fc, False)
+    runner.sync()
+    runner.check_errors()
+    runner.reset_stats()
+    evs = [runner.iteration(fd, fc, True) for _ in range(args.iters)]
+    runner.sync()
+    runner.check_errors()
+    st = runner.stats()
+    if st["stamp_bad_dispatch"] or st["stamp_bad_combine"]:
+        raise EpError(f"gate failed during timing: {st['stamp_bad_dispatch']}/{st['stamp_bad_combine']} "
+                      "messages without this epoch's stamp")
+    fails = runner.gate_check()  # the last timed iteration's outputs too
+    if fails:
+        raise EpError("gate failed on the last timed iteration: " + "; ".join(fails))
+    lat = {"dispatch": [], "combine": []}
+    for it in evs:
+        for op_i, op in enumerate(("dispatch", "combine")):
+            lat[op].append(max(a.elapsed_time(b) for a, b in it[op_i]) * 1000.0)
+    n_it = args.iters
+    metrics: dict[str, dict] = {}
+    for k in ("packets", "retransmits", "wqes", "doorbells", "fences", "cqes", "rx_cqes", "locks",
+              "credit_polls", "reordered"):
+        metrics[f"{k}_per_iteration_count"] = {"median": round(st[k] / n_it, 3)}
+    attribution = None
+    samples = None
+    if args.profile > 0:
+        fdp = dict(fd, prof_period=args.profile)
+        fcp = dict(fc, prof_period=args.profile)
+        runner.reset_stats()
+        pevs = [runner.iteration(fdp, fcp, True) for _ in range(args.profile_iters)]
+        runner.sync()
+        runner.check_errors()
+        rows = runner.read_profile()
+        attribution, samples = {}, 0
+        for op_i, op in enumerate(("dispatch", "combine")):
+            busy, put, n = prof_attribution(rows, op, args.profile)
+            attribution[op] = busy
+            samples += n
+            for cat, v in put.items():
+                metrics[f"{op}_putpath_{cat}_ratio"] = {"median": v}
+            pl = sorted(max(a.elapsed_time(b) for a, b in it[op_i]) * 1000.0 for it in pevs)
+            metrics[f"{op}_profiled_us"] = {"median": pl[len(pl) // 2], "n": len(pl)}
+            metrics[f"{op}_profiler_overhead_ratio"] = {
+                "median": round(max(0.0, pl[len(pl) // 2] / summarize(lat[op])["median"] - 1.0), 4)}
+    gate = {"passed": True, "checks": checks,
+            "detail": f"{runner.R} ranks on {runner.G} GPU(s); gate iteration + {args.warmup} warm-up + "
+                      f"{args.iters} timed; packets {st['packets']}, retransmitted {st['retransmits']}, "
+                      f"landed out of order {st['reordered']}"}
+    how = {"repetitions": args.iters, "warmup": args.warmup,
+           "timer": "CUDA events around each op launch on every GPU after a cross-GPU start barrier; "
+                    "per iteration the max over GPUs",
+           "notes": f"{runner.nb} EP blocks x {runner.warps} warps per rank, {runner.nics} NIC blocks per rank; "
+                    f"flags dispatch={json.dumps(fd)} combine={json.dumps(fc)}"}
+    return build_record(rid=rid, path=args.path, ranks=runner.R, gpus=runner.G, levers=levers, sets=sets,
+                        scn=scn, lat=lat, gate=gate, attribution=attribution, samples=samples,
+                        metrics=metrics, how=how, platform_info=platform_info,
+                        command="lever hw ep " + " ".join(sys.argv[3:] if len(sys.argv) > 3 else []))
 
 
 def main(args: argparse.Namespace) -> int:
+    from calibration.records import RecordError, dump_record, parse_record
     from hw.device import require_cuda
+    from lever.cli import UserError
 
-    require_cuda()
-    raise NotImplementedError("lever hw ep is not built yet")
+    torch = require_cuda()
+    if args.path == "proxy":
+        raise UserError("--path proxy: the proxy path is not built yet (issue 7)")
+    if args.iters < 1 or args.warmup < 0:
+        raise UserError("--iters must be >= 1 and --warmup >= 0")
+    ngpu = torch.cuda.device_count()
+    gpus = args.gpus or min(args.ranks, ngpu)
+    if gpus > ngpu or args.ranks % gpus:
+        raise UserError(f"--ranks {args.ranks} over --gpus {gpus}: needs a multiple of the GPUs "
+                        f"({ngpu} visible)")
+    variants = [args.lever]
+    if args.variants:
+        variants = list(dict.fromkeys(v.strip() for v in args.variants.split(";")))
+    if args.variants and not args.out_dir:
+        raise UserError("--variants needs --out-dir")
+    if not args.variants and not args.out:
+        raise UserError("--out RECORD is required")
+    try:
+        base = load_scenario(args.ranks, args.faults, args.set, [])
+        shape = Shape(num_ranks=args.ranks, tokens=base.workload.tokens_per_rank, hidden=base.workload.hidden,
+                      top_k=base.workload.top_k, num_experts=base.workload.num_experts)
+        shape.check()
+        ext = load_ext()
+        runner = Runner(torch, ext, shape, args.ranks, gpus, base, args.seed, args.num_sms, args.timeout_ms)
+        info = _platform_info(torch)
+        rc = 0
+        for v in variants:
+            levers = [x for x in v.split(",") if x]
+            scn = load_scenario(args.ranks, args.faults, args.set, levers)
+            runner.rebuild(scn, args.seed)
+            sets = scenario_sets(args.ranks, args.faults, args.set)
+            tag = "-".join(levers) if levers else "baseline"
+            rid = f"{args.id_prefix}{args.ranks}-{args.path}-{tag}{'-faults' if args.faults else ''}"
+            try:
+                rec = run_variant(runner, scn, args, levers, sets, rid, info, args.unsafe_ordered)
+            except EpError as e:
+                print(f"lever: variant {tag}: {e}", file=sys.stderr)
+                rc = 1
+                continue
+            out = Path(args.out_dir) / f"{rid}.json" if args.variants else Path(args.out)
+            dump_record(parse_record(rec, rid), out)
+            lat = rec["latency_us"]
+            print(f"{rid}: dispatch {lat['dispatch']['median']:.1f} us (p10 {lat['dispatch']['p10']:.1f}, "
+                  f"p90 {lat['dispatch']['p90']:.1f}), combine {lat['combine']['median']:.1f} us -> {out}")
+        return rc
+    except EpError as e:
+        raise UserError(str(e)) from None
+    except RecordError:
+        raise

@@ -1,0 +1,285 @@
+// Emulated EFA SRD NIC and the EP kernels' shared definitions.
+//
+// Why this file exists: the native path must build the NIC's real 64-byte TX
+// work-queue entries and poll real 16-byte completion descriptors, so the GPU
+// pays the same stores, fences and polls it would on EFA. The structures
+// below follow the field names and bit positions of the EFA device interface
+// (rdma-core providers/efa efa_io_defs.h, RDMA-write capable revision); they
+// are written from that description, not copied. No torch headers here: the
+// binding (.cpp) is the only file that sees torch.
+#pragma once
+#include <stdint.h>
+
+namespace emu {
+
+// ---- EFA IO definitions (TX WQE 64 B, CQE 16 B) ---------------------------
+enum EfaSendOp : uint8_t { EFA_IO_SEND = 0, EFA_IO_RDMA_READ = 1, EFA_IO_RDMA_WRITE = 2 };
+enum EfaQueueType : uint8_t { EFA_IO_SEND_QUEUE = 1, EFA_IO_RECV_QUEUE = 2 };
+
+// meta.ctrl1
+constexpr uint8_t META_OP_TYPE_MASK = 0x0f;
+constexpr uint8_t META_HAS_IMM = 1u << 4;
+constexpr uint8_t META_INLINE_MSG = 1u << 5;
+constexpr uint8_t META_META_DESC = 1u << 7;
+// meta.ctrl2
+constexpr uint8_t META_PHASE = 1u << 0;
+constexpr uint8_t META_FIRST = 1u << 2;
+constexpr uint8_t META_LAST = 1u << 3;
+constexpr uint8_t META_COMP_REQ = 1u << 4;
+// cdesc flags
+constexpr uint8_t CDESC_PHASE = 1u << 0;
+constexpr uint8_t CDESC_Q_TYPE_SHIFT = 1;
+constexpr uint8_t CDESC_HAS_IMM = 1u << 3;
+constexpr uint8_t CDESC_OP_TYPE_SHIFT = 4;
+
+struct efa_io_tx_meta_desc {  // 32 bytes
+  uint16_t req_id;
+  uint8_t ctrl1;
+  uint8_t ctrl2;
+  uint16_t dest_qp_num;
+  uint16_t length;  // number of buffers (1 for RDMA write) or inline bytes
+  uint32_t immediate_data;
+  uint16_t ah;
+  uint8_t ctrl3;
+  uint8_t reserved;
+  uint32_t qkey;
+  uint8_t reserved2[6];
+  uint16_t req_id_ex[3];
+};
+struct efa_io_tx_buf_desc {  // 16 bytes
+  uint32_t length;
+  uint32_t lkey;
+  uint32_t buf_addr_lo;
+  uint32_t buf_addr_hi;
+};
+struct efa_io_remote_mem_addr {  // 16 bytes
+  uint32_t length;
+  uint32_t rkey;
+  uint32_t buf_addr_lo;
+  uint32_t buf_addr_hi;
+};
+struct efa_io_rdma_req {
+  efa_io_remote_mem_addr remote_mem;
+  efa_io_tx_buf_desc local_mem[1];
+};
+struct efa_io_tx_wqe {  // 64 bytes
+  efa_io_tx_meta_desc meta;
+  union {
+    efa_io_tx_buf_desc sgl[2];
+    uint8_t inline_data[32];
+    efa_io_rdma_req rdma_req;
+  } data;
+};
+struct efa_io_cdesc_common {  // 6 bytes
+  uint16_t req_id;
+  uint8_t status;
+  uint8_t flags;
+  uint16_t qp_num;
+};
+struct efa_io_tx_cdesc {  // 16 bytes
+  efa_io_cdesc_common common;
+  uint16_t req_id_ex[3];
+  uint8_t reserved[4];
+};
+struct efa_io_rx_cdesc {  // 16 bytes
+  efa_io_cdesc_common common;
+  uint16_t length;
+  uint16_t ah;
+  uint16_t src_qp_num;
+  uint32_t imm;
+};
+static_assert(sizeof(efa_io_tx_meta_desc) == 32, "meta 32 B");
+static_assert(sizeof(efa_io_tx_wqe) == 64, "TX WQE 64 B");
+static_assert(sizeof(efa_io_tx_cdesc) == 16, "TX CQE 16 B");
+static_assert(sizeof(efa_io_rx_cdesc) == 16, "RX CQE 16 B");
+
+constexpr uint32_t RKEY_BASE = 0x52000000u;  // rkey = RKEY_BASE | rank (checked by the NIC)
+constexpr uint32_t LKEY_BASE = 0x4c000000u;
+
+// ---- shapes ---------------------------------------------------------------
+constexpr int DMSG = 7504;    // FP8 7168 + scales 224 + metadata 112
+constexpr int CMSG = 14400;   // head stamp 16 + BF16 7168*2 + trailer 48
+constexpr int MAX_TOPK = 8;
+constexpr int NQ_MAX = 32;   // QPs allocated per rank (a call uses num_qps of them)
+constexpr int STAMP_MAGIC = 0x5eed0000;
+
+// ---- errors (first one wins, read by the host) ----------------------------
+enum ErrCode : uint32_t {
+  ERR_NONE = 0,
+  ERR_TIMEOUT_RECV_COUNT = 1,   // dispatch receiver waited for a count flag
+  ERR_TIMEOUT_RX_CQ = 2,        // write-imm receiver waited for receive completions
+  ERR_TIMEOUT_COMB_FLAG = 3,    // combine receiver waited for a peer's flag
+  ERR_TIMEOUT_CQ = 4,           // issuer waited for send completions (credit/flush)
+  ERR_TIMEOUT_LOCK = 5,         // issuer waited for a shared QP's lock
+  ERR_TIMEOUT_BARRIER = 6,      // blocks of one rank waited for each other
+  ERR_TIMEOUT_NIC = 7,          // NIC agent never saw the EP blocks finish
+  ERR_BAD_WQE = 8,              // NIC parsed a malformed/stale WQE (phase/meta/key)
+  ERR_BAD_CQE = 9,              // issuer read a CQE with bad status
+  ERR_TIMEOUT_WORLD = 10,       // cross-GPU start barrier
+  ERR_NIC_TABLE = 11,           // NIC in-flight table overflow (should not happen)
+  ERR_ABORTED = 12,
+};
+// err record: [0] code, [1] rank, [2] expert/qp, [3] counter seen, [4] expected, [5] aux
+constexpr int ERR_WORDS = 8;
+
+// ---- stats (per GPU, u64) -------------------------------------------------
+enum Stat : int {
+  ST_STAMP_BAD_DISPATCH = 0,
+  ST_STAMP_BAD_COMBINE = 1,
+  ST_PACKETS = 2,
+  ST_RETRANSMITS = 3,
+  ST_WQES = 4,
+  ST_DOORBELLS = 5,
+  ST_FENCES = 6,
+  ST_CQES = 7,
+  ST_RX_CQES = 8,
+  ST_LOCKS = 9,
+  ST_CREDIT_POLLS = 10,
+  ST_REORDERED = 11,   // packets landing before an earlier-posted packet of the same QP
+  ST_NUM = 16,
+};
+
+// ---- profiler rows --------------------------------------------------------
+// A row is 8 x u64. word0 = kind | op<<8 | rank<<16 | warp<<32.
+enum ProfKind : uint32_t {
+  PK_PUT = 1,        // one post group: t0 start, lock, credit, wqe, fence, doorbell, unlock(end)=w7 packs n
+  PK_PHASE = 2,      // w1 = phase id, w2 = begin, w3 = end
+};
+enum PhaseId : uint32_t {
+  PH_LAYOUT = 1,     // count/slot computation (compute)
+  PH_PACK = 2,       // token packing into the send buffer (compute)
+  PH_FLUSH = 3,      // wait for all data completions before signalling (signal)
+  PH_SIGNAL = 4,     // posting count/flag messages (signal)
+  PH_POLL = 5,       // receiver waiting for flags / receive completions (poll_wait)
+  PH_RECV = 6,       // receiver stamp checks and output (compute)
+  PH_REDUCE = 7,     // combine reduction (compute)
+  PH_DRAIN = 8,      // final completion drain (credit_wait: completion wait at the end)
+  PH_BARRIER = 9,    // rank barrier (lock: waiting for other issuers)
+};
+constexpr int PROF_WORDS = 8;
+
+// ---- run-time flags: every lever is one of these --------------------------
+struct EpFlags {
+  int lazy;             // skip per-put credit checks (this op)
+  int credit_every;     // puts between two credit checks when not lazy
+  int db_batch;         // B: WQEs per fence+doorbell
+  int span;             // put_many: WQEs reserved and written per lock hold (>=1)
+  int owned;            // each data QP driven by exactly one warp: no lock
+  int notify_qp;        // QP 0 reserved for signals
+  int num_qps;          // QPs used per call (incl. the notify QP when reserved)
+  int agg;              // deferred doorbell aggregation threshold (0 = off)
+  int imm_counting;     // write-with-immediate + receiver counts RX completions
+  int ordered_unsafe;   // negative test: signal right after posting, no flush
+  int batched_tail;     // provider batched tail: signals posted as one span, one doorbell
+  int prof_period;      // sample one post group in N (0 = profiler off)
+  int proxy;            // 1: warps hand descriptors to host proxy threads
+};
+
+// ---- per-rank tables --------------------------------------------------------
+struct RankPeer {  // addresses on rank r's GPU that remote NICs write to
+  uint8_t* recv_x;              // [E_local][R][T][DMSG]
+  unsigned long long* recv_cnt; // [E_local][R]
+  uint8_t* comb_recv;           // [T][K][CMSG]
+  unsigned long long* comb_flag;// [R]
+  efa_io_rx_cdesc* rxcq;        // [n_rxcq][rx_depth]
+  unsigned int* rx_tail;        // [n_rxcq]
+};
+
+struct QpIssuer {  // issuer-side QP state (protected by lock unless owned); 128 B
+  unsigned int lock;
+  unsigned int pc;          // WQEs written (producer)
+  unsigned int rung;        // producer value last written to the doorbell
+  unsigned int cq_ci;       // CQEs consumed
+  unsigned int unrung;      // WQEs written but not rung (aggregation)
+  unsigned int pad[27];
+};
+struct NicQp {  // NIC-side QP state; 128 B
+  unsigned int ci;          // WQEs consumed from the SQ
+  unsigned int cq_pi;       // CQEs written
+  unsigned int last_landed; // for reorder statistics
+  unsigned int pad[29];
+};
+
+struct ProxyDesc {  // 128 B descriptor of the proxy path (host ring entry)
+  unsigned long long seq;     // 1-based sequence written last (valid marker)
+  unsigned long long local_addr;
+  unsigned long long remote_addr;
+  unsigned int len;
+  unsigned int imm;
+  unsigned short dest_rank;
+  unsigned short dest_qp;
+  unsigned short has_imm;
+  unsigned short qp;
+  unsigned int pad[22];
+};
+static_assert(sizeof(ProxyDesc) == 128, "proxy descriptor 128 B");
+
+struct RankLocal {
+  int rank;
+  const uint8_t* x_fp8;      // [T][H]
+  const float* x_scales;     // [T][H/128]
+  const int* topk;           // [T][K] global expert ids
+  const float* topk_w;       // [T][K]
+  uint8_t* send_buf;         // [T][DMSG]
+  uint8_t* comb_send;        // [E_local][R*T][CMSG] (expert outputs at +16)
+  unsigned long long* sig_src; // [E + R] sources of 8-byte signal writes
+  int* slot_tab;             // [T][K]
+  int* exp_count;            // [E] this rank's tokens per global expert
+  int* out_src;              // [E_local][R][T]
+  int* out_count;            // [E_local][R]
+  uint16_t* comb_out;        // [T][H] bf16 bits
+  unsigned int* rx_head;     // [n_rxcq] consumer indices
+  QpIssuer* qps;             // [nq]
+  efa_io_tx_wqe* sq;         // [nq][sq_depth]
+  efa_io_tx_cdesc* cq;       // [nq][sq_depth]
+  unsigned int* db;          // [nq*32] doorbell words (stride 32)
+  NicQp* nicqp;              // [nq]
+  unsigned char* nic_rem;    // [nq][sq_depth] packets outstanding per WQE
+  unsigned int* bar;         // [4] rank barrier counter
+  unsigned long long* prof;  // [prof_cap][8]
+  unsigned int* prof_n;      // [1]
+  // proxy path
+  ProxyDesc* pring;          // [nq][ring_depth] pinned host
+  unsigned long long* pprod; // [nq] pinned host: descriptors produced
+  unsigned long long* pdone; // [nq] pinned host: completions seen by the proxy
+};
+
+struct Fabric {  // [platform.fabric] + [platform.nic] + [platform.receiver], ns
+  int paths;
+  int jitter_kind;  // 0 none, 1 exponential, 2 lognormal, 3 gamma
+  float base_ns, spread_ns, jitter_mean_ns, jitter_sigma;
+  float loss_prob, rto_ns;
+  float line_rate_gbps;
+  int mtu;
+  float wqe_process_ns, dma_read_ns, completion_ns, min_wqe_gap_ns;
+  float recv_completion_ns;
+  int nics_per_rank;
+  unsigned long long seed;
+};
+
+struct World {
+  int num_ranks, ranks_per_gpu, gpu, num_gpus;
+  int T, H, K, E, E_local;
+  int sq_depth, rx_depth, n_rxcq, ring_depth;
+  int ep_blocks_per_rank, ep_warps, nic_warps, nic_blocks;
+  long long timeout_ns;
+  RankLocal* local;      // [ranks_per_gpu] device
+  RankPeer* peers;       // [num_ranks] device
+  unsigned int* err;     // [ERR_WORDS]
+  unsigned long long* stats;  // [ST_NUM]
+  unsigned int* ep_done; // [1]
+  unsigned long long* wbar;   // [num_gpus] world barrier words (this GPU's copy)
+  unsigned long long** wbar_peers; // [num_gpus] pointers to every GPU's wbar
+  int prof_cap;
+  Fabric fab;
+};
+
+}  // namespace emu
+
+// Host entry points (implemented in ep_kernels.cu, called by binding.cpp).
+namespace emu_host {
+int coop_max_blocks(int device, int threads, int smem);
+int launch_world_barrier(const emu::World& w, unsigned long long seq, void* stream);
+int launch_op(const emu::World& w, int op, unsigned int epoch, const emu::EpFlags& f, void* stream);
+int enable_peer(int dev, int peer);
+}

@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# Build the emulated-NIC EP kernels, run the gate, measure, and write records under $OUT.
+# One call on the device machine (nvidia-h200-x2): every step is bounded by `timeout`
+# and logged; a failing step does not stop the others. Records come back as one tarball.
+# Usage: hw/run_ep_on_device.sh [STEPS]   (STEPS: comma list of base,faults,unsafe,levers,loop,ep8,proxy)
+set -u
+cd "$(dirname "$0")/.."
+OUT=${OUT:-/tmp/ep_out}
+mkdir -p "$OUT/rec"
+export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+export LEVER_BUILD_DIR=/tmp/lever_build TORCH_CUDA_ARCH_LIST=9.0
+STEPS=${1:-base,faults,unsafe,levers,loop,ep8}
+LOG="$OUT/log.txt"
+nvidia-smi --query-gpu=name,driver_version,clocks.sm --format=csv | tee -a "$LOG"
+nvidia-smi topo -m 2>&1 | head -5 | tee -a "$LOG"
+python3 -c 'import torch; print("torch", torch.__version__, "gpus", torch.cuda.device_count())' | tee -a "$LOG"
+step() {  # name, timeout, args...
+  local name=$1 to=$2; shift 2
+  echo "=== $name: lever hw ep $*" | tee -a "$LOG"
+  local t0=$(date +%s)
+  timeout "$to" python3 -m lever.cli hw ep "$@" 2>&1 | tee -a "$LOG"
+  echo "=== $name rc=${PIPESTATUS[0]} wall=$(( $(date +%s) - t0 ))s" | tee -a "$LOG"
+}
+has() { [[ ",$STEPS," == *",$1,"* ]]; }
+# build once (first use compiles)
+timeout 300 python3 -c 'from hw.ep import load_ext; m = load_ext(); print("built", m.layout_sizes())' 2>&1 | tail -20 | tee -a "$LOG"
+LEVERS="lazy-completion-dispatch;lazy-completion-combine;batched-doorbells;qp-fanout-fix;qp17-ownership;write-imm-counting;put-many;deferred-doorbell-aggregation;provider-batched-tail;lazy-completion-dispatch,deferred-doorbell-aggregation"
+has base && step base 150 --ranks 2 --gpus 2 --variants ";" --out-dir "$OUT/rec" --id-prefix emu-ep
+has faults && step faults 150 --ranks 2 --gpus 2 --faults --variants ";write-imm-counting" --out-dir "$OUT/rec" --id-prefix emu-ep
+has unsafe && step unsafe-ordered-must-fail 100 --ranks 2 --gpus 2 --faults --unsafe-ordered --iters 5 --warmup 1 --profile 0 --out "$OUT/unsafe.json"
+has levers && step levers 300 --ranks 2 --gpus 2 --variants "$LEVERS" --out-dir "$OUT/rec" --id-prefix emu-ep
+has loop && step loopback 120 --ranks 2 --gpus 1 --variants ";" --out-dir "$OUT/rec" --id-prefix emu-loop-ep
+has ep8 && step ep8-virtual 150 --ranks 8 --gpus 2 --num-sms 12 --variants ";" --out-dir "$OUT/rec" --id-prefix emu-ep
+has proxy && step proxy 150 --ranks 2 --gpus 2 --path proxy --variants ";" --out-dir "$OUT/rec" --id-prefix emu-ep
+ls "$OUT/rec" | tee -a "$LOG"
+tar czf "$OUT/records.tgz" -C "$OUT" rec
+echo "done" | tee -a "$LOG"

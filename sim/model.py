@@ -195,7 +195,7 @@ def simulate_op(scn: Scenario, op: str, seed: int, scale: dict[str, float] | Non
     for r, ev in enumerate(done):
         if not ev.triggered:
             raise ModelError(f"{op}: rank {r} never completed (deadlock in the model)")
-        lat.append(ev.value / 1e3)
+        lat.append(float(ev.value) / 1e3)
     return OpResult(op, seed, lat, ledger, n_events, tr if trace else None, dict(ledger.counters))
 
 

@@ -188,26 +188,22 @@ def _combine_rank(w: World, r: int, sh: _Shared):
     kib = nbytes / 1024
 
     # 1. partial rows over NVLink to the forwarder of each token's source (same local index)
+    held = [(s, t) for s in range(wl.ep_ranks) for t, dsts in enumerate(rt.dst_ranks[s]) if r in dsts]
+
     def expert_side(c: int):
         track = f"cmb{c}"
-        k = 0
-        for s in range(wl.ep_ranks):
-            for t, dsts in enumerate(rt.dst_ranks[s]):
-                if r not in dsts:
-                    continue
-                if k % C == c:
-                    ns = g.reduce_ns_per_kib * kib * sum(1 for e in rt.topk[s][t] if rt.rank_of(int(e)) == r)
-                    yield env.timeout(w.ledger.issue("compute", ns))
-                    fwd = sh.rank(n, s % sh.rpn)  # forwarder for s on this node
-                    if w.node_of(s) == n:
-                        fwd = s  # same node: straight to the source
-                    tag = ("p", s, t)
-                    if fwd == r:
-                        rcv.data[tag].add(1)
-                        rcv.known[tag].add(1)
-                    else:
-                        yield from nvlink_put(w, r, fwd, nbytes, tag, track)
-                k += 1
+        for s, t in held[c::C]:
+            ns = g.reduce_ns_per_kib * kib * sum(1 for e in rt.topk[s][t] if rt.rank_of(int(e)) == r)
+            yield env.timeout(w.ledger.issue("compute", ns))
+            fwd = sh.rank(n, s % sh.rpn)  # forwarder for s on this node
+            if w.node_of(s) == n:
+                fwd = s  # same node: straight to the source
+            tag = ("p", s, t)
+            if fwd == r:
+                rcv.data[tag].add(1)
+                rcv.known[tag].add(1)
+            else:
+                yield from nvlink_put(w, r, fwd, nbytes, tag, track)
 
     # 2. forward warps: reduce the node's partials per token, write one row to the source node
     F = max(1, d.num_sms * d.forward_warps_per_sm)

@@ -10,6 +10,11 @@ mkdir -p "$OUT/rec"
 export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 export LEVER_BUILD_DIR=/tmp/lever_build TORCH_CUDA_ARCH_LIST=9.0
 STEPS=${1:-base,faults,unsafe,levers,loop,ep8}
+# pydantic is not on the device image: carried wheels (.whl) go to /tmp/site
+if ls .whl/*.whl >/dev/null 2>&1 && ! python3 -c 'import pydantic' 2>/dev/null; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
+  export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
+fi
 LOG="$OUT/log.txt"
 nvidia-smi --query-gpu=name,driver_version,clocks.sm --format=csv | tee -a "$LOG"
 nvidia-smi topo -m 2>&1 | head -5 | tee -a "$LOG"

@@ -194,6 +194,12 @@ __device__ __forceinline__ void st_volatile(uint64_t* p, uint64_t v) {
 __device__ __forceinline__ void st_volatile32(uint32_t* p, uint32_t v) {
   asm volatile("st.volatile.global.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
 }
+__device__ __forceinline__ void st_v2_relaxed_sys(uint64_t* p, uint64_t a, uint64_t b) {
+  asm volatile("st.relaxed.sys.global.v2.u64 [%0], {%1, %2};" ::"l"(p), "l"(a), "l"(b) : "memory");
+}
+__device__ __forceinline__ void ld_v2_relaxed_sys(const uint64_t* p, uint64_t& a, uint64_t& b) {
+  asm volatile("ld.relaxed.sys.global.v2.u64 {%0, %1}, [%2];" : "=l"(a), "=l"(b) : "l"(p) : "memory");
+}
 __device__ __forceinline__ void st_relaxed_sys(uint64_t* p, uint64_t v) {
   asm volatile("st.relaxed.sys.global.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
 }
@@ -293,9 +299,10 @@ constexpr uint8_t EFA_IO_TX_META_DESC_FIRST = 1u << 2;
 constexpr uint8_t EFA_IO_TX_META_DESC_LAST = 1u << 3;
 constexpr uint8_t EFA_IO_TX_META_DESC_COMP_REQ = 1u << 4;
 
-// The WQE of sequence number `seq` in a ring of `depth` (phase flips per wrap), as 8
-// little-endian words: what a GPU thread stores as 8 x 8-byte (MMIO-like) stores.
-__host__ __device__ inline void make_wqe_words(uint64_t seq, uint32_t depth, uint32_t qp,
+// The WQE of sequence number `seq`, `wrap` = seq / ring depth (the phase flips per
+// wrap), as 8 little-endian words: what a GPU thread stores as 8 x 8-byte (MMIO-like)
+// stores. The caller computes `wrap` so no division sits in a timed loop.
+__host__ __device__ inline void make_wqe_words(uint64_t seq, uint64_t wrap, uint32_t qp,
                                                uint64_t w[8]) {
   union {
     efa_io_tx_wqe wqe;
@@ -304,7 +311,7 @@ __host__ __device__ inline void make_wqe_words(uint64_t seq, uint32_t depth, uin
   for (int i = 0; i < 8; ++i) x.u[i] = 0;
   x.wqe.meta.req_id = uint16_t(seq);
   x.wqe.meta.ctrl1 = EFA_IO_RDMA_WRITE | EFA_IO_TX_META_DESC_HAS_IMM | EFA_IO_TX_META_DESC_META_DESC;
-  x.wqe.meta.ctrl2 = uint8_t(((seq / depth) & 1u) ? 0 : EFA_IO_TX_META_DESC_PHASE) |
+  x.wqe.meta.ctrl2 = uint8_t((wrap & 1u) ? 0 : EFA_IO_TX_META_DESC_PHASE) |
                      EFA_IO_TX_META_DESC_FIRST | EFA_IO_TX_META_DESC_LAST |
                      EFA_IO_TX_META_DESC_COMP_REQ;
   x.wqe.meta.dest_qp_num = uint16_t(qp);
@@ -325,8 +332,9 @@ __host__ __device__ inline void make_wqe_words(uint64_t seq, uint32_t depth, uin
 
 // 16-byte completion entry (EFA CQE size, DESIGN §5): word 0 carries
 // efa_io_cdesc_common {req_id, status, flags (bit 0 phase), qp_num, length};
-// word 1 the immediate and a check value. Writers store word 1, then word 0 with
-// release, so a poller that sees the phase can read a complete entry.
+// word 1 the immediate and a check value. Writers store the entry as one 16-byte
+// store (a NIC writes a whole CQE; no fence on the writer's side); pollers read it as
+// one 16-byte load and must find it complete.
 struct alignas(16) Cqe {
   uint64_t w0;
   uint64_t w1;

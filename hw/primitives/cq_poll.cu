@@ -2,7 +2,8 @@
 // agent, polled until seen.
 //
 // Ping-pong between two agents through two CQs of 64 entries: agent A writes CQE i
-// into B's CQ; B polls for it (phase), checks it, and writes CQE i into A's CQ; A
+// into B's CQ (one 16-byte store, no fence: a NIC's whole-entry write); B polls for it
+// (16-byte loads until the phase matches), checks it, and writes CQE i into A's CQ; A
 // polls. Write-to-seen latency = round trip / 2 (one hop each way, same kind of hop):
 //   cq_seen_device_mem_block_agent_ns  CQs in device memory, agent = another block
 //   cq_seen_host_mem_block_agent_ns    CQs in pinned host memory, agent = another block
@@ -15,6 +16,8 @@
 // Verification: the poller waits for the expected phase, then the whole entry must
 // be exactly CQE i (req_id, qp, length, immediate, check word): a stale or torn
 // entry is an error.
+#include <emmintrin.h>
+
 #include <thread>
 
 #include "common.cuh"
@@ -26,21 +29,19 @@ constexpr uint32_t kDepth = 64;
 
 __device__ inline void write_cqe(Cqe* cq, uint64_t i) {
   Cqe* e = cq + (i % kDepth);
-  st_relaxed_sys(&e->w1, cqe_w1(i));
-  st_release_sys(&e->w0, cqe_w0(i, kDepth));
+  st_v2_relaxed_sys(&e->w0, cqe_w0(i, kDepth), cqe_w1(i));
 }
 
 // true when CQE i was seen and is intact
 __device__ inline bool poll_cqe(Cqe* cq, uint64_t i, Status* st, int where) {
   Cqe* e = cq + (i % kDepth);
   uint32_t phase = cqe_phase(i, kDepth);
-  uint64_t w0 = 0;
+  uint64_t w0 = 0, w1 = 0;
   bool ok = spin_until(st, where, [&] {
-    w0 = ld_acquire_sys(&e->w0);
+    ld_v2_relaxed_sys(&e->w0, w0, w1);
     return ((w0 >> 24) & 1u) == phase;
   });
   if (!ok) return false;
-  uint64_t w1 = ld_relaxed_sys(&e->w1);
   if (w0 != cqe_w0(i, kDepth) || w1 != cqe_w1(i)) {
     fail(st, kStale, where, cqe_w1(i), w1);
     return false;
@@ -95,10 +96,13 @@ __global__ void pingpong_host(Cqe* cq_gpu, Cqe* cq_host, int per_sample, int war
   cal_end(cal);
 }
 
+// One aligned 16-byte SSE store (single-copy atomic on x86 CPUs with AVX), like the
+// NIC's whole-entry write; the GPU's 16-byte read must then see all of it or none.
 void host_write_cqe(Cqe* cq, uint64_t i) {
   Cqe* e = cq + (i % kDepth);
-  __atomic_store_n(&e->w1, cqe_w1(i), __ATOMIC_RELAXED);
-  __atomic_store_n(&e->w0, cqe_w0(i, kDepth), __ATOMIC_RELEASE);
+  __m128i v = _mm_set_epi64x((long long)cqe_w1(i), (long long)cqe_w0(i, kDepth));
+  _mm_store_si128(reinterpret_cast<__m128i*>(e), v);
+  _mm_sfence();
 }
 
 bool host_poll_cqe(Cqe* cq, uint64_t i, Status* st) {

@@ -1,7 +1,9 @@
 // NVLink family (two GPUs with peer access):
-//   nvlink_flag_rtt_ns               GPU0 stores a flag into GPU1's memory (st.release.sys
-//                                    over NVLink), GPU1 polls its own memory and answers
-//                                    the same way; round trip per exchange
+//   nvlink_flag_rtt_ns               GPU0 stores a flag into GPU1's memory (st.relaxed.sys
+//                                    over NVLink, no fence), GPU1 polls its own memory and
+//                                    answers the same way; round trip per exchange
+//   nvlink_flag_release_rtt_ns       the same with st.release.sys (a system fence before
+//                                    each flag: what a flag that publishes data costs)
 //   nvlink_copy_gbytes_per_s         cudaMemcpyPeerAsync of 256 MiB GPU0 -> GPU1 (copy engines)
 //   nvlink_kernel_copy_gbytes_per_s  the same bytes moved by SM loads/stores into the peer
 //                                    pointer (what NVLink forward warps do)
@@ -14,15 +16,20 @@
 namespace prim {
 namespace {
 
-__global__ void ping_kernel(uint64_t* peer_flag, uint64_t* my_flag, int per, int warmup, int reps,
-                            long long* cycles, ClockCal* cal, Status* st) {
+__device__ __forceinline__ void put_flag(uint64_t* p, uint64_t v, int release) {
+  if (release) st_release_sys(p, v);
+  else st_relaxed_sys(p, v);
+}
+
+__global__ void ping_kernel(uint64_t* peer_flag, uint64_t* my_flag, int release, int per,
+                            int warmup, int reps, long long* cycles, ClockCal* cal, Status* st) {
   uint64_t i = 0;
   for (int s = -warmup; s < reps; ++s) {
     if (s == 0) cal_begin(cal);
     long long t0 = clock64();
     for (int k = 0; k < per; ++k) {
       ++i;
-      st_release_sys(peer_flag, i);
+      put_flag(peer_flag, i, release);
       uint64_t v = 0;
       if (!spin_until(st, 50, [&] { v = ld_acquire_sys(my_flag); return v != i - 1; })) return;
       if (v != i) { fail(st, kMismatch, 51, i, v); return; }
@@ -33,12 +40,13 @@ __global__ void ping_kernel(uint64_t* peer_flag, uint64_t* my_flag, int per, int
   cal_end(cal);
 }
 
-__global__ void pong_kernel(uint64_t* peer_flag, uint64_t* my_flag, uint64_t total, Status* st) {
+__global__ void pong_kernel(uint64_t* peer_flag, uint64_t* my_flag, int release, uint64_t total,
+                            Status* st) {
   for (uint64_t i = 1; i <= total; ++i) {
     uint64_t v = 0;
     if (!spin_until(st, 52, [&] { v = ld_acquire_sys(my_flag); return v != i - 1; })) return;
     if (v != i) { fail(st, kMismatch, 53, i, v); return; }
-    st_release_sys(peer_flag, i);
+    put_flag(peer_flag, i, release);
   }
 }
 
@@ -88,8 +96,9 @@ Result run_nvlink(int d0, int d1, int reps) {
   Result res;
   int sms = 0;
   PRIM_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, d0));
-  {  // flag ping-pong
+  for (int release = 0; release <= 1; ++release) {  // flag ping-pong
     const int per = 32, warmup = 10;
+    std::string name = release ? "nvlink_flag_release_rtt" : "nvlink_flag_rtt";
     PRIM_CHECK(cudaSetDevice(d1));
     DevBuf<uint64_t> flag1(16);
     Stream s1;
@@ -101,18 +110,18 @@ Result run_nvlink(int d0, int d1, int reps) {
     Stream s0;
     uint64_t total = uint64_t(per) * (warmup + reps);
     PRIM_CHECK(cudaSetDevice(d1));
-    pong_kernel<<<1, 1, 0, s1.s>>>(flag0.p, flag1.p, total, st.p);
+    pong_kernel<<<1, 1, 0, s1.s>>>(flag0.p, flag1.p, release, total, st.p);
     PRIM_CHECK(cudaGetLastError());
     PRIM_CHECK(cudaSetDevice(d0));
-    ping_kernel<<<1, 1, 0, s0.s>>>(flag1.p, flag0.p, per, warmup, reps, cycles.p, cal.p, st.p);
-    finish(s0.s, st.p, "nvlink_flag_rtt");
+    ping_kernel<<<1, 1, 0, s0.s>>>(flag1.p, flag0.p, release, per, warmup, reps, cycles.p, cal.p,
+                                   st.p);
+    finish(s0.s, st.p, name);
     PRIM_CHECK(cudaSetDevice(d1));
-    finish(s1.s, st.p, "nvlink_flag_rtt (peer)");
+    finish(s1.s, st.p, name + " (peer)");
     PRIM_CHECK(cudaSetDevice(d0));
-    res.first["nvlink_flag_rtt_ns"] =
-        per_op_ns(cycles.to_host(), ns_per_clk(cal.to_host()[0], "nvlink_flag_rtt"), per);
-    res.second.push_back("nvlink_flag_rtt: both GPUs saw every flag value in order");
+    res.first[name + "_ns"] = per_op_ns(cycles.to_host(), ns_per_clk(cal.to_host()[0], name), per);
   }
+  res.second.push_back("nvlink flags (relaxed and release): both GPUs saw every flag value in order");
   {  // copies
     const size_t bytes = size_t(256) << 20, n = bytes / sizeof(uint4);
     const int passes = std::max(4, reps / 10) + 1;  // pass 0 is warm-up

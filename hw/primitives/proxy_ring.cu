@@ -3,13 +3,14 @@
 //
 //   gpu_cpu_flag_rtt_ns        flag ping-pong GPU <-> host thread through pinned memory
 //   proxy_descriptor_store_ns  one warp-wide 128 B descriptor store to the host ring, no fence
-//   proxy_desc_rtt_ns          descriptor + fence + producer index, host checks it and
+//   proxy_desc_rtt_ns          descriptor + producer index (st.release.sys), host checks it and
 //                              publishes its consumer index, GPU polls that: one hand-off
 //                              round trip (ring depth 32)
 //   proxy_t{T}_{fence1,batch8}_mops     sustained descriptors/s over T rings, one GPU
 //                                       warp and one host thread per ring (T = 1,2,4,8);
-//                                       fence1: fence + producer index per descriptor,
-//                                       batch8: one fence + index per 8 descriptors
+//                                       fence1: release-store of the producer index
+//                                       (a system fence) per descriptor, batch8: one
+//                                       per 8 descriptors
 //   proxy_t{T}_{fence1,batch8}_desc_ns  the same as ns per descriptor of one warp
 //
 // Verification: the host checks all 16 words of every descriptor (sequence, ring and
@@ -45,7 +46,9 @@ __global__ void flag_rtt_kernel(uint64_t* gpu_flag, uint64_t* host_flag, int per
 }
 
 // Warp-wide post of descriptor i: credit check (lane 0), 16 lanes x 8 B coalesced
-// store, then (if publish) one system fence and the producer index by lane 0.
+// store, then (if publish) the producer index by lane 0 as st.release.sys: one
+// system-scope fence that also covers the other lanes' stores (ordered by __syncwarp),
+// as NCCL GIN publishes its producer index with a system-scope release.
 __device__ inline bool post_one(ProxyDesc* ring, ProxyCtl* ctl, uint64_t i, uint32_t r,
                                 uint32_t epoch, uint64_t& cons_cached, bool publish, Status* st) {
   int lane = threadIdx.x & 31;
@@ -60,10 +63,7 @@ __device__ inline bool post_one(ProxyDesc* ring, ProxyCtl* ctl, uint64_t i, uint
   if (!ok) return false;
   if (lane < 16) st_volatile(&ring[i % kDepth].w[lane], proxy_desc_word(i, r, lane, epoch));
   __syncwarp();
-  if (publish && lane == 0) {
-    __threadfence_system();
-    st_release_sys(&ctl->prod, i + 1);
-  }
+  if (publish && lane == 0) st_release_sys(&ctl->prod, i + 1);  // the system-scope fence
   __syncwarp();
   return true;
 }

@@ -2,9 +2,13 @@
 // post P WQEs. A post = 64-byte EFA WQE (8 x 8 B stores) into a ring in pinned host
 // memory, system fence, 4-byte doorbell of the producer counter.
 //   sharedq_lock_sms{W}_post_ns   one queue for all: a device-memory spin lock
-//                                 (atomicCAS) around slot reservation, WQE, fence and
-//                                 doorbell (doorbells ring in slot order, as EFA-GDA)
-//   sharedq_owned_sms{W}_post_ns  each warp owns its queue: no lock
+//                                 (atomicCAS, no backoff) around slot reservation, WQE,
+//                                 fence and doorbell
+//   sharedq_ticket_sms{W}_post_ns one queue for all, EFA-GDA style: reserve a slot with
+//                                 one atomicAdd, store the WQE and fence in parallel,
+//                                 then wait for this slot's turn to ring the doorbell
+//                                 (doorbells in strict slot order across CTAs)
+//   sharedq_owned_sms{W}_post_ns  each warp owns its queue: no lock, no turn
 // A sample is one warp's wall time for its P posts / P (so it includes waiting for the
 // lock); samples over all warps and launches. All warps start together (a grid-wide
 // arrival barrier, bounded).
@@ -18,15 +22,20 @@ namespace prim {
 namespace {
 
 // The WQE stored for (warp, seq): dest_qp_num carries the warp, immediate_data the seq.
+// Rings are sized to hold every post of a launch, so slot < depth (phase wrap 0) and
+// no division sits in the timed loop.
 __host__ __device__ inline void post_words(uint32_t warp, uint32_t seq, uint64_t slot,
-                                           uint32_t depth, uint64_t w[8]) {
-  make_wqe_words(slot, depth, warp & 0xffffu, w);
+                                           uint64_t w[8]) {
+  make_wqe_words(slot, 0, warp & 0xffffu, w);
   w[1] = (w[1] & ~0xffffffffull) | uint64_t(seq);  // immediate_data (bytes 8..11) := seq
 }
 
+enum QMode : int { kLock = 0, kTicket = 1, kOwned = 2 };
+
 __global__ void post_kernel(uint64_t* rings, uint32_t* dbs, unsigned long long* prods, int* lock,
-                            unsigned* arrive, int owned, int posts, uint32_t depth,
-                            unsigned long long* ns, Status* st) {
+                            uint64_t* rung, unsigned* arrive, int mode, int posts,
+                            uint32_t depth, unsigned long long* ns, Status* st) {
+  const bool owned = mode == kOwned;
   if (threadIdx.x != 0) return;
   uint32_t w = blockIdx.x, W = gridDim.x;
   uint64_t* ring = owned ? rings + size_t(w) * depth * 8 : rings;
@@ -38,20 +47,31 @@ __global__ void post_kernel(uint64_t* rings, uint32_t* dbs, unsigned long long* 
     return;
   unsigned long long t0 = gtimer();
   for (int p = 0; p < posts; ++p) {
-    if (!owned) {
-      if (!spin_until(st, 41, [&] { return atomicCAS(lock, 0, 1) == 0; })) return;
-      __threadfence();
+    unsigned long long slot;
+    if (mode == kTicket) {
+      slot = atomicAdd(prod, 1ull);
+    } else {
+      if (mode == kLock) {
+        if (!spin_until(st, 41, [&] { return atomicCAS(lock, 0, 1) == 0; })) return;
+        __threadfence();
+      }
+      slot = *reinterpret_cast<volatile unsigned long long*>(prod);
+      *reinterpret_cast<volatile unsigned long long*>(prod) = slot + 1;
     }
-    unsigned long long slot = *reinterpret_cast<volatile unsigned long long*>(prod);
-    *reinterpret_cast<volatile unsigned long long*>(prod) = slot + 1;
     uint64_t words[8];
-    post_words(w, p, slot, depth, words);
-    uint64_t* e = ring + (slot % depth) * 8;
+    post_words(w, p, slot, words);
+    uint64_t* e = ring + slot * 8;
 #pragma unroll
     for (int j = 0; j < 8; ++j) st_volatile(e + j, words[j]);
     __threadfence_system();
+    if (mode == kTicket) {
+      if (!spin_until(st, 42, [&] { return ld_acquire_gpu(rung) == slot; })) return;
+    }
     st_volatile32(db, uint32_t(slot + 1));
-    if (!owned) {
+    if (mode == kTicket) {
+      __threadfence_system();
+      st_volatile(rung, slot + 1);
+    } else if (mode == kLock) {
       __threadfence();
       atomicExch(lock, 0);
     }
@@ -59,13 +79,15 @@ __global__ void post_kernel(uint64_t* rings, uint32_t* dbs, unsigned long long* 
   ns[w] = (gtimer() - t0) / posts;
 }
 
-std::vector<double> one(int W, bool owned, int posts, int launches, const std::string& what) {
+std::vector<double> one(int W, int mode, int posts, int launches, const std::string& what) {
+  const bool owned = mode == kOwned;
   uint32_t depth = owned ? uint32_t(posts) : uint32_t(W * posts);
   size_t queues = owned ? W : 1;
   HostBuf<uint64_t> rings(queues * depth * 8);
   HostBuf<uint32_t> dbs(queues * 32);
   DevBuf<unsigned long long> prods(queues * 16);
   DevBuf<int> lock(1);
+  DevBuf<uint64_t> rung(16);
   DevBuf<unsigned> arrive(1);
   DevBuf<unsigned long long> ns(W);
   HostBuf<Status> st(1);
@@ -75,7 +97,8 @@ std::vector<double> one(int W, bool owned, int posts, int launches, const std::s
     std::memset(static_cast<void*>(dbs.p), 0, dbs.n * sizeof(uint32_t));
     PRIM_CHECK(cudaMemset(prods.p, 0, prods.n * sizeof(unsigned long long)));
     PRIM_CHECK(cudaMemset(arrive.p, 0, sizeof(unsigned)));
-    post_kernel<<<W, 32>>>(rings.p, dbs.p, prods.p, lock.p, arrive.p, owned ? 1 : 0, posts, depth,
+    PRIM_CHECK(cudaMemset(rung.p, 0, rung.n * sizeof(uint64_t)));
+    post_kernel<<<W, 32>>>(rings.p, dbs.p, prods.p, lock.p, rung.p, arrive.p, mode, posts, depth,
                            ns.p, st.p);
     finish(0, st.p, what);
     const volatile uint64_t* r = rings.p;
@@ -84,7 +107,7 @@ std::vector<double> one(int W, bool owned, int posts, int launches, const std::s
         verify(dbs.p[w * 32] == uint32_t(posts), what + ": owned doorbell of warp " + std::to_string(w));
         for (int p = 0; p < posts; ++p) {
           uint64_t words[8];
-          post_words(w, p, p, depth, words);
+          post_words(w, p, p, words);
           for (int j = 0; j < 8; ++j)
             verify(r[(size_t(w) * depth + p) * 8 + j] == words[j],
                    what + ": owned queue of warp " + std::to_string(w) + " slot " + std::to_string(p));
@@ -100,7 +123,7 @@ std::vector<double> one(int W, bool owned, int posts, int launches, const std::s
         verify(warp < uint32_t(W) && seq == uint32_t(next[warp]),
                what + ": shared slot " + std::to_string(slot) + " out of order or duplicated");
         uint64_t words[8];
-        post_words(warp, seq, slot, depth, words);
+        post_words(warp, seq, slot, words);
         for (int j = 0; j < 8; ++j)
           verify(e[j] == words[j], what + ": shared slot " + std::to_string(slot) + " torn");
         ++next[warp];
@@ -127,14 +150,15 @@ Result run_shared_queue(int device, int reps) {
   for (int w = 1; w < sms; w *= 2) widths.push_back(w);
   widths.push_back(sms);
   for (int W : widths) {
-    for (int owned = 0; owned <= 1; ++owned) {
-      std::string name = std::string("sharedq_") + (owned ? "owned" : "lock") + "_sms" +
-                         std::to_string(W) + "_post_ns";
-      res.first[name] = one(W, owned, posts, launches, name);
+    for (int mode : {kLock, kTicket, kOwned}) {
+      const char* m = mode == kLock ? "lock" : mode == kTicket ? "ticket" : "owned";
+      std::string name = std::string("sharedq_") + m + "_sms" + std::to_string(W) + "_post_ns";
+      res.first[name] = one(W, mode, posts, launches, name);
     }
   }
   res.second.push_back(
-      "shared/owned queues: every (warp, seq) WQE exactly once, in order, intact; doorbells final");
+      "shared (lock, ticket) and owned queues: every (warp, seq) WQE exactly once, in order, "
+      "intact; doorbells final");
   return res;
 }
 

@@ -26,16 +26,18 @@ __global__ void wqe_kernel(uint64_t* ring, uint32_t* db, int fence, int doorbell
                            int per_sample, int warmup, int reps, long long* cycles,
                            ClockCal* cal) {
   uint64_t seq = 0;
+  int until_db = batch;  // countdown: no division in the timed loop
   for (int s = -warmup; s < reps; ++s) {
     if (s == 0) cal_begin(cal);
     long long t0 = clock64();
     for (int k = 0; k < per_sample; ++k, ++seq) {
       uint64_t w[8];
-      make_wqe_words(seq, kDepth, kQp, w);
+      make_wqe_words(seq, seq / kDepth, kQp, w);  // kDepth is a power of two: a shift
       uint64_t* slot = ring + (seq % kDepth) * 8;
 #pragma unroll
       for (int j = 0; j < 8; ++j) st_volatile(slot + j, w[j]);
-      if (doorbell && (seq + 1) % uint64_t(batch) == 0) {
+      if (doorbell && --until_db == 0) {
+        until_db = batch;
         if (fence) __threadfence_system();
         st_volatile32(db, uint32_t(seq + 1));
       }
@@ -76,7 +78,7 @@ std::vector<double> one(bool host_mem, int fence, int doorbell, int batch, int w
   for (uint32_t slot = 0; slot < kDepth; ++slot) {
     uint64_t last = total - 1 - ((total - 1 - slot) % kDepth);  // last seq with seq%depth==slot
     uint64_t w[8];
-    make_wqe_words(last, kDepth, kQp, w);
+    make_wqe_words(last, last / kDepth, kQp, w);
     for (int j = 0; j < 8; ++j)
       verify(got[size_t(slot) * 8 + j] == w[j],
              what + ": ring slot " + std::to_string(slot) + " word " + std::to_string(j) +

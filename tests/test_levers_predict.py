@@ -1,0 +1,124 @@
+"""Lever predictions on the shipped EFA baseline: mechanisms, paired seeds, CLI."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from lever.cli import main as lever_main
+from sim import levers as levers_mod
+from sim import predict as pr
+from sim.model import simulate_op
+from sim.results import PUT_PATH, critical_path, profiler_shares, run_seeds, stats
+
+BASE = "decode-ep16-efa-native"
+SMALL = ["workload.tokens_per_rank=32"]
+
+
+def test_every_lever_file_loads_on_its_baseline():
+    names = levers_mod.all_levers()
+    for want in ("qp-fanout-fix", "qp17-ownership", "lazy-completion-dispatch", "lazy-completion-combine",
+                 "batched-doorbells", "write-imm-counting", "provider-batched-tail", "put-many",
+                 "deferred-doorbell-aggregation", "cached-dispatch", "scaleout-update-interval",
+                 "unordered-signals"):
+        assert want in names
+    for n in names:
+        lev = levers_mod.load_lever(n)
+        assert lev.set and lev.description
+        base = levers_mod.load_with_levers(lev.baseline, [], SMALL)
+        scn = levers_mod.load_with_levers(lev.baseline, [n], SMALL)
+        assert scn.design != base.design, n
+
+
+def test_lazy_completion_removes_credit_wait():
+    for lever, op in (("lazy-completion-dispatch", "dispatch"), ("lazy-completion-combine", "combine")):
+        sides = {}
+        for name, levs in (("base", []), ("lever", [lever])):
+            scn = levers_mod.load_with_levers(BASE, levs, SMALL)
+            res = run_seeds(scn, op, 1)
+            p50 = stats([x for r in res for x in r.latency_us])["p50_us"]
+            cp = critical_path(scn, op, p50, 1, cats=("credit_wait",))["credit_wait"]
+            sides[name] = (profiler_shares(res, PUT_PATH).get("credit_wait", 0.0), cp,
+                           res[0].counters.get("lazy_refused", 0))
+        assert sides["base"][0] > 0 and sides["base"][1] > 0, sides
+        assert sides["lever"][0] == 0.0 and sides["lever"][1] == 0.0, sides
+        assert sides["lever"][2] == 0
+
+
+@pytest.mark.xfail(strict=False, reason="model: at full decode size B=8 moves dispatch p50 by ~-25 us "
+                   "(issue-side fences not hidden behind the wire); campaign measured flat. See issue 3 note.")
+def test_batched_doorbells_changes_dispatch_by_a_few_us_at_most():
+    base = levers_mod.load_with_levers(BASE, [], ["design.scaleout_update_interval=6"])
+    lev = levers_mod.load_with_levers(BASE, ["batched-doorbells"], [])
+    assert lev.design.doorbell_batch == 8
+    d = [stats(simulate_op(lev, "dispatch", s).latency_us)["p50_us"]
+         - stats(simulate_op(base, "dispatch", s).latency_us)["p50_us"] for s in range(1)]
+    assert abs(sum(d) / len(d)) <= 5.0, d
+
+
+def _data_doorbells(c: dict) -> int:
+    return c["doorbells"] - c.get("messages_signal", 0) - c.get("messages_notify", 0)
+
+
+def test_deferred_doorbell_aggregation_cuts_doorbells_by_its_factor():
+    lev = levers_mod.load_lever("deferred-doorbell-aggregation")
+    f = lev.set["design.deferred_doorbell_aggregation"]
+    # on the shipped shape, with no flush between tail signals (imm counting), so every QP's
+    # WQEs of a call group into doorbells of f; a partial group is rung when a warp finishes
+    sets = ['design.signal_mode="imm-counting"']
+    b = simulate_op(levers_mod.load_with_levers(BASE, [], sets), "dispatch", 0)
+    x = simulate_op(levers_mod.load_with_levers(BASE, [lev.name], sets), "dispatch", 0)
+    nb, nx = _data_doorbells(b.counters), _data_doorbells(x.counters)
+    assert nb == b.counters["messages_data"]          # baseline: one doorbell per data WQE
+    assert nx * f >= nb                               # never better than the factor
+    scn = levers_mod.load_with_levers(BASE, [], sets)
+    finishing = scn.workload.ep_ranks * scn.design.num_sms * scn.design.warps_per_sm
+    assert nx <= -(-nb // f) + finishing               # at most one partial ring per finishing warp
+    assert 0.75 * f <= nb / nx <= f
+    # and on the shipped baseline as is (flush-then-signal): the ratio still exceeds 2
+    b0 = simulate_op(levers_mod.load_with_levers(BASE, [], SMALL), "dispatch", 0).counters
+    x0 = simulate_op(levers_mod.load_with_levers(BASE, [lev.name], SMALL), "dispatch", 0).counters
+    assert _data_doorbells(b0) / _data_doorbells(x0) >= 1.9
+
+
+def test_noop_lever_band_is_exactly_zero():
+    r = pr.predict("batched-doorbells", seeds=3, sets=SMALL, with_cp=False, lever_names=[])
+    for op in ("dispatch", "combine"):
+        assert r["ops"][op]["delta_us"] == 0.0
+        assert r["ops"][op]["band_us"] == [0.0, 0.0]
+        assert r["ops"][op]["per_seed_delta_us"] == [0.0, 0.0, 0.0]
+
+
+def test_common_random_numbers_narrow_the_band():
+    kw = dict(seeds=4, sets=SMALL, with_cp=False, workers=2)
+    paired = pr.predict("lazy-completion-combine", paired=True, **kw)["ops"]["combine"]
+    unpaired = pr.predict("lazy-completion-combine", paired=False, **kw)["ops"]["combine"]
+    wp = paired["band_us"][1] - paired["band_us"][0]
+    wu = unpaired["band_us"][1] - unpaired["band_us"][0]
+    assert 0 < wp < wu, (paired["band_us"], unpaired["band_us"])
+
+
+def test_cli_predict_lever_parameter_and_prereg(tmp_path, capsys):
+    out = tmp_path / "p.json"
+    rc = lever_main(["predict", "batched-doorbells", "--seeds", "2", "--set", SMALL[0],
+                     "--set", "design.doorbell_batch=4", "--no-critical-path", "--json", "--out", str(out)])
+    assert rc == 0
+    res = json.loads(capsys.readouterr().out)
+    assert res["lever_only_sets"] == ["design.doorbell_batch=4"] and res["sets"] == SMALL
+    assert res["band_kind"] == "noise-only"
+    pre = json.loads(out.read_text())
+    assert pre["sha256"] == pr.content_sha256(pre)
+    assert set(pre["predictions"]) == {"dispatch", "combine"}
+    for k in ("lever", "baseline", "platform_digest", "verdict_rule", "date", "git_rev"):
+        assert pre[k] is not None
+
+
+def test_param_samples_widen_band_when_calibrated():
+    scn = levers_mod.load_with_levers(BASE, [], SMALL)
+    assert pr.param_sets(scn, 3) == [] or scn.platform.calibrated is not None
+    cal = ["platform.calibrated.names=[\"gpu.fence_ns\"]", "platform.calibrated.log_mean=[7.24]",
+           "platform.calibrated.log_cov=[[0.25]]"]
+    scn2 = levers_mod.load_with_levers(BASE, [], [*SMALL, *cal])
+    draws = pr.param_sets(scn2, 3)
+    assert len(draws) == 3 and all(d[0].startswith("platform.gpu.fence_ns=") for d in draws)

@@ -76,7 +76,8 @@ class Fabric:
         self.packets_sent = 0
         self.retransmits = 0
 
-    def _flight(self) -> float:
+    def flight(self) -> float:
+        """One packet's (or ACK's) time through the fabric: path base + jitter."""
         fp = self.fp
         if fp.mode == "rc":
             base = self.path_base[0]
@@ -96,14 +97,16 @@ class Fabric:
         data_lost = self._lost()
         ack_lost = (not data_lost) and self._lost()
         if data_lost or ack_lost:
+            # no ACK within the timeout: the sender's SRD layer sends the packet again
             self.retransmits += 1
+            self.ledger.counters["retransmits"] += 1
             t_rt = depart + self.ledger.cost("wire", self.fp.retransmit_timeout_ns)
             ev = env.timeout(max(0.0, t_rt - env.now))
             ev.callbacks.append(
                 lambda _e: self.launch(msg, k, env.now, src_nic, dst_nic, deliver))
             if data_lost:
                 return
-        arrive = depart + self._flight()
+        arrive = depart + self.flight()
         if self.fp.mode == "rc":
             key = (src_nic, dst_nic)
             arrive = max(arrive, self._rc_last.get(key, 0.0))
@@ -111,8 +114,3 @@ class Fabric:
         ack_ok = not ack_lost
         ev = env.timeout(max(0.0, arrive - env.now))
         ev.callbacks.append(lambda _e: deliver(msg, k, ack_ok))
-
-    def ack(self, msg: Message, k: int, on_ack: Callable[[Message, int], None]) -> None:
-        """The target's ACK for packet ``k`` flies back (SRD acks every packet)."""
-        ev = self.env.timeout(self._flight())
-        ev.callbacks.append(lambda _e: on_ack(msg, k))

@@ -4,9 +4,10 @@ Per put, in the order the EFA-GDA post path does it: a credit check against
 send-queue overflow (a completion poll: one read of the completion counter
 or CQ, plus one read per CQE consumed), the QP lock when the queue is shared,
 a slot reservation (one atomic per span of ``put_many_span`` WQEs), the 64 B
-WQE stores, then every ``doorbell_batch`` WQEs a fence, the 32-bit doorbell
-and a fence. With deferred doorbell aggregation the fence+doorbell is paid
-once per ``deferred_doorbell_aggregation`` warps' worth of WQEs on the QP.
+WQE stores, then every ``doorbell_batch`` WQEs (at most the NIC's
+``max_batch``) a fence, the 32-bit doorbell and a fence. With deferred
+doorbell aggregation the fence+doorbell is paid once per
+``deferred_doorbell_aggregation`` warps' worth of WQEs on the QP.
 
 The profiler attribution counts the time spent here per category; the costs
 are all scaled by the ledger so the critical path can zero them one by one.
@@ -53,6 +54,24 @@ class NativePort:
             yield self.env.timeout(t)
             self.w.trace.span(self.proc, self.track, cat, t0, t)
 
+    def _pay_all(self, costs: list[tuple[str, float, int]]):
+        """Pay a run of back-to-back costs as one timeout (spans laid out in order)."""
+        led = self.w.ledger
+        t0 = self.env.now
+        total = 0.0
+        spans = []
+        for cat, ns, n in costs:
+            t = led.issue(cat, ns, n)
+            if t > 0:
+                spans.append((cat, t0 + total, t))
+                total += t
+        if total > 0:
+            yield self.env.timeout(total)
+            tr = self.w.trace
+            if tr.enabled:
+                for cat, a, t in spans:
+                    tr.span(self.proc, self.track, cat, a, t)
+
     def _wait(self, cat: str, ev):
         t0 = self.env.now
         yield ev
@@ -62,7 +81,11 @@ class NativePort:
 
     # -- posting ----------------------------------------------------------------
     def post(self, msg: Message):
-        """Post one write (generator: ``yield from port.post(m)``)."""
+        """Post one write (generator: ``yield from port.post(m)``).
+
+        Costs that follow each other with no wait between them are paid as one
+        timeout; the doorbell reaches the NIC when they are paid.
+        """
         w, d, g = self.w, self.w.design, self.w.platform.gpu
         led = w.ledger
         qp = self.qp
@@ -74,39 +97,53 @@ class NativePort:
         if not self.lazy and led.on("credit_wait") and self._since_check >= d.credit_check_every:
             self._since_check = 0
             yield from self._credit_check(1)
-        if self.shared and led.on("lock"):
+        locked = self.shared and led.on("lock")
+        costs: list[tuple[str, float, int]] = []
+        if locked:
             req = qp.lock.request()
             yield from self._wait("lock", req)
-            yield from self._pay("lock", g.atomic_ns)
+            costs.append(("lock", g.atomic_ns, 1))
         if self._span_left == 0:
-            yield from self._pay("wqe", g.atomic_ns)  # reserve slots on the producer counter
+            costs.append(("wqe", g.atomic_ns, 1))  # reserve slots on the producer counter
             self._span_left = d.put_many_span
         self._span_left -= 1
-        yield from self._pay("wqe", g.wqe_store_ns)
+        costs.append(("wqe", g.wqe_store_ns, 1))
         qp.posted += 1
         self.posted += 1
-        self.pending.append(msg)
+        ring: list[Message] = []
+        limit = min(d.doorbell_batch, w.platform.nic.max_batch)
         if d.deferred_doorbell_aggregation > 1:
             qp.pending.append(msg)
-            self.pending.clear()
-            if len(qp.pending) >= d.deferred_doorbell_aggregation * d.doorbell_batch:
-                yield from self._ring(qp.pending)
-        elif len(self.pending) >= d.doorbell_batch:
-            yield from self._ring(self.pending)
-        if self.shared and led.on("lock"):
+            agg = min(d.deferred_doorbell_aggregation * d.doorbell_batch, w.platform.nic.max_batch)
+            if len(qp.pending) >= agg:
+                ring = self._take(qp.pending, costs)
+        else:
+            self.pending.append(msg)
+            if len(self.pending) >= limit:
+                ring = self._take(self.pending, costs)
+        yield from self._pay_all(costs)
+        if ring:
+            qp.nic.doorbell(ring)
+        if locked:
             qp.lock.release(req)
 
-    def _ring(self, batch: list[Message]):
-        """Fence, doorbell (the producer index), fence: the NIC sees the batch."""
-        w, d, g = self.w, self.w.design, self.w.platform.gpu
+    def _take(self, batch: list[Message], costs: list) -> list[Message]:
+        """Fence, doorbell (the producer index), fence: queue their costs, return the batch."""
+        g, d = self.w.platform.gpu, self.w.design
         msgs = list(batch)
         batch.clear()
         nf = d.fences_per_doorbell
         if nf:
-            yield from self._pay("fence", g.fence_ns * nf, nf)
-        yield from self._pay("doorbell", g.doorbell_ns)
+            costs.append(("fence", g.fence_ns * nf, nf))
+        costs.append(("doorbell", g.doorbell_ns, 1))
         self.qp.rung += len(msgs)
-        w.ledger.counters["doorbells"] += 1
+        self.w.ledger.counters["doorbells"] += 1
+        return msgs
+
+    def _ring(self, batch: list[Message]):
+        costs: list = []
+        msgs = self._take(batch, costs)
+        yield from self._pay_all(costs)
         self.qp.nic.doorbell(msgs)
 
     def finish(self):

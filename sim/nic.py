@@ -4,7 +4,7 @@ that lands packets in GPU memory.
 
 One :class:`Nic` per physical device (``nics_per_gpu`` per GPU). A doorbell
 hands the NIC the WQEs up to the producer index (:meth:`Nic.doorbell`); the
-NIC processes them one at a time (per-WQE time and message-rate ceiling),
+NIC parses them one at a time (per-WQE time and message-rate ceiling),
 fetches the payload over PCIe and serialises packets onto its port. A WQE's
 completion (CQE) is written ``completion_ns`` after its last packet is ACKed,
 so completions come out of order whenever ACKs do.
@@ -12,7 +12,6 @@ so completions come out of order whenever ACKs do.
 
 from __future__ import annotations
 
-from collections import deque
 from typing import TYPE_CHECKING
 
 import simpy
@@ -52,7 +51,14 @@ class QueuePair:
 
 
 class Nic:
-    """One EFA (or ConnectX) device: egress engine plus ingress landing."""
+    """One EFA (or ConnectX) device: egress engine plus ingress landing.
+
+    The egress engine, DMA and port are pipelines in "free at" arithmetic
+    rather than processes: a doorbell computes, in doorbell order, when each
+    WQE is parsed, when its payload is fetched and when each packet leaves,
+    and hands the packets to the fabric with their departure times. Only
+    arrivals, visibility and completions are events.
+    """
 
     def __init__(self, env: simpy.Environment, index: int, gpu: int, p: NicParams,
                  rp: ReceiverParams, fabric: Fabric, ledger: Ledger, trace: Trace) -> None:
@@ -64,44 +70,34 @@ class Nic:
         self.fabric = fabric
         self.ledger = ledger
         self.trace = trace
-        self.queue: deque[Message] = deque()
-        self._kick: simpy.Event | None = None
+        self.engine_free = 0.0
         self.tx_free = 0.0
         self.rx_free = 0.0
         self.ns_per_byte = 8.0 / p.line_rate_gbps
         self.dma_ns_per_byte = 8.0 / p.dma_gbps
         self.wqe_ns = max(p.wqe_process_ns, 1e3 / p.max_msg_rate_mops)
         self.peers: list[Nic] = []  # filled by the model: global NIC table
-        env.process(self._engine())
+        self.per_gpu = 1  # NICs per GPU, set by the model
 
     # -- egress -----------------------------------------------------------
     def doorbell(self, msgs: list[Message]) -> None:
         """WQEs become visible to the NIC (the producer counter moved)."""
-        self.queue.extend(msgs)
-        if self._kick is not None and not self._kick.triggered:
-            self._kick.succeed()
-
-    def _engine(self):
-        env = self.env
-        while True:
-            if not self.queue:
-                self._kick = env.event()
-                yield self._kick
-                continue
-            msg = self.queue.popleft()
-            t0 = env.now
-            yield env.timeout(self.ledger.cost("nic", self.wqe_ns))
-            self.trace.span(f"nic{self.index}", "wqe engine", msg.kind, t0, env.now - t0)
-            self._transmit(msg)
-
-    def _transmit(self, msg: Message) -> None:
-        p, led = self.p, self.ledger
+        led = self.ledger
         now = self.env.now
+        wqe_ns = led.cost("nic", self.wqe_ns)
+        for msg in msgs:
+            start = max(self.engine_free, now)
+            self.engine_free = start + wqe_ns
+            self.trace.span(f"nic{self.index}", "wqe engine", msg.kind, start, wqe_ns)
+            self._transmit(msg, self.engine_free)
+
+    def _transmit(self, msg: Message, t0: float) -> None:
+        p, led = self.p, self.ledger
         mtu = p.mtu_bytes
         n = max(1, -(-msg.nbytes // mtu))
         msg.npkts = n
         inline = msg.nbytes <= p.inline_bytes
-        t_ready = now if inline else now + led.cost("nic", p.dma_read_ns)
+        t_ready = t0 if inline else t0 + led.cost("nic", p.dma_read_ns)
         # same-index NIC on the target GPU (rails are matched, as on p5)
         dst_nic = self.peers[msg.dst * self.per_gpu + self.index % self.per_gpu]
         left = msg.nbytes
@@ -117,30 +113,28 @@ class Nic:
     # -- ingress ----------------------------------------------------------
     def ingress(self, msg: Message, k: int, ack_ok: bool) -> None:
         """Packet ``k`` arrived at this (target) NIC: drop duplicates, land it, ACK it."""
+        now = self.env.now
         if msg.seen_pkts is None:
             msg.seen_pkts = set()
         if k in msg.seen_pkts:
             self.ledger.counters["duplicates_dropped"] += 1
             if ack_ok:
-                self.fabric.ack(msg, k, msg.qp.nic.on_ack)
+                msg.qp.nic.ack(msg, now + self.fabric.flight())
             return
         msg.seen_pkts.add(k)
         size = min(self.p.mtu_bytes, msg.nbytes - k * self.p.mtu_bytes)
-        now = self.env.now
         self.rx_free = max(self.rx_free, now) + self.ledger.cost("wire", (size + 64) * self.ns_per_byte)
         t_land = self.rx_free + self.ledger.cost("nic", self.rp.land_ns)
-        ev = self.env.timeout(t_land - now)
-        ev.callbacks.append(lambda _e: self._landed(msg, k, size, ack_ok))
-
-    def _landed(self, msg: Message, k: int, size: int, ack_ok: bool) -> None:
-        self.ledger.counters["bytes_landed"] += size
-        self.ledger.counters["packets_landed"] += 1
+        cnt = self.ledger.counters
+        cnt["bytes_landed"] += size
+        cnt["packets_landed"] += 1
         msg.landed += 1
         if ack_ok:
-            self.fabric.ack(msg, k, msg.qp.nic.on_ack)
+            msg.qp.nic.ack(msg, t_land + self.fabric.flight())
         if msg.landed == msg.npkts:
-            vis = self.ledger.cost("visibility", self.rp.visibility_ns)
-            ev = self.env.timeout(vis)
+            # land times are monotone at one port: this packet lands last
+            vis = t_land + self.ledger.cost("visibility", self.rp.visibility_ns)
+            ev = self.env.timeout(vis - now)
             ev.callbacks.append(lambda _e: self._visible(msg))
 
     def _visible(self, msg: Message) -> None:
@@ -149,10 +143,14 @@ class Nic:
             msg.on_visible(msg)
 
     # -- completions (sender side) ------------------------------------------
-    def on_ack(self, msg: Message, k: int) -> None:
+    def ack(self, msg: Message, t_arrive: float) -> None:
+        """An ACK for one packet of ``msg`` reaches this (sender) NIC at ``t_arrive``."""
         msg.acked += 1
+        if t_arrive > msg.t_complete:
+            msg.t_complete = t_arrive
         if msg.acked == msg.npkts:
-            ev = self.env.timeout(self.ledger.cost("nic", self.p.completion_ns))
+            t = msg.t_complete + self.ledger.cost("nic", self.p.completion_ns)
+            ev = self.env.timeout(t - self.env.now)
             ev.callbacks.append(lambda _e: self._complete(msg))
 
     def _complete(self, msg: Message) -> None:
@@ -160,5 +158,3 @@ class Nic:
         msg.qp.completions.add(1)
         if msg.on_complete is not None:
             msg.on_complete(msg)
-
-    per_gpu: int = 1  # NICs per GPU, set by the model

@@ -415,6 +415,19 @@ class Runner:
                 tot[i] += v
         return {n: tot[i] for i, n in enumerate(STAT_NAMES)}
 
+    def reset_state(self) -> None:
+        """Zero every queue, counter and error word: a variant starts from a clean NIC, even
+        after the previous one aborted (its QPs may hold un-consumed WQEs or a lock)."""
+        self.sync()
+        for b in self.bufs:
+            for k in ("qps", "sq", "cq", "db", "nicqp", "nic_rem", "rx_head", "rx_tail", "rxcq",
+                      "recv_cnt", "comb_flag", "bar", "prof_n"):
+                b[k].zero_()
+        for gb in self.gbufs:
+            gb["err"].zero_()
+            gb["stats"].zero_()
+        self.sync()
+
     def reset_stats(self) -> None:
         for gb in self.gbufs:
             gb["stats"].zero_()
@@ -616,6 +629,7 @@ def main(args: argparse.Namespace) -> int:
             levers = [x for x in v.split(",") if x]
             scn = load_scenario(args.ranks, args.faults, args.set, levers)
             runner.rebuild(scn, args.seed)
+            runner.reset_state()
             sets = scenario_sets(args.ranks, args.faults, args.set)
             tag = "-".join(levers) if levers else "baseline"
             rid = f"{args.id_prefix}{args.ranks}-{args.path}-{tag}{'-faults' if args.faults else ''}"

@@ -793,6 +793,7 @@ __device__ void combine_rank(const World& w, const EpFlags& f, const EpCtx& e, P
       }
     }
   }
+  __syncwarp();  // lanes >= R must not read data before lanes < R saw every flag
   if (aborted(w)) return;
   ph.end(w, L, PH_POLL, 1, e.rank, wg);
   ph.begin(prof);
@@ -869,6 +870,7 @@ __device__ void nic_warp(const World& w, int lr, int nic, int wib,
   const unsigned long long t_start = gtime();
   const float ns_per_byte = 8.f / fb.line_rate_gbps;
   int inflight = 0;
+  int rx_reserve = 0;  // entries promised to receive completions of fetched write-imm WQEs
   while (true) {
     const unsigned long long now = gtime();
     // 1. fetch new WQEs (producer counter moved)
@@ -883,7 +885,7 @@ __device__ void nic_warp(const World& w, int lr, int nic, int wib,
       }
       ci = __shfl_sync(0xffffffffu, ci, 0);
       db = __shfl_sync(0xffffffffu, db, 0);
-      while (((db - ci) & 0xffffu) != 0u && nfree >= 3) {
+      while (((db - ci) & 0xffffu) != 0u && nfree >= 1) {
         // parse the WQE (all lanes load the same 64 B: broadcast)
         const efa_io_tx_wqe* slotp = L.sq + (size_t)q * depth + (ci % depth);
         uint4 raw[4];
@@ -906,7 +908,9 @@ __device__ void nic_warp(const World& w, int lr, int nic, int wib,
           return;
         }
         const int npk = (int)((len + fb.mtu - 1) / fb.mtu);
-        if (npk + 1 > nfree) break;  // table full: the WQE waits in the SQ
+        const int need_rx = (wq.meta.ctrl1 & META_HAS_IMM) ? 1 : 0;
+        if (npk + need_rx > __shfl_sync(0xffffffffu, nfree - rx_reserve, 0)) break;  // table full: WQE waits in the SQ
+        if (lane == 0) rx_reserve += need_rx;
         if (lane == 0) {
           // NIC processing and message-rate ceiling, then serialisation on this NIC
           unsigned long long ready = now + (unsigned long long)(fb.wqe_process_ns + fb.dma_read_ns);
@@ -985,10 +989,12 @@ __device__ void nic_warp(const World& w, int lr, int nic, int wib,
             uint4* d4 = reinterpret_cast<uint4*>(dst);
             const unsigned nv = n >> 4;
             unsigned i = lane;
-            for (; i + 96 < nv; i += 128) {
-              uint4 a = __ldcg(s4 + i), b = __ldcg(s4 + i + 32), c = __ldcg(s4 + i + 64),
-                    e2 = __ldcg(s4 + i + 96);
-              __stcg(d4 + i, a); __stcg(d4 + i + 32, b); __stcg(d4 + i + 64, c); __stcg(d4 + i + 96, e2);
+            for (; i + 224 < nv; i += 256) {
+              uint4 v8[8];
+#pragma unroll
+              for (int j = 0; j < 8; ++j) v8[j] = __ldcg(s4 + i + 32 * j);
+#pragma unroll
+              for (int j = 0; j < 8; ++j) __stcg(d4 + i + 32 * j, v8[j]);
             }
             for (; i < nv; i += 32) __stcg(d4 + i, __ldcg(s4 + i));
           } else {
@@ -996,7 +1002,6 @@ __device__ void nic_warp(const World& w, int lr, int nic, int wib,
             unsigned long long* d8 = reinterpret_cast<unsigned long long*>(dst);
             for (unsigned i = lane; i < (n >> 3); i += 32) __stcg(d8 + i, __ldcg(s8 + i));
           }
-          __threadfence_system();
           __syncwarp();
           if (lane == 0) {
             ++n_pkt;
@@ -1012,6 +1017,7 @@ __device__ void nic_warp(const World& w, int lr, int nic, int wib,
               inf[idx] = (in & ~0xfull) | 1ull;
               if (wq.meta.ctrl1 & META_HAS_IMM) {
                 int j2 = freel[--nfree];
+                --rx_reserve;
                 due[j2] = now2 + (unsigned long long)fb.recv_completion_ns;
                 inf[j2] = 2ull | ((unsigned long long)ql << 4) | ((unsigned long long)wq.meta.immediate_data << 32);
                 aux[j2] = (unsigned long long)wq.meta.ah | ((unsigned long long)wq.meta.dest_qp_num << 16) |
@@ -1036,6 +1042,7 @@ __device__ void nic_warp(const World& w, int lr, int nic, int wib,
             v.x = (wi & 0xffffu) | (0u << 16) | (flags << 24);
             v.y = (unsigned)q | ((wi >> 16) << 16);
             v.z = 0; v.w = 0;
+            __threadfence_system();  // this warp's packet stores are visible before the CQE
             st_vol_v4(cqe, v);
             NQ->cq_pi = pi + 1;
             ++n_cqe;

@@ -17,6 +17,7 @@ REGISTRARS = [
     "hw.cli",
     "calibration.cli",
     "sim.predict_cli",
+    "sim.sweep_cli",
 ]
 
 

@@ -1,0 +1,161 @@
+"""Calibration: parameter recovery, identifiability flags, bad records refused, atomic output."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from calibration.fit import FitError, fit, predict
+from calibration.records import DATA_DIR, RecordError, load_record, parse_record
+from lever.cli import main as lever_main
+from sim.levers import load_with_levers
+from sim.params import FreeParam, Prior
+
+TINY = {"workload.ep_ranks": 2, "workload.gpus_per_node": 1, "workload.num_experts": 8, "workload.top_k": 2,
+        "workload.tokens_per_rank": 8, "design.num_sms": 2, "design.qps_per_call": 3}
+TRUTH = {"fabric.base_latency_ns": 12000.0, "gpu.fence_ns": 2100.0}
+SCN = "decode-ep16-efa-native"
+
+
+def _record(id_: str, sets: dict, lat: dict) -> dict:
+    return {"schema_version": 1, "id": id_, "nic": "efa", "what": {"design": "v2-hybrid native"},
+            "sim": {"scenario": SCN, "set": sets}, "gate": {"passed": True},
+            "provenance": {"source": "synthetic: the model at known parameters, 0.5% noise"},
+            "latency_us": {op: {"median": v} for op, v in lat.items()}}
+
+
+def _synthetic_records() -> list:
+    rng = np.random.default_rng(7)
+    variants = {"tiny-b1": {}, "tiny-b8": {"design.doorbell_batch": 8},
+                "tiny-t16": {"workload.tokens_per_rank": 16}}
+    out = []
+    for id_, extra in variants.items():
+        sets = {**TINY, **extra}
+        truth_sets = {f"platform.{k}": v for k, v in TRUTH.items()}
+        rows = predict([parse_record(_record(id_, sets, {"dispatch": 1.0, "combine": 1.0}))],
+                       values={}, base_sets=tuple(f"{k}={v}" for k, v in truth_sets.items()), workers=1)
+        lat = {r.quantity.split(".")[0]: r.predicted * (1 + rng.normal(0, 0.005)) for r in rows}
+        out.append(parse_record(_record(id_, sets, lat), id_))
+    return out
+
+
+@pytest.fixture(scope="module")
+def recovery():
+    recs = _synthetic_records()
+    plat = load_with_levers(SCN).platform
+    free = {"fabric.base_latency_ns": FreeParam(lo=1000, hi=50000),
+            "gpu.fence_ns": FreeParam(lo=100, hi=20000),
+            # the native path never touches the proxy: nothing can identify this one
+            "proxy.host_post_ns": FreeParam(lo=100, hi=50000, prior=Prior(value=900, rel_sigma=0.5))}
+    return fit(recs, plat, free=free, max_nfev=12, workers=2), recs
+
+
+def test_recovers_known_parameters(recovery):
+    res, _ = recovery
+    est = dict(zip(res.names, res.x, strict=True))
+    for k, v in TRUTH.items():
+        assert abs(est[k] / v - 1) < 0.10, (k, est[k], v)
+    for r in res.rows:
+        assert abs(r.pct_err) < 3.0, r
+
+
+def test_flags_unidentifiable(recovery):
+    res, _ = recovery
+    assert "proxy.host_post_ns" in res.unidentifiable
+    assert "fabric.base_latency_ns" not in res.unidentifiable
+    se = {p["name"]: p["log_se"] for p in res.params()}
+    assert se["fabric.base_latency_ns"] < 0.2
+
+
+def test_fit_refuses_empty_free():
+    with pytest.raises(FitError, match="no \\[platform.free\\]"):
+        fit(_synthetic_records()[:1], load_with_levers(SCN).platform, free={})
+
+
+# ------------------------------------------------------------------ bad records
+
+
+def _good() -> dict:
+    return json.loads((DATA_DIR / "efa-ep16-native-headline.json").read_text())
+
+
+def _bad_cases(tmp: Path) -> dict[str, tuple[Path, str]]:
+    cases = {}
+    g = _good()
+    p = tmp / "truncated.json"
+    p.write_text(json.dumps(g)[:200])
+    cases["truncated"] = (p, "not valid JSON")
+    g = _good()
+    g["schema_version"] = 99
+    p = tmp / "version.json"
+    p.write_text(json.dumps(g))
+    cases["wrong version"] = (p, "schema_version")
+    g = _good()
+    g["latency_us"]["dispatch"]["median"] = 338.5e-6 * 1e-3  # seconds given as if us -> still positive
+    g["latency_us"]["dispatch"] = {"median_s": 338.5e-6}
+    p = tmp / "unit.json"
+    p.write_text(json.dumps(g))
+    cases["unit-confused field"] = (p, "latency_us.dispatch")
+    g = _good()
+    g["latency_us"]["combine"]["median"] = 480.7e3 * 1e3  # ns given as us, times 1e3 again
+    p = tmp / "unit2.json"
+    p.write_text(json.dumps(g))
+    cases["unit-confused value"] = (p, "wrong unit")
+    g = _good()
+    del g["provenance"]
+    p = tmp / "malformed.json"
+    p.write_text(json.dumps(g))
+    cases["missing field"] = (p, "provenance")
+    g = _good()
+    g["nic"] = "efa-ish"
+    p = tmp / "nic.json"
+    p.write_text(json.dumps(g))
+    cases["bad nic"] = (p, "nic")
+    return cases
+
+
+def test_bad_records_refused_nothing_written(tmp_path, capsys):
+    out = tmp_path / "out.toml"
+    for label, (path, field) in _bad_cases(tmp_path).items():
+        with pytest.raises(RecordError) as e:
+            load_record(path)
+        msg = str(e.value)
+        assert str(path) in msg and field in msg, (label, msg)
+        rc = lever_main(["calibrate", str(path), "--out", str(out)])
+        err = capsys.readouterr().err
+        assert rc == 2 and str(path) in err and "\n" not in err.strip(), (label, err)
+        assert not out.exists(), label
+    assert list(tmp_path.glob("*.toml")) == [] and list(tmp_path.glob(".*tmp")) == []
+
+
+def test_mixed_nics_refused(tmp_path, capsys):
+    out = tmp_path / "o.toml"
+    rc = lever_main(["calibrate", str(DATA_DIR / "efa-ep16-native-headline.json"),
+                     str(DATA_DIR / "ib-ep8-ll-reference.json"), "--out", str(out)])
+    assert rc == 2 and "nic" in capsys.readouterr().err and not out.exists()
+
+
+def test_failed_fit_writes_nothing(tmp_path, capsys):
+    """A fit that fails mid-way (a record pointing at a missing scenario) leaves no file."""
+    g = _good()
+    g["sim"] = {"scenario": "no-such-scenario"}
+    p = tmp_path / "r.json"
+    p.write_text(json.dumps(g))
+    out = tmp_path / "o.toml"
+    shutil.copy(DATA_DIR / "efa-ep16-native-headline.json", tmp_path / "ok.json")
+    rc = lever_main(["calibrate", str(tmp_path / "ok.json"), str(p), "--out", str(out),
+                     "--platform", "platforms/efa-p5.toml", "--max-nfev", "1", "--workers", "1"])
+    assert rc != 0 and not out.exists()
+    assert list(tmp_path.glob(".*tmp")) == []
+
+
+def test_shipped_records_load():
+    ids = [load_record(p).id for p in sorted(DATA_DIR.glob("*.json"))]
+    assert len(ids) == 7 and len(set(ids)) == 7
+    for p in DATA_DIR.glob("*.json"):
+        r = load_record(p)
+        assert r.provenance.source.startswith("DESIGN §5") and r.nic in ("efa", "ib") and r.sim

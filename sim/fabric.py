@@ -62,11 +62,14 @@ class Fabric:
     """Moves packets and ACKs between NICs with the configured path model."""
 
     def __init__(self, env: simpy.Environment, fp: FabricParams, rng: np.random.Generator,
-                 ledger: Ledger) -> None:
+                 ledger: Ledger, seed_key: tuple[int, ...] = (0,)) -> None:
         self.env = env
         self.fp = fp
         self.ledger = ledger
-        self.draws = Draws(rng, fp)
+        self.seed_key = seed_key
+        # one random stream per sending NIC: a lever that reorders one NIC's packets
+        # leaves every other NIC's draws (common random numbers) untouched
+        self._streams: dict[int, Draws] = {}
         spread = fp.path_spread_ns
         self.path_base = [
             max(0.0, fp.base_latency_ns + (spread * (2 * u - 1) if spread else 0.0))
@@ -76,26 +79,34 @@ class Fabric:
         self.packets_sent = 0
         self.retransmits = 0
 
-    def flight(self) -> float:
-        """One packet's (or ACK's) time through the fabric: path base + jitter."""
+    def stream(self, nic: int) -> Draws:
+        d = self._streams.get(nic)
+        if d is None:
+            d = Draws(np.random.default_rng([*self.seed_key, 1000 + nic]), self.fp)
+            self._streams[nic] = d
+        return d
+
+    def flight(self, nic: int) -> float:
+        """One packet's (or ACK's) time through the fabric from ``nic``: path base + jitter."""
         fp = self.fp
+        dr = self.stream(nic)
         if fp.mode == "rc":
             base = self.path_base[0]
         else:
-            base = self.path_base[int(self.draws.uniform() * fp.paths) % fp.paths]
-        return self.ledger.cost("wire", base + self.draws.jitter())
+            base = self.path_base[int(dr.uniform() * fp.paths) % fp.paths]
+        return self.ledger.cost("wire", base + dr.jitter())
 
-    def _lost(self) -> bool:
+    def _lost(self, nic: int) -> bool:
         p = self.fp.loss_prob
-        return p > 0 and self.draws.uniform() < p
+        return p > 0 and self.stream(nic).uniform() < p
 
     def launch(self, msg: Message, k: int, depart: float, src_nic: int, dst_nic: int,
                deliver: Callable[[Message, int, int], None]) -> None:
         """Packet ``k`` of ``msg`` leaves ``src_nic`` at absolute time ``depart``."""
         env = self.env
         self.packets_sent += 1
-        data_lost = self._lost()
-        ack_lost = (not data_lost) and self._lost()
+        data_lost = self._lost(src_nic)
+        ack_lost = (not data_lost) and self._lost(src_nic)
         if data_lost or ack_lost:
             # no ACK within the timeout: the sender's SRD layer sends the packet again
             self.retransmits += 1
@@ -106,7 +117,7 @@ class Fabric:
                 lambda _e: self.launch(msg, k, env.now, src_nic, dst_nic, deliver))
             if data_lost:
                 return
-        arrive = depart + self.flight()
+        arrive = depart + self.flight(src_nic)
         if self.fp.mode == "rc":
             key = (src_nic, dst_nic)
             arrive = max(arrive, self._rc_last.get(key, 0.0))

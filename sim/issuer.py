@@ -83,8 +83,10 @@ class NativePort:
     def post(self, msg: Message):
         """Post one write (generator: ``yield from port.post(m)``).
 
-        Costs that follow each other with no wait between them are paid as one
-        timeout; the doorbell reaches the NIC when they are paid.
+        Slot reservation is an atomic, so WQE stores and the fence after them
+        run in parallel across warps; only the doorbell of a shared QP waits
+        for its turn (slot order across CTAs: category ``lock``), then rings
+        and fences. Costs with no wait between them are paid as one timeout.
         """
         w, d, g = self.w, self.w.design, self.w.platform.gpu
         led = w.ledger
@@ -97,12 +99,7 @@ class NativePort:
         if not self.lazy and led.on("credit_wait") and self._since_check >= d.credit_check_every:
             self._since_check = 0
             yield from self._credit_check(1)
-        locked = self.shared and led.on("lock")
         costs: list[tuple[str, float, int]] = []
-        if locked:
-            req = qp.lock.request()
-            yield from self._wait("lock", req)
-            costs.append(("lock", g.atomic_ns, 1))
         if self._span_left == 0:
             costs.append(("wqe", g.atomic_ns, 1))  # reserve slots on the producer counter
             self._span_left = d.put_many_span
@@ -110,41 +107,46 @@ class NativePort:
         costs.append(("wqe", g.wqe_store_ns, 1))
         qp.posted += 1
         self.posted += 1
-        ring: list[Message] = []
-        limit = min(d.doorbell_batch, w.platform.nic.max_batch)
         if d.deferred_doorbell_aggregation > 1:
             qp.pending.append(msg)
             agg = min(d.deferred_doorbell_aggregation * d.doorbell_batch, w.platform.nic.max_batch)
-            if len(qp.pending) >= agg:
-                ring = self._take(qp.pending, costs)
+            batch = qp.pending if len(qp.pending) >= agg else None
         else:
             self.pending.append(msg)
-            if len(self.pending) >= limit:
-                ring = self._take(self.pending, costs)
-        yield from self._pay_all(costs)
-        if ring:
-            qp.nic.doorbell(ring)
-        if locked:
-            qp.lock.release(req)
+            limit = min(d.doorbell_batch, w.platform.nic.max_batch)
+            batch = self.pending if len(self.pending) >= limit else None
+        if batch is None:
+            yield from self._pay_all(costs)
+            return
+        yield from self._ring(batch, costs)
 
-    def _take(self, batch: list[Message], costs: list) -> list[Message]:
-        """Fence, doorbell (the producer index), fence: queue their costs, return the batch."""
-        g, d = self.w.platform.gpu, self.w.design
+    def _ring(self, batch: list[Message], costs: list | None = None):
+        """Fence after the WQE stores, wait for the doorbell turn on a shared QP,
+        ring (the producer index), fence: the NIC sees the batch."""
+        w, g, d = self.w, self.w.platform.gpu, self.w.design
+        led = w.ledger
+        costs = costs if costs is not None else []
         msgs = list(batch)
         batch.clear()
         nf = d.fences_per_doorbell
         if nf:
-            costs.append(("fence", g.fence_ns * nf, nf))
+            costs.append(("fence", g.fence_ns, 1))
+        locked = self.shared and led.on("lock")
+        if locked:
+            yield from self._pay_all(costs)
+            costs = []
+            req = self.qp.lock.request()
+            yield from self._wait("lock", req)
+            costs.append(("lock", g.atomic_ns, 1))
         costs.append(("doorbell", g.doorbell_ns, 1))
         self.qp.rung += len(msgs)
-        self.w.ledger.counters["doorbells"] += 1
-        return msgs
-
-    def _ring(self, batch: list[Message]):
-        costs: list = []
-        msgs = self._take(batch, costs)
+        led.counters["doorbells"] += 1
         yield from self._pay_all(costs)
-        self.qp.nic.doorbell(msgs)
+        self.qp.nic.doorbell(msgs)  # a posted MMIO store: the NIC sees it now
+        if nf > 1:  # the fence after the doorbell, still holding the turn
+            yield from self._pay_all([("fence", g.fence_ns * (nf - 1), nf - 1)])
+        if locked:
+            self.qp.lock.release(req)
 
     def finish(self):
         """End of this warp's puts: ring what is still un-rung (own or the QP's)."""

@@ -47,8 +47,11 @@ class World:
         self.trace = trace
         self.routing = routing
         self.rng = np.random.default_rng([scn.seed, seed, OP_SALT[op]])
-        self.draws = Draws(self.rng, self.platform.fabric)
-        self.fabric = Fabric(self.env, self.platform.fabric, self.rng, ledger)
+        key = (scn.seed, seed, OP_SALT[op])
+        self.fabric = Fabric(self.env, self.platform.fabric, self.rng, ledger, seed_key=key)
+        # poll phases: one stream per rank, apart from the fabric's
+        self.poll_draws = [Draws(np.random.default_rng([*key, 5000 + r]), self.platform.fabric)
+                           for r in range(self.workload.ep_ranks)]
         R = self.workload.ep_ranks
         per = self.platform.nic.nics_per_gpu
         self.nics = [

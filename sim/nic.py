@@ -119,7 +119,7 @@ class Nic:
         if k in msg.seen_pkts:
             self.ledger.counters["duplicates_dropped"] += 1
             if ack_ok:
-                msg.qp.nic.ack(msg, now + self.fabric.flight())
+                msg.qp.nic.ack(msg, now + self.fabric.flight(self.index))
             return
         msg.seen_pkts.add(k)
         size = min(self.p.mtu_bytes, msg.nbytes - k * self.p.mtu_bytes)
@@ -130,7 +130,7 @@ class Nic:
         cnt["packets_landed"] += 1
         msg.landed += 1
         if ack_ok:
-            msg.qp.nic.ack(msg, t_land + self.fabric.flight())
+            msg.qp.nic.ack(msg, t_land + self.fabric.flight(self.index))
         if msg.landed == msg.npkts:
             # land times are monotone at one port: this packet lands last
             vis = t_land + self.ledger.cost("visibility", self.rp.visibility_ns)

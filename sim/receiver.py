@@ -152,7 +152,7 @@ class Receiver:
             yield k.reach(n)
         dt = self.env.now - t0
         led.waited(cat, dt)
-        poll = g.poll_interval_ns * w.draws.uniform() + g.device_load_ns
+        poll = g.poll_interval_ns * w.poll_draws[self.rank].uniform() + g.device_load_ns
         if self.mode == "imm-counting" and not self.proxy:
             poll += w.platform.receiver.cq_poll_ns
         t = led.issue(cat, poll)

@@ -35,7 +35,7 @@ import math
 import os
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -47,8 +47,11 @@ STAT_COLS = ("p50_us", "p99_us", "mean_us")
 TAIL_COLS = ("events", "wall_s", "error")
 
 
-class SweepError(ValueError):
-    """Bad sweep input or an unusable results table; ``str()`` is the one-line message."""
+class SweepError(scn_mod.ScenarioError):
+    """Bad sweep input or an unusable results table; ``str()`` is the one-line message.
+
+    A ``ScenarioError`` so ``lever`` reports it as one line with exit 2 however it is started
+    (``python -m lever.cli`` makes a second ``UserError`` class)."""
 
 
 # -- axes ---------------------------------------------------------------------------
@@ -81,7 +84,8 @@ def parse_grid(text: str) -> GridAxis:
 
 
 def parse_random(text: str) -> RandomAxis:
-    """``PATH=LO:HI`` (uniform) or ``PATH=LO:HI:log`` (log-uniform); integers if both bounds are."""
+    """``PATH=LO:HI`` (uniform) or ``PATH=LO:HI:log`` (log-uniform). ``integer`` (both bounds
+    integers) is tentative: ``enumerate_points`` keeps it only for an integer field."""
     if "=" not in text:
         raise SweepError(f"--random: '{text}': expected PATH=LO:HI[:log]")
     path, rng = text.split("=", 1)
@@ -171,6 +175,9 @@ def enumerate_points(scenario: str, grid: Sequence[GridAxis] = (), random: Seque
         raise SweepError("a path is swept twice")
     if random and samples < 1:
         raise SweepError("--random needs --samples N (N >= 1)")
+    if random:  # integer draws only where the field itself is an integer
+        base = levers_mod.load_with_levers(scenario, [], list(sets)).model_dump(mode="python")
+        random = [replace(a, integer=a.integer and _is_int(_lookup(base, a.path))) for a in random]
     lev_list = [BASELINE] + [lv for lv in dict.fromkeys(levers) if lv != BASELINE]
     lever_fields = {lv: set(levers_mod.load_lever(lv).set) for lv in lev_list if lv != BASELINE}
     any_lever_field = set().union(*lever_fields.values()) if lever_fields else set()
@@ -182,6 +189,18 @@ def enumerate_points(scenario: str, grid: Sequence[GridAxis] = (), random: Seque
                 skip = tuple(p for p in paths if p in any_lever_field and lv == BASELINE)
                 out.append(Point(scenario, values, lv, seeds, tuple(sets), skip))
     return out
+
+
+def _lookup(d: dict, path: str) -> Any:
+    for k in path.split("."):
+        if not isinstance(d, dict) or k not in d:
+            return None
+        d = d[k]
+    return d
+
+
+def _is_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
 
 
 def validate_points(points: Sequence[Point]) -> dict[str, list[str]]:

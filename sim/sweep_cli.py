@@ -55,28 +55,24 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def main_sweep(args: argparse.Namespace) -> int:
-    from lever.cli import UserError
     from sim import sweep as sw
 
-    try:
-        if args.seeds < 1:
-            raise sw.SweepError("--seeds: must be >= 1")
-        grid = [sw.parse_grid(g) for g in args.grid]
-        rnd = [sw.parse_random(r) for r in args.random]
-        if not grid and not rnd:
-            raise sw.SweepError("sweep: give at least one --grid or --random axis")
-        points = sw.enumerate_points(args.scenario, grid, rnd, args.samples, args.lever, args.seeds,
-                                     args.set, args.sample_seed)
-        if args.dry_run:
-            for p in points:
-                print(p.key, p.lever, " ".join(p.applied_sets()))
-            return 0
-        summary = sw.run_sweep(points, Path(args.out), args.executor, args.workers, args.address,
-                               progress=not args.no_progress and not args.json)
-        if args.plot:
-            sw.plot_table(Path(args.out), Path(args.plot), args.plot_x)
-    except sw.SweepError as e:
-        raise UserError(str(e)) from None
+    if args.seeds < 1:
+        raise sw.SweepError("--seeds: must be >= 1")
+    grid = [sw.parse_grid(g) for g in args.grid]
+    rnd = [sw.parse_random(r) for r in args.random]
+    if not grid and not rnd:
+        raise sw.SweepError("sweep: give at least one --grid or --random axis")
+    points = sw.enumerate_points(args.scenario, grid, rnd, args.samples, args.lever, args.seeds,
+                                 args.set, args.sample_seed)
+    if args.dry_run:
+        for p in points:
+            print(p.key, p.lever, " ".join(p.applied_sets()))
+        return 0
+    summary = sw.run_sweep(points, Path(args.out), args.executor, args.workers, args.address,
+                           progress=not args.no_progress and not args.json)
+    if args.plot:
+        sw.plot_table(Path(args.out), Path(args.plot), args.plot_x)
     if args.json:
         json.dump(summary, sys.stdout)
         sys.stdout.write("\n")
@@ -87,7 +83,6 @@ def main_sweep(args: argparse.Namespace) -> int:
 
 
 def main_sensitivity(args: argparse.Namespace) -> int:
-    from lever.cli import UserError
     from sim import sensitivity as sa
     from sim.model import ModelError
     from sim.sweep import SweepError
@@ -98,8 +93,8 @@ def main_sensitivity(args: argparse.Namespace) -> int:
                              progress=not args.no_progress and not args.json)
         if args.plot:
             sa.plot_sensitivity(res, Path(args.plot))
-    except (SweepError, ModelError) as e:
-        raise UserError(f"{args.lever}: {e}") from None
+    except ModelError as e:
+        raise SweepError(f"{args.lever}: {e}") from None
     if args.json:
         json.dump(res, sys.stdout)
         sys.stdout.write("\n")
@@ -112,7 +107,7 @@ def print_ranking(res: dict) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    con = Console()
+    con = Console(width=max(Console().width, 120))
     morris = res["method"] == "morris"
     for op, o in res["ops"].items():
         t = Table(title=f"{res['lever']} / {op}: delta {o['delta_mean_us']:+.2f} us "

@@ -129,7 +129,7 @@ def _dispatch_rank(w: World, r: int, sh: _Shared):
                 t0 = env.now
                 yield env.any_of(evs)
                 w.ledger.waited("poll_wait", env.now - t0)
-                poll = g.poll_interval_ns * w.draws.uniform() + g.device_load_ns
+                poll = g.poll_interval_ns * w.poll_draws[r].uniform() + g.device_load_ns
                 if counting and d.signal_mode == "imm-counting":
                     poll += w.platform.receiver.cq_poll_ns
                 yield env.timeout(w.ledger.issue("poll_wait", poll))

@@ -296,10 +296,16 @@ def ray_init(workers: int | None = None, address: str | None = None):
     return ray
 
 
+def _call(fn, item):
+    """The Ray task: any picklable callable (a function, a ``functools.partial``) on one item."""
+    return fn(item)
+
+
 def _ray(fn, items, workers, address, max_retries):
     ray = ray_init(workers, address)
-    task = ray.remote(max_retries=max_retries, num_cpus=1)(fn)
-    refs = {task.remote(it): i for i, it in enumerate(items)}
+    task = ray.remote(max_retries=max_retries, num_cpus=1)(_call)
+    fn_ref = ray.put(fn)
+    refs = {task.remote(fn_ref, it): i for i, it in enumerate(items)}
     try:
         while refs:
             done, _ = ray.wait(list(refs), num_returns=1)

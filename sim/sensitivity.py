@@ -29,13 +29,23 @@ import numpy as np
 from sim import levers as levers_mod
 from sim import predict as pr
 from sim.params import Scenario
-from sim.sweep import SweepError, imap_unordered
+from sim.sweep import SweepError, imap_unordered, parse_random
 
 
-def parameter_space(scn: Scenario, sigmas: float = 2.0) -> list[dict[str, Any]]:
-    """``[{name, path, log_lo, log_hi, lo, hi, source, integer}]`` for the platform's parameters."""
+def parameter_space(scn: Scenario, sigmas: float = 2.0, extra: Sequence[str] = (),
+                    only_extra: bool = False) -> list[dict[str, Any]]:
+    """``[{name, path, log_lo, log_hi, lo, hi, source, integer}]`` for the platform's parameters,
+    plus ``extra`` ranges ``PATH=LO:HI`` (log-uniform; replacing a parameter of the same name)."""
     plat = scn.platform
     out = []
+    added = []
+    for text in extra:
+        a = parse_random(text)
+        if a.lo <= 0:
+            raise SweepError(f"--param: '{text}': LO must be > 0 (log-uniform)")
+        added.append(_param(scn, a.path, math.log(a.lo), math.log(a.hi), "--param"))
+    if only_extra:
+        plat = plat.model_copy(update={"calibrated": None, "free": {}})
     if plat.calibrated is not None and plat.calibrated.names:
         cal = plat.calibrated
         cov = np.asarray(cal.log_cov, dtype=float)
@@ -46,8 +56,10 @@ def parameter_space(scn: Scenario, sigmas: float = 2.0) -> list[dict[str, Any]]:
     else:
         for name, fp in plat.free.items():
             out.append(_param(scn, name, math.log(fp.lo), math.log(fp.hi), "free bounds"))
+    names = {p["name"] for p in added}
+    out = [p for p in out if p["name"] not in names] + added
     if not out:
-        raise SweepError(f"platform {plat.name}: no calibrated or free parameters to vary")
+        raise SweepError(f"platform {plat.name}: no calibrated or free parameters to vary (add --param)")
     return out
 
 
@@ -84,17 +96,22 @@ def _eval(job: tuple) -> dict[str, float]:
 def sensitivity(lever: str, method: str = "morris", n: int | None = None, seeds: int = 1,
                 sets: Sequence[str] = (), sigmas: float = 2.0, num_levels: int = 4,
                 executor: str = "local", workers: int | None = None, address: str | None = None,
-                rng_seed: int = 0, progress: bool = False) -> dict[str, Any]:
+                rng_seed: int = 0, progress: bool = False, params: Sequence[str] = (),
+                params_only: bool = False) -> dict[str, Any]:
     """Sensitivity of ``lever``'s predicted delta (per op) to the platform parameters."""
     if method not in ("morris", "sobol"):
         raise SweepError(f"--method: '{method}': expected morris or sobol")
     if seeds < 1:
         raise SweepError("--seeds: must be >= 1")
+    try:
+        import SALib  # noqa: F401
+    except ImportError:
+        raise SweepError("sensitivity: SALib is not installed (pip install -e '.[dist]')") from None
     lev = levers_mod.load_lever(lever)
     common, lever_only = pr.split_sets(lev, list(sets))
     base_scn = levers_mod.load_with_levers(lev.baseline, [], common)
     levers_mod.load_with_levers(lev.baseline, [lever], [*common, *lever_only])  # fail early
-    space = parameter_space(base_scn, sigmas)
+    space = parameter_space(base_scn, sigmas, params, params_only)
     problem = {"num_vars": len(space), "names": [p["name"] for p in space],
                "bounds": [[p["log_lo"], p["log_hi"]] for p in space]}
     if method == "morris":

@@ -396,6 +396,10 @@ def run_sweep(points: Sequence[Point], out: Path, executor: str = "local", worke
               progress: bool = True) -> dict[str, Any]:
     """Run the points not yet in ``out``; stream each finished point's rows into it."""
     ops_of = validate_points(points)
+    if executor not in ("local", "ray"):
+        raise SweepError(f"--executor: '{executor}': expected local or ray")
+    if executor == "ray":  # connect before the table is touched: a missing Ray writes nothing
+        ray_init(workers, address)
     table = Table(Path(out), columns(points), ops_of)
     todo = [p for p in points if p.key not in table.done]
     # a point listed twice (same key) runs once

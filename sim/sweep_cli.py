@@ -45,6 +45,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     s.add_argument("--levels", type=int, default=4, help="Morris grid levels")
     s.add_argument("--set", action="append", default=[], metavar="PATH=VALUE",
                    help="override on both sides (e.g. shrink the workload: workload.tokens_per_rank=32)")
+    s.add_argument("--param", action="append", default=[], metavar="PATH=LO:HI",
+                   help="also vary this platform parameter, log-uniform in [LO, HI] (e.g. gpu.fence_ns=500:3000)")
+    s.add_argument("--params-only", action="store_true",
+                   help="vary only the --param ranges, not the platform's calibrated/free ones")
     s.add_argument("--executor", choices=("local", "ray"), default="local")
     s.add_argument("--address")
     s.add_argument("--workers", type=int, default=None)
@@ -90,7 +94,8 @@ def main_sensitivity(args: argparse.Namespace) -> int:
     try:
         res = sa.sensitivity(args.lever, args.method, args.n, args.seeds, args.set, args.sigmas,
                              args.levels, args.executor, args.workers, args.address,
-                             progress=not args.no_progress and not args.json)
+                             progress=not args.no_progress and not args.json, params=args.param,
+                             params_only=args.params_only)
         if args.plot:
             sa.plot_sensitivity(res, Path(args.plot))
     except ModelError as e:

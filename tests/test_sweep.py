@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import csv
 import json
+import math
 import subprocess
 import sys
 from pathlib import Path
@@ -177,10 +178,14 @@ def test_cli_sweep_json_resume_and_plot(tmp_path):
 def test_sensitivity_ranks_an_untouched_parameter_at_zero():
     from sim.sensitivity import sensitivity
 
-    res = sensitivity("lazy-completion-dispatch", "morris", n=2, seeds=1, sets=TINY, workers=1)
-    assert res["evaluations"] == 2 * (len(res["space"]) + 1)
+    # the host proxy's post cost next to parameters the native put path does read
+    res = sensitivity("lazy-completion-dispatch", "morris", n=2, seeds=1, sets=TINY, workers=1,
+                      params=["proxy.host_post_ns=100:50000", "gpu.pcie_read_ns=300:20000",
+                              "gpu.fence_ns=100:20000", "fabric.base_latency_ns=1000:50000"],
+                      params_only=True)
+    assert res["evaluations"] == 2 * (4 + 1)
     rank = {r["name"]: r for r in res["ops"]["dispatch"]["ranking"]}
-    assert "proxy.host_post_ns" in rank                        # varied, from the platform's free bounds
+    assert set(rank) == {"proxy.host_post_ns", "gpu.pcie_read_ns", "gpu.fence_ns", "fabric.base_latency_ns"}
     # the native path never posts through the host proxy: its effect on the delta is exactly 0
     assert rank["proxy.host_post_ns"]["mu_star_us"] == 0.0
     top = res["ops"]["dispatch"]["ranking"][0]
@@ -190,3 +195,26 @@ def test_sensitivity_ranks_an_untouched_parameter_at_zero():
     assert res["ops"]["dispatch"]["delta_range_us"][0] < -1.0
     # the lever does not touch combine at all
     assert all(r["mu_star_us"] == 0.0 for r in res["ops"]["combine"]["ranking"])
+
+
+def test_parameter_space_calibrated_and_free():
+    from sim.params import Calibrated
+    from sim.sensitivity import parameter_space
+
+    scn = load_with_levers(SCN, [], TINY)
+    free = parameter_space(scn)
+    assert {p["name"] for p in free} == set(scn.platform.free)
+    for p in free:
+        fp = scn.platform.free[p["name"]]
+        assert (p["lo"], p["hi"]) == pytest.approx((fp.lo, fp.hi))
+    scn.platform.calibrated = Calibrated(names=["gpu.fence_ns", "platform.nic.max_batch"],
+                                         log_mean=[7.0, 2.0], log_cov=[[0.04, 0.0], [0.0, 0.25]])
+    cal = {p["name"]: p for p in parameter_space(scn, sigmas=2.0)}
+    assert set(cal) == {"gpu.fence_ns", "nic.max_batch"}
+    assert (cal["gpu.fence_ns"]["lo"], cal["gpu.fence_ns"]["hi"]) == pytest.approx(
+        (math.exp(7.0 - 0.4), math.exp(7.0 + 0.4)))
+    assert cal["nic.max_batch"]["integer"] and not cal["gpu.fence_ns"]["integer"]
+    only = parameter_space(scn, extra=["proxy.host_post_ns=100:1000"], only_extra=True)
+    assert [p["name"] for p in only] == ["proxy.host_post_ns"]
+    with pytest.raises(sw.SweepError):
+        parameter_space(scn, extra=["gpu.no_such_ns=1:10"])

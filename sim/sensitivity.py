@@ -200,8 +200,13 @@ def plot_sensitivity(res: dict[str, Any], out) -> None:
     for ax, op in zip(axs[0], ops, strict=False):
         rows = list(reversed(res["ops"][op]["ranking"]))
         err_key = "mu_star_conf_us" if res["method"] == "morris" else "ST_conf"
+        conf = [r.get(err_key, 0.0) for r in rows]
         ax.barh([r["name"] for r in rows], [r["score"] for r in rows],
-                xerr=[r.get(err_key, 0.0) for r in rows], color="tab:blue", alpha=0.8)
+                xerr=[[min(c, max(r["score"], 0.0)) for c, r in zip(conf, rows, strict=True)], conf],
+                color="tab:blue", alpha=0.8)
+        if all(r["score"] == 0.0 for r in rows):
+            ax.text(0.5, 0.5, "the delta does not move:\nevery effect is 0", ha="center", va="center",
+                    transform=ax.transAxes, color="0.4")
         ax.set_title(f"{op}: delta {res['ops'][op]['delta_mean_us']:+.2f} us")
         ax.set_xlabel("mu* (us)" if res["method"] == "morris" else "total Sobol index ST")
         ax.grid(axis="x", alpha=0.3)

@@ -20,9 +20,7 @@ REGISTRARS = [
     "sim.sweep_cli",
 ]
 
-
-class UserError(Exception):
-    """An error whose message is the whole story: printed as one line, exit 2."""
+from lever.errors import UserError  # noqa: F401  (re-exported: subcommands raise lever.cli.UserError)
 
 
 def build_parser() -> argparse.ArgumentParser:

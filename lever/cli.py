@@ -11,6 +11,8 @@ import argparse
 import importlib
 import sys
 
+from lever.errors import UserError  # re-exported: subcommands raise lever.cli.UserError
+
 # Modules that contribute subcommands, in help order.
 REGISTRARS = [
     "sim.cli",
@@ -19,8 +21,6 @@ REGISTRARS = [
     "sim.predict_cli",
     "sim.sweep_cli",
 ]
-
-from lever.errors import UserError  # noqa: F401  (re-exported: subcommands raise lever.cli.UserError)
 
 
 def build_parser() -> argparse.ArgumentParser:

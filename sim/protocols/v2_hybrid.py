@@ -50,13 +50,14 @@ class _Shared:
         self.C = C
         # per source rank s, channel c, dest node m: list of tokens (in order)
         self.stream: dict[tuple[int, int, int], list[int]] = {}
-        self.final_expected = [0] * R  # tokens each rank must receive (token, rank) pairs
+        # expected_from[d][s]: tokens of source s that rank d must receive
+        self.expected_from: list[dict[int, int]] = [{} for _ in range(R)]
         for s in range(R):
             for t, nodes in enumerate(rt.dst_nodes[s]):
                 for m in nodes:
                     self.stream.setdefault((s, t % C, m), []).append(t)
                 for d in rt.dst_ranks[s][t]:
-                    self.final_expected[d] += 1
+                    self.expected_from[d][s] = self.expected_from[d].get(s, 0) + 1
 
     def rank(self, node: int, local: int) -> int:
         return node * self.rpn + local
@@ -148,21 +149,11 @@ def _dispatch_rank(w: World, r: int, sh: _Shared):
         yield from rcv.wait(("f", s), n_exp, "rx")
         arrived.add(1)
 
-    exp = _expected_from(w, r)
+    exp = sh.expected_from[r]
     procs += [env.process(watch(s, k)) for s, k in exp.items()]
     yield env.all_of(procs)
     yield from _node_barrier(w, r, sh, "dispatch")
     return env.now
-
-
-def _expected_from(w: World, r: int) -> dict[int, int]:
-    rt = w.routing
-    out: dict[int, int] = {}
-    for s in range(w.workload.ep_ranks):
-        k = sum(1 for dsts in rt.dst_ranks[s] if r in dsts)
-        if k:
-            out[s] = k
-    return out
 
 
 def _node_barrier(w: World, r: int, sh: _Shared, what: str):

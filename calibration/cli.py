@@ -21,7 +21,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="base platform (its values and [platform.free]) swapped into every record's "
                         "scenario; default: the platform of the first record's scenario")
     p.add_argument("--seeds", type=int, default=1, help="common random numbers: seeds 0..N-1")
-    p.add_argument("--max-nfev", type=int, default=8, help="least-squares function evaluations")
+    p.add_argument("--max-nfev", type=int, default=10, help="least-squares function evaluations")
     p.add_argument("--workers", type=int, default=None, help="processes (default: all cores)")
     p.add_argument("--json", action="store_true", help="print one JSON object on stdout")
     p.set_defaults(func=main_calibrate)
@@ -117,7 +117,8 @@ def main_calibrate(args: argparse.Namespace) -> int:
             raise UserError(str(e)) from None
     name = out.stem
     cal = calibrated_platform(plat, res, recs, name)
-    cmd = "lever calibrate " + " ".join(args.records) + f" --out {args.out} --seeds {args.seeds}"
+    cmd = ("lever calibrate " + " ".join(args.records) + f" --out {args.out} --seeds {args.seeds}"
+           + f" --max-nfev {args.max_nfev}" + (f" --platform {args.platform}" if args.platform else ""))
     header = (f"{name}: written by `{cmd}`\n"
               f"{len(res.names)} free parameters, {res.evaluations} model evaluations, "
               f"{res.wall_s:.0f} s; do not edit by hand, re-run the command")

@@ -10,6 +10,12 @@
 #pragma once
 #include <stdint.h>
 
+#if defined(__CUDACC__)
+#define EMU_HD __host__ __device__ __forceinline__
+#else
+#define EMU_HD inline
+#endif
+
 namespace emu {
 
 // ---- EFA IO definitions (TX WQE 64 B, CQE 16 B) ---------------------------
@@ -118,6 +124,8 @@ enum ErrCode : uint32_t {
   ERR_TIMEOUT_WORLD = 10,       // cross-GPU start barrier
   ERR_NIC_TABLE = 11,           // NIC in-flight table overflow (should not happen)
   ERR_ABORTED = 12,
+  ERR_TIMEOUT_TURN = 13,        // issuer waited for its doorbell turn on a shared QP
+  ERR_TIMEOUT_PROXY = 14,       // issuer waited for proxy ring space / proxy completions
 };
 // err record: [0] code, [1] rank, [2] expert/qp, [3] counter seen, [4] expected, [5] aux
 constexpr int ERR_WORDS = 8;
@@ -136,6 +144,9 @@ enum Stat : int {
   ST_LOCKS = 9,
   ST_CREDIT_POLLS = 10,
   ST_REORDERED = 11,   // packets landing before an earlier-posted packet of the same QP
+  ST_TURN_WAITS = 12,  // doorbell turns that had to wait for an earlier slot's doorbell
+  ST_DESCS = 13,       // proxy descriptors published
+  ST_RING_FULL = 14,   // proxy: ring-space polls (host memory reads)
   ST_NUM = 16,
 };
 
@@ -144,6 +155,7 @@ enum Stat : int {
 enum ProfKind : uint32_t {
   PK_PUT = 1,        // one post group: t0 start, lock, credit, wqe, fence, doorbell, unlock(end)=w7 packs n
   PK_PHASE = 2,      // w1 = phase id, w2 = begin, w3 = end
+  PK_PUT_PROXY = 3,  // proxy post group: w1 0, credit, descriptor stores, fence, ring-space wait, n, total
 };
 enum PhaseId : uint32_t {
   PH_LAYOUT = 1,     // count/slot computation (compute)
@@ -173,6 +185,7 @@ struct EpFlags {
   int batched_tail;     // provider batched tail: signals posted as one span, one doorbell
   int prof_period;      // sample one post group in N (0 = profiler off)
   int proxy;            // 1: warps hand descriptors to host proxy threads
+  int cached;           // cached dispatch: reuse the layout handle, no count exchange
 };
 
 // ---- per-rank tables --------------------------------------------------------
@@ -185,13 +198,12 @@ struct RankPeer {  // addresses on rank r's GPU that remote NICs write to
   unsigned int* rx_tail;        // [n_rxcq]
 };
 
-struct QpIssuer {  // issuer-side QP state (protected by lock unless owned); 128 B
-  unsigned int lock;
-  unsigned int pc;          // WQEs written (producer)
-  unsigned int rung;        // producer value last written to the doorbell
-  unsigned int cq_ci;       // CQEs consumed
-  unsigned int unrung;      // WQEs written but not rung (aggregation)
-  unsigned int pad[27];
+struct QpIssuer {  // issuer-side QP state, shared by the warps posting on it; 128 B
+  unsigned int resv;        // slots reserved (atomicAdd: the producer counter)
+  unsigned int turn;        // slots whose doorbell turn has passed (slot order across CTAs)
+  unsigned int db_last;     // producer value last written to the doorbell
+  unsigned int cq_ci;       // CQEs consumed (CAS-advanced by any poller)
+  unsigned int pad[28];
 };
 struct NicQp {  // NIC-side QP state; 128 B
   unsigned int ci;          // WQEs consumed from the SQ
@@ -234,14 +246,17 @@ struct RankLocal {
   efa_io_tx_cdesc* cq;       // [nq][sq_depth]
   unsigned int* db;          // [nq*32] doorbell words (stride 32)
   NicQp* nicqp;              // [nq]
-  unsigned char* nic_rem;    // [nq][sq_depth] packets outstanding per WQE
+  int* nic_rem;              // [nq][sq_depth] packets outstanding per WQE
+  int* hcount;               // [E_local][R] cached-dispatch handle: counts of the last full dispatch
   unsigned int* bar;         // [4] rank barrier counter
   unsigned long long* prof;  // [prof_cap][8]
   unsigned int* prof_n;      // [1]
-  // proxy path
-  ProxyDesc* pring;          // [nq][ring_depth] pinned host
-  unsigned long long* pprod; // [nq] pinned host: descriptors produced
-  unsigned long long* pdone; // [nq] pinned host: completions seen by the proxy
+  // proxy path (all pinned host memory, mapped into the GPU)
+  ProxyDesc* pring;          // [nq][ring_depth] descriptor rings
+  unsigned long long* pstate;// [nq][16]: [0] consumer index (descriptors taken), [8] completions seen
+  efa_io_tx_wqe* psq;        // [nq][sq_depth] the proxy's send queues (NIC reads them over PCIe)
+  efa_io_tx_cdesc* pcq;      // [nq][sq_depth] the proxy's completion queues (NIC writes them)
+  unsigned int* pdb;         // [nq*32] the proxy's doorbells
 };
 
 struct Fabric {  // [platform.fabric] + [platform.nic] + [platform.receiver], ns
@@ -273,6 +288,28 @@ struct World {
   int prof_cap;
   Fabric fab;
 };
+
+// WQE word wd (0..7) of an RDMA write; used by the GPU issuers and the host proxy.
+EMU_HD unsigned long long wqe_word(unsigned long long laddr, unsigned long long raddr, unsigned len,
+                                   unsigned imm, unsigned dest, unsigned dqp, unsigned has_imm, int wd,
+                                   unsigned idx, int depth, int src_rank) {
+  unsigned phase = ((idx / (unsigned)depth) & 1u) ^ 1u;
+  switch (wd) {
+    case 0: {
+      unsigned long long ctrl1 = (unsigned long long)(EFA_IO_RDMA_WRITE | (has_imm ? META_HAS_IMM : 0) | META_META_DESC);
+      unsigned long long ctrl2 = (unsigned long long)(phase | META_FIRST | META_LAST | META_COMP_REQ);
+      return (unsigned long long)(idx & 0xffffu) | (ctrl1 << 16) | (ctrl2 << 24) |
+             ((unsigned long long)dqp << 32) | (1ull << 48);
+    }
+    case 1: return (unsigned long long)imm | ((unsigned long long)dest << 32);
+    case 2: return 0ull;
+    case 3: return (unsigned long long)(idx >> 16) << 16;
+    case 4: return (unsigned long long)len | ((unsigned long long)(RKEY_BASE | dest) << 32);
+    case 5: return raddr;
+    case 6: return (unsigned long long)len | ((unsigned long long)(LKEY_BASE | (unsigned)src_rank) << 32);
+    default: return laddr;
+  }
+}
 
 }  // namespace emu
 

@@ -22,9 +22,7 @@
 using namespace emu;
 
 #define MAXW 8      // warps per block at most
-#define TAB 128     // NIC in-flight entries per warp
 #define MAXG 16     // post group (doorbell batch / span) at most
-#define MAXQW 8     // QPs one NIC warp can own
 
 namespace {
 
@@ -131,8 +129,11 @@ __device__ float flight_ns(const Fabric& f, Rng& r) {
 }
 
 // ------------------------------------------------------------ rank barrier
+__device__ __forceinline__ void ep_sync(const World& w) {
+  asm volatile("bar.sync 1, %0;" ::"r"(w.ep_warps * 32) : "memory");
+}
 __device__ bool rank_barrier(const World& w, const RankLocal& L, int& nbar, int rank) {
-  __syncthreads();
+  ep_sync(w);
   ++nbar;
   if (threadIdx.x == 0) {
     __threadfence();
@@ -147,7 +148,7 @@ __device__ bool rank_barrier(const World& w, const RankLocal& L, int& nbar, int 
       }
     }
   }
-  __syncthreads();
+  ep_sync(w);
   return !aborted(w);
 }
 
@@ -180,6 +181,14 @@ struct PhaseTimer {
 };
 
 // ------------------------------------------------------------ the issuer
+// Native path (the EFA-GDA shape): a warp reserves SQ slots with one atomic on
+// the QP's producer counter, polls the CQ for credit (unless lazy), stores its
+// WQEs and fences - all in parallel with the other warps of a shared QP - and
+// only the doorbell waits for its turn: doorbells ring in slot order across
+// CTAs (QpIssuer::turn), so the NIC never sees a producer value that covers an
+// unwritten WQE. Proxy path: the same reservation, but the warp writes 128 B
+// descriptors into the QP's pinned host ring and publishes each one with its
+// sequence number; host proxy threads consume the ring in order.
 struct Put {
   unsigned long long laddr, raddr;
   unsigned len, imm;
@@ -189,232 +198,302 @@ struct Put {
 
 struct Issuer {
   int qp;
-  bool shared;
   int npend;
   int group;          // WQEs per post group
   unsigned groups;    // for sampling
   unsigned credit_ctr;
-  unsigned long long n_wqe, n_db, n_fence, n_lock, n_poll;
+  unsigned long long pcons;  // proxy: cached consumer index of the ring
+  unsigned long long n_wqe, n_db, n_fence, n_lock, n_poll, n_turnwait, n_ringpoll, n_desc;
 };
 
-__device__ __forceinline__ unsigned long long wqe_word(const Put& p, int wd, unsigned idx,
-                                                       int depth, int src_rank) {
-  unsigned phase = ((idx / (unsigned)depth) & 1u) ^ 1u;
-  switch (wd) {
-    case 0: {
-      unsigned long long ctrl1 =
-          (unsigned long long)(EFA_IO_RDMA_WRITE | (p.has_imm ? META_HAS_IMM : 0) | META_META_DESC);
-      unsigned long long ctrl2 = (unsigned long long)(phase | META_FIRST | META_LAST | META_COMP_REQ);
-      return (unsigned long long)(idx & 0xffffu) | (ctrl1 << 16) | (ctrl2 << 24) |
-             ((unsigned long long)p.dqp << 32) | (1ull << 48);
-    }
-    case 1:
-      return (unsigned long long)p.imm | ((unsigned long long)p.dest << 32);
-    case 2:
-      return 0ull;  // qkey, reserved2[0..3]
-    case 3:
-      return (unsigned long long)(idx >> 16) << 16;  // reserved2[4..5], req_id_ex
-    case 4:
-      return (unsigned long long)p.len | ((unsigned long long)(RKEY_BASE | p.dest) << 32);
-    case 5:
-      return p.raddr;
-    case 6:
-      return (unsigned long long)p.len | ((unsigned long long)(LKEY_BASE | (unsigned)src_rank) << 32);
-    default:
-      return p.laddr;
-  }
+__device__ __forceinline__ unsigned long long put_word(const Put& p, int wd, unsigned idx, int depth,
+                                                       int src_rank) {
+  return wqe_word(p.laddr, p.raddr, p.len, p.imm, p.dest, p.dqp, p.has_imm, wd, idx, depth, src_rank);
 }
 
-// Consume available send CQEs of a QP (at least one poll); wait until
-// cq_ci >= need. Returns false on timeout/abort. Lane 0 only.
-__device__ bool drain_cq(const World& w, const RankLocal& L, int qp, unsigned& cq_ci,
-                         unsigned need, unsigned long long& polls) {
+// Consume available send CQEs of a shared QP (at least one poll) until
+// cq_ci >= need; any warp may advance the consumer index (CAS). Lane 0 only.
+__device__ bool cq_poll(const World& w, const RankLocal& L, int qp, unsigned need,
+                        unsigned long long& polls) {
+  QpIssuer* Q = L.qps + qp;
   const efa_io_tx_cdesc* cq = L.cq + (size_t)qp * w.sq_depth;
+  const unsigned depth = (unsigned)w.sq_depth;
   unsigned long long t0 = gtime();
   while (true) {
-    unsigned slot = cq_ci % (unsigned)w.sq_depth;
-    unsigned phase = ((cq_ci / (unsigned)w.sq_depth) & 1u) ^ 1u;
-    uint4 v = ld_vol_v4(&cq[slot]);
+    unsigned ci = ld_vol32(&Q->cq_ci);
+    uint4 v = ld_vol_v4(&cq[ci % depth]);
     ++polls;
+    unsigned phase = ((ci / depth) & 1u) ^ 1u;
     unsigned flags = (v.x >> 24) & 0xffu;
     if ((flags & CDESC_PHASE) == phase) {
-      unsigned status = (v.x >> 16) & 0xffu;
-      if (status != 0u) {
-        raise_err(w, ERR_BAD_CQE, L.rank, qp, cq_ci, status, 0);
+      if (((v.x >> 16) & 0xffu) != 0u) {
+        raise_err(w, ERR_BAD_CQE, L.rank, qp, ci, (v.x >> 16) & 0xffu, 0);
         return false;
       }
-      ++cq_ci;
+      atomicCAS(&Q->cq_ci, ci, ci + 1u);
       continue;
     }
-    if ((int)(cq_ci - need) >= 0) return true;
+    if ((int)(ci - need) >= 0) return true;
     if (timed_out(w, t0)) {
-      raise_err(w, ERR_TIMEOUT_CQ, L.rank, qp, cq_ci, need, 0);
+      raise_err(w, ERR_TIMEOUT_CQ, L.rank, qp, ci, need, 0);
       return false;
     }
   }
 }
 
+// proxy: completions the host proxy counted for this QP (pinned host memory)
+__device__ __forceinline__ unsigned long long* proxy_done(const RankLocal& L, int qp) {
+  return L.pstate + (size_t)qp * 16 + 8;
+}
+__device__ __forceinline__ unsigned long long* proxy_cons(const RankLocal& L, int qp) {
+  return L.pstate + (size_t)qp * 16;
+}
+__device__ bool proxy_wait(const World& w, const RankLocal& L, const unsigned long long* p,
+                           unsigned long long need, int qp, int what, unsigned long long& polls,
+                           unsigned long long* seen) {
+  unsigned long long t0 = gtime(), v;
+  while (true) {
+    v = ld_acq64(p);
+    ++polls;
+    if (v >= need) break;
+    if (timed_out(w, t0)) {
+      raise_err(w, ERR_TIMEOUT_PROXY, L.rank, qp, (long long)v, (long long)need, what);
+      return false;
+    }
+  }
+  if (seen) *seen = v;
+  return true;
+}
+
 __device__ __forceinline__ void fence_all() { __threadfence_system(); }
 
-// Post the warp's pending WQEs (s_pend) on its QP: lock (shared QPs), credit
-// check (unless lazy), WQE stores, fence, doorbell; profiled when sampled.
+__device__ bool post_proxy(const World& w, const RankLocal& L, const EpFlags& f, Issuer& is,
+                           Put* pend, int op, int warp_global) {
+  const int lane = lane_id();
+  const int n = is.npend;
+  bool sample = f.prof_period > 0 && (is.groups % (unsigned)f.prof_period) == 0u;
+  ++is.groups;
+  unsigned long long t0 = 0, tt = 0, acc_credit = 0, acc_wqe = 0, acc_fence = 0, acc_ring = 0;
+  if (sample && lane == 0) t0 = gtime();
+  QpIssuer* Q = L.qps + is.qp;
+  unsigned slot = 0;
+  if (lane == 0) slot = atomicAdd(&Q->resv, (unsigned)n);
+  slot = __shfl_sync(0xffffffffu, slot, 0);
+  bool ok = true;
+  const unsigned long long rd = (unsigned long long)w.ring_depth;
+  // credit: completions the proxy reported must leave room in the NIC's SQ
+  if (!f.lazy) {
+    if (sample && lane == 0) tt = gtime();
+    if (lane == 0) {
+      long long need = (long long)slot + n - w.sq_depth;
+      ok = proxy_wait(w, L, proxy_done(L, is.qp), need > 0 ? (unsigned long long)need : 0ull, is.qp, 1,
+                      is.n_poll, nullptr);
+    }
+    ok = __shfl_sync(0xffffffffu, ok, 0);
+    if (sample && lane == 0) acc_credit += gtime() - tt;
+    if (!ok) return false;
+  }
+  // ring space: the host consumer index (cached; re-read only when the ring looks full)
+  if (sample && lane == 0) tt = gtime();
+  if (lane == 0 && (unsigned long long)slot + n > is.pcons + rd) {
+    ok = proxy_wait(w, L, proxy_cons(L, is.qp), (unsigned long long)slot + n - rd, is.qp, 2, is.n_ringpoll,
+                    &is.pcons);
+  }
+  ok = __shfl_sync(0xffffffffu, ok, 0);
+  if (sample && lane == 0) acc_ring += gtime() - tt;
+  if (!ok) return false;
+  // descriptor stores (lanes 0..15 write 8 B words 1..15 of each 128 B descriptor)
+  if (sample && lane == 0) tt = gtime();
+  ProxyDesc* ring = L.pring + (size_t)is.qp * w.ring_depth;
+  for (int j = 0; j < n; ++j) {
+    ProxyDesc* d = ring + ((slot + j) % (unsigned)w.ring_depth);
+    const Put& p = pend[j];
+    unsigned long long* dw = reinterpret_cast<unsigned long long*>(d);
+    if (lane >= 1 && lane < 5) {
+      unsigned long long v = lane == 1 ? p.laddr : lane == 2 ? p.raddr
+                           : lane == 3 ? ((unsigned long long)p.len | ((unsigned long long)p.imm << 32))
+                           : ((unsigned long long)p.dest | ((unsigned long long)p.dqp << 16) |
+                              ((unsigned long long)p.has_imm << 32) | ((unsigned long long)is.qp << 48));
+      dw[lane] = v;
+    }
+  }
+  __syncwarp();
+  if (sample && lane == 0) { unsigned long long x = gtime(); acc_wqe += x - tt; tt = x; }
+  fence_all();
+  if (sample && lane == 0) { unsigned long long x = gtime(); acc_fence += x - tt; tt = x; }
+  // publish: the sequence word last (the host polls it)
+  if (lane < n) {
+    ProxyDesc* d = ring + ((slot + lane) % (unsigned)w.ring_depth);
+    asm volatile("st.relaxed.sys.global.u64 [%0], %1;" ::"l"(&d->seq), "l"((unsigned long long)slot + lane + 1ull)
+                 : "memory");
+  }
+  __syncwarp();
+  if (sample && lane == 0) acc_wqe += gtime() - tt;
+  is.n_desc += n;
+  ++is.n_fence;
+  if (sample && lane == 0) {
+    unsigned long long t1 = gtime();
+    prof_row(w, L, prof_hdr(PK_PUT_PROXY, op, L.rank, warp_global), 0, acc_credit, acc_wqe, acc_fence,
+             acc_ring, (unsigned long long)n, t1 - t0);
+  }
+  is.npend = 0;
+  return true;
+}
+
+// Post the warp's pending WQEs on its QP (native): reserve slots, credit
+// check (unless lazy), WQE stores, fence, doorbell turn, doorbell.
 __device__ bool post_group(const World& w, const RankLocal& L, const EpFlags& f, Issuer& is,
                            Put* pend, int op, int warp_global, bool final_ring) {
   const int lane = lane_id();
   const int n = is.npend;
-  if (n == 0 && !final_ring) return true;
+  if (n == 0) return true;
+  if (f.proxy) return post_proxy(w, L, f, is, pend, op, warp_global);
   bool sample = f.prof_period > 0 && (is.groups % (unsigned)f.prof_period) == 0u;
   ++is.groups;
-  unsigned long long t[7] = {0, 0, 0, 0, 0, 0, 0};
-  unsigned long long acc_credit = 0, acc_wqe = 0, acc_fence = 0, acc_db = 0, tt = 0;
-  if (sample && lane == 0) t[0] = gtime();
+  unsigned long long t0 = 0, tt = 0, acc_lock = 0, acc_credit = 0, acc_wqe = 0, acc_fence = 0, acc_db = 0;
+  if (sample && lane == 0) t0 = gtime();
   QpIssuer* Q = L.qps + is.qp;
-  bool ok = true;
-  if (is.shared) {
-    if (lane == 0) {
-      unsigned long long t0 = gtime();
-      while (atomicCAS(&Q->lock, 0u, 1u) != 0u) {
-        if (timed_out(w, t0)) {
-          raise_err(w, ERR_TIMEOUT_LOCK, L.rank, is.qp, 0, 0, warp_global);
-          ok = false;
-          break;
-        }
-      }
-      __threadfence();
-      ++is.n_lock;
-    }
-    ok = __shfl_sync(0xffffffffu, ok, 0);
-    if (!ok) return false;
-  }
-  if (sample && lane == 0) t[1] = gtime();
-  volatile QpIssuer* VQ = Q;
-  unsigned pc = VQ->pc, cq_ci = VQ->cq_ci, unrung = VQ->unrung, rung = VQ->rung;
   const unsigned depth = (unsigned)w.sq_depth;
   efa_io_tx_wqe* sq = L.sq + (size_t)is.qp * depth;
   unsigned* db = L.db + is.qp * 32;
-  const bool lazy = f.lazy != 0;
-  const int B = f.db_batch < 1 ? 1 : f.db_batch;
-  auto ring = [&](unsigned upto) {
-    if (sample && lane == 0) tt = gtime();
-    fence_all();
-    if (sample && lane == 0) { unsigned long long x = gtime(); acc_fence += x - tt; tt = x; }
-    if (lane == 0) st_relaxed32(db, upto & 0xffffu);
-    rung = upto;
-    if (sample && lane == 0) acc_db += gtime() - tt;
-    ++is.n_fence;
-    ++is.n_db;
-  };
-  if (f.span > 1 && n > 0) {
+  bool ok = true;
+  unsigned slot = 0;
+  if (lane == 0) slot = atomicAdd(&Q->resv, (unsigned)n);  // slot reservation: the only RMW
+  slot = __shfl_sync(0xffffffffu, slot, 0);
+  if (sample && lane == 0) { tt = gtime(); acc_lock += tt - t0; }
+  const int ce = f.credit_every < 1 ? 1 : f.credit_every;
+  if (f.span > 1) {
     // put_many: one credit check for the span, lanes write 4 WQEs per store
-    if (!lazy) {
+    if (!f.lazy) {
       if (sample && lane == 0) tt = gtime();
-      if (lane == 0) ok = drain_cq(w, L, is.qp, cq_ci, pc + n - depth, is.n_poll);
+      if (lane == 0) ok = cq_poll(w, L, is.qp, slot + n - depth, is.n_poll);
       ok = __shfl_sync(0xffffffffu, ok, 0);
       if (sample && lane == 0) acc_credit += gtime() - tt;
       if (!ok) return false;
     }
     if (sample && lane == 0) tt = gtime();
     for (int j = lane >> 3; j < n; j += 4) {
-      unsigned idx = pc + j;
+      unsigned idx = slot + j;
       unsigned long long* dst = reinterpret_cast<unsigned long long*>(&sq[idx % depth]);
-      dst[lane & 7] = wqe_word(pend[j], lane & 7, idx, depth, L.rank);
+      dst[lane & 7] = put_word(pend[j], lane & 7, idx, depth, L.rank);
     }
     __syncwarp();
     if (sample && lane == 0) acc_wqe += gtime() - tt;
-    pc += n;
-    is.n_wqe += n;
-    unrung += n;
-    if (f.agg > 0) {
-      if ((int)unrung >= f.agg) { ring(pc); unrung = 0; }
-    } else {
-      ring(pc);
-      unrung = 0;
-    }
   } else {
     for (int i = 0; i < n; ++i) {
-      if (!lazy && (is.credit_ctr++ % (unsigned)(f.credit_every < 1 ? 1 : f.credit_every)) == 0u) {
+      if (!f.lazy && (is.credit_ctr++ % (unsigned)ce) == 0u) {
         if (sample && lane == 0) tt = gtime();
-        if (lane == 0) ok = drain_cq(w, L, is.qp, cq_ci, pc + 1 - depth, is.n_poll);
+        if (lane == 0) ok = cq_poll(w, L, is.qp, slot + i + 1 - depth, is.n_poll);
         ok = __shfl_sync(0xffffffffu, ok, 0);
         if (sample && lane == 0) acc_credit += gtime() - tt;
         if (!ok) return false;
       }
       if (sample && lane == 0) tt = gtime();
       if (lane < 8) {
-        unsigned long long* dst = reinterpret_cast<unsigned long long*>(&sq[pc % depth]);
-        dst[lane] = wqe_word(pend[i], lane, pc, depth, L.rank);
+        unsigned long long* dst = reinterpret_cast<unsigned long long*>(&sq[(slot + i) % depth]);
+        dst[lane] = put_word(pend[i], lane, slot + i, depth, L.rank);
       }
       __syncwarp();
       if (sample && lane == 0) acc_wqe += gtime() - tt;
-      ++pc;
-      ++is.n_wqe;
-      ++unrung;
-      if (f.agg > 0) {
-        if ((int)unrung >= f.agg) { ring(pc); unrung = 0; }
-      } else if ((int)unrung >= B) {
-        ring(pc);
-        unrung = 0;
-      }
     }
   }
-  if (final_ring && unrung > 0) { ring(pc); unrung = 0; }
+  is.n_wqe += n;
+  const bool agg = f.agg > 0;
+  if (!agg) {  // the fence after the WQE stores runs in parallel across warps
+    if (sample && lane == 0) tt = gtime();
+    fence_all();
+    ++is.n_fence;
+    if (sample && lane == 0) acc_fence += gtime() - tt;
+  } else {
+    __threadfence();  // WQE stores before the turn hand-off (gpu scope, no system fence)
+  }
+  // doorbell turn: wait until every earlier slot's doorbell went out
+  if (sample && lane == 0) tt = gtime();
   if (lane == 0) {
-    VQ->pc = pc;
-    VQ->cq_ci = cq_ci;
-    VQ->unrung = unrung;
-    VQ->rung = rung;
+    unsigned long long tw = gtime();
+    unsigned v = ld_acq32(&Q->turn);
+    if (v != slot) ++is.n_turnwait;
+    while (v != slot) {
+      if (timed_out(w, tw)) {
+        raise_err(w, ERR_TIMEOUT_TURN, L.rank, is.qp, v, slot, warp_global);
+        ok = false;
+        break;
+      }
+      v = ld_acq32(&Q->turn);
+    }
+  }
+  ok = __shfl_sync(0xffffffffu, ok, 0);
+  if (sample && lane == 0) acc_lock += gtime() - tt;
+  if (!ok) return false;
+  const unsigned end = slot + (unsigned)n;
+  if (lane == 0) {
+    bool ring = true;
+    if (agg) {
+      unsigned last = ld_vol32(&Q->db_last);
+      ring = final_ring || (int)(end - last) >= f.agg;
+      if (ring) {
+        if (sample) tt = gtime();
+        fence_all();  // one system fence covers every warp's WQEs up to end (release chain)
+        ++is.n_fence;
+        if (sample) acc_fence += gtime() - tt;
+      }
+    }
+    if (sample) tt = gtime();
+    if (ring) {
+      st_relaxed32(db, end & 0xffffu);
+      *reinterpret_cast<volatile unsigned*>(&Q->db_last) = end;
+      ++is.n_db;
+    }
+    asm volatile("st.release.gpu.global.u32 [%0], %1;" ::"l"(&Q->turn), "r"(end) : "memory");
+    if (sample) acc_db += gtime() - tt;
   }
   __syncwarp();
-  if (sample && lane == 0) t[5] = gtime();
-  if (is.shared && lane == 0) {
-    __threadfence();
-    atomicExch(&Q->lock, 0u);
-  }
   if (sample && lane == 0) {
-    t[6] = gtime();
-    // row: lock_ns, credit_ns, wqe_ns, fence_ns, doorbell_ns, n_wqe, total_ns
-    unsigned long long lock_ns = (t[1] - t[0]) + (t[6] - t[5]);
-    prof_row(w, L, prof_hdr(PK_PUT, op, L.rank, warp_global), lock_ns, acc_credit, acc_wqe,
-             acc_fence, acc_db, (unsigned long long)n, t[6] - t[0]);
+    unsigned long long t1 = gtime();
+    prof_row(w, L, prof_hdr(PK_PUT, op, L.rank, warp_global), acc_lock, acc_credit, acc_wqe, acc_fence,
+             acc_db, (unsigned long long)n, t1 - t0);
   }
   is.npend = 0;
   return true;
 }
 
+// Queue one put; post a full group. With deferred aggregation one put is held
+// back so the warp's last group (posted with final_ring) is never empty.
 __device__ __forceinline__ bool issue(const World& w, const RankLocal& L, const EpFlags& f,
                                       Issuer& is, Put* pend, const Put& p, int op, int wg) {
+  const bool hold = f.agg > 0 && !f.proxy;
+  if (hold && is.npend >= is.group) {
+    if (!post_group(w, L, f, is, pend, op, wg, false)) return false;
+  }
   if (lane_id() == 0) pend[is.npend] = p;
   __syncwarp();
   ++is.npend;
-  if (is.npend >= is.group) return post_group(w, L, f, is, pend, op, wg, false);
+  if (!hold && is.npend >= is.group) return post_group(w, L, f, is, pend, op, wg, false);
   return true;
 }
 
-// ring anything un-rung and wait until every WQE of the QP completed
-__device__ bool flush_qp(const World& w, const RankLocal& L, int qp, Issuer& tmp) {
+// Every WQE of the QP rung and completed (after a rank barrier: nobody posts).
+__device__ bool flush_qp(const World& w, const RankLocal& L, const EpFlags& f, int qp, Issuer& tmp) {
   QpIssuer* Q = L.qps + qp;
-  volatile QpIssuer* VQ = Q;
   bool ok = true;
   if (lane_id() == 0) {
-    unsigned long long t0 = gtime();
-    while (atomicCAS(&Q->lock, 0u, 1u) != 0u) {
-      if (timed_out(w, t0)) { raise_err(w, ERR_TIMEOUT_LOCK, L.rank, qp, 0, 0, -1); ok = false; break; }
-    }
-    __threadfence();
-    if (ok) {
-      unsigned pc = VQ->pc, cq_ci = VQ->cq_ci;
-      if (VQ->rung != pc || VQ->unrung) {
+    unsigned resv = ld_vol32(&Q->resv);
+    if (f.proxy) {
+      ok = proxy_wait(w, L, proxy_done(L, qp), resv, qp, 3, tmp.n_poll, nullptr);
+    } else {
+      unsigned long long t0 = gtime();
+      unsigned v;
+      while ((v = ld_acq32(&Q->turn)) != resv) {
+        if (timed_out(w, t0)) { raise_err(w, ERR_TIMEOUT_TURN, L.rank, qp, v, resv, -1); ok = false; break; }
+      }
+      if (ok && ld_vol32(&Q->db_last) != resv) {
         __threadfence_system();
-        st_relaxed32(L.db + qp * 32, pc & 0xffffu);
-        VQ->rung = pc;
-        VQ->unrung = 0;
+        st_relaxed32(L.db + qp * 32, resv & 0xffffu);
+        *reinterpret_cast<volatile unsigned*>(&Q->db_last) = resv;
         ++tmp.n_db;
         ++tmp.n_fence;
       }
-      ok = drain_cq(w, L, qp, cq_ci, pc, tmp.n_poll);
-      VQ->cq_ci = cq_ci;
-      __threadfence();
-      atomicExch(&Q->lock, 0u);
+      if (ok) ok = cq_poll(w, L, qp, resv, tmp.n_poll);
     }
   }
   return __shfl_sync(0xffffffffu, ok, 0);
@@ -431,14 +510,10 @@ __device__ void setup_issuer(const World& w, const EpFlags& f, const EpCtx& e, I
   is.npend = 0;
   is.groups = 0;
   is.credit_ctr = 0;
-  is.n_wqe = is.n_db = is.n_fence = is.n_lock = is.n_poll = 0;
-  if (for_signal && f.notify_qp) {
-    is.qp = 0;
-    is.shared = true;
-  } else {
-    is.qp = e.qbase + (e.c % e.ndata);
-    is.shared = !(f.owned && e.c_issue <= e.ndata);
-  }
+  is.pcons = 0;
+  is.n_wqe = is.n_db = is.n_fence = is.n_lock = is.n_poll = is.n_turnwait = is.n_ringpoll = is.n_desc = 0;
+  if (for_signal && f.notify_qp) is.qp = 0;
+  else is.qp = e.qbase + (e.c % e.ndata);
   int g = f.db_batch < 1 ? 1 : f.db_batch;
   if (f.span > g) g = f.span;
   if (f.agg > 0 && f.span <= 1) g = 1;
@@ -453,6 +528,9 @@ __device__ void flush_stats(const World& w, const Issuer& is) {
   if (is.n_fence) atomicAdd(&w.stats[ST_FENCES], is.n_fence);
   if (is.n_lock) atomicAdd(&w.stats[ST_LOCKS], is.n_lock);
   if (is.n_poll) atomicAdd(&w.stats[ST_CREDIT_POLLS], is.n_poll);
+  if (is.n_turnwait) atomicAdd(&w.stats[ST_TURN_WAITS], is.n_turnwait);
+  if (is.n_ringpoll) atomicAdd(&w.stats[ST_RING_FULL], is.n_ringpoll);
+  if (is.n_desc) atomicAdd(&w.stats[ST_DESCS], is.n_desc);
 }
 
 // Signals: count messages (dispatch) / done flags (combine) after the data.
@@ -505,9 +583,9 @@ __device__ bool flush_rank(const World& w, const RankLocal& L, const EpFlags& f,
                            int& nbar) {
   if (!rank_barrier(w, L, nbar, e.rank)) return false;
   Issuer tmp;
-  tmp.n_wqe = tmp.n_db = tmp.n_fence = tmp.n_lock = tmp.n_poll = 0;
+  tmp.n_wqe = tmp.n_db = tmp.n_fence = tmp.n_lock = tmp.n_poll = tmp.n_turnwait = tmp.n_ringpoll = tmp.n_desc = 0;
   bool ok = true;
-  for (int q = e.c; q < e.nq && ok; q += e.C) ok = flush_qp(w, L, q, tmp);
+  for (int q = e.c; q < e.nq && ok; q += e.C) ok = flush_qp(w, L, f, q, tmp);
   flush_stats(w, tmp);
   if (!ok) return false;
   return rank_barrier(w, L, nbar, e.rank);
@@ -523,9 +601,12 @@ __device__ void dispatch_rank(const World& w, const EpFlags& f, const EpCtx& e, 
   PhaseTimer ph;
   const int wg = e.rank * 1024 + e.c;
 
-  // 0. layout: per global expert, deterministic slots in token order (+ counts)
+  // 0. layout: per global expert, deterministic slots in token order (+ counts);
+  //    cached dispatch reuses the previous call's slots (the layout handle)
+  const bool cached = f.cached != 0;
+  const bool imm = f.imm_counting || cached;
   ph.begin(prof);
-  for (int ge = e.c; ge < w.E; ge += e.C) {
+  for (int ge = e.c; ge < w.E && !cached; ge += e.C) {
     int base = 0;
     for (int t0 = 0; t0 < T; t0 += 32) {
       int t = t0 + lane;
@@ -540,7 +621,7 @@ __device__ void dispatch_rank(const World& w, const EpFlags& f, const EpCtx& e, 
     if (lane == 0) L.exp_count[ge] = base;
   }
   ph.end(w, L, PH_LAYOUT, 0, e.rank, wg);
-  if (!rank_barrier(w, L, nbar, e.rank)) return;
+  if (!cached && !rank_barrier(w, L, nbar, e.rank)) return;
 
   // 1. send: one RDMA write per (token, expert)
   Issuer is;
@@ -579,18 +660,18 @@ __device__ void dispatch_rank(const World& w, const EpFlags& f, const EpCtx& e, 
         p.imm = ((unsigned)e.rank << 16) | (unsigned)slot;
         p.dest = (unsigned short)dest;
         p.dqp = (unsigned short)le;
-        p.has_imm = f.imm_counting ? 1u : 0u;
+        p.has_imm = imm ? 1u : 0u;
         ok = issue(w, L, f, is, pend, p, 0, wg);
       }
     }
-    if (ok) ok = post_group(w, L, f, is, pend, 0, wg, !f.agg || f.imm_counting || f.ordered_unsafe);
+    if (ok) ok = post_group(w, L, f, is, pend, 0, wg, true);
   }
   flush_stats(w, is);
   if (!ok) return;
 
-  // 2. signal the per-(expert, source) counts
+  // 2. signal the per-(expert, source) counts (cached: none, the receiver knows them)
   ph.begin(prof);
-  if (f.imm_counting) {
+  if (imm) {
     // no flush: the receiver counts receive completions against the count
   } else if (f.ordered_unsafe) {
     if (!rank_barrier(w, L, nbar, e.rank)) return;
@@ -598,19 +679,22 @@ __device__ void dispatch_rank(const World& w, const EpFlags& f, const EpCtx& e, 
     if (!flush_rank(w, L, f, e, nbar)) return;
   }
   ph.end(w, L, PH_FLUSH, 0, e.rank, wg);
-  ph.begin(prof);
-  if (!post_signals(w, L, f, e, pend, 0, epoch, nbar)) return;
-  ph.end(w, L, PH_SIGNAL, 0, e.rank, wg);
+  if (!cached) {
+    ph.begin(prof);
+    if (!post_signals(w, L, f, e, pend, 0, epoch, nbar)) return;
+    ph.end(w, L, PH_SIGNAL, 0, e.rank, wg);
+  }
 
   // 3. receive: per local expert, per source rank
   for (int le = e.c; le < w.E_local; le += e.C) {
     const int ge = e.rank * w.E_local + le;
     int cnt_lane = 0;  // lane s holds the count from source s
     ph.begin(prof);
-    if (f.imm_counting) {
+    if (imm) {
       const efa_io_rx_cdesc* cq = w.peers[e.rank].rxcq + (size_t)le * w.rx_depth;
       unsigned head = L.rx_head[le];
       int got = 0, expect = -1;  // per lane (source = lane)
+      if (cached && lane < R) expect = L.hcount[le * R + lane];
       unsigned long long t0 = gtime();
       while (true) {
         bool done = lane >= R || (expect >= 0 && got == expect);
@@ -667,7 +751,10 @@ __device__ void dispatch_rank(const World& w, const EpFlags& f, const EpCtx& e, 
         if (m0 != (int)epoch || m1 != (STAMP_MAGIC | s) || !hit || tok < 0 || tok >= T) ++bad;
         L.out_src[(size_t)(le * R + s) * T + slot] = tok;
       }
-      if (lane == 0) L.out_count[le * R + s] = cnt;
+      if (lane == 0) {
+        L.out_count[le * R + s] = cnt;
+        L.hcount[le * R + s] = cnt;  // the layout handle a cached dispatch reuses
+      }
     }
     for (int o = 16; o; o >>= 1) bad += __shfl_xor_sync(0xffffffffu, bad, o);
     if (lane == 0 && bad) atomicAdd(&w.stats[ST_STAMP_BAD_DISPATCH], bad);
@@ -736,7 +823,7 @@ __device__ void combine_rank(const World& w, const EpFlags& f, const EpCtx& e, P
       }
       run += cnt;
     }
-    if (ok) ok = post_group(w, L, f, is, pend, 1, wg, !f.agg || f.imm_counting || f.ordered_unsafe);
+    if (ok) ok = post_group(w, L, f, is, pend, 1, wg, true);
   }
   flush_stats(w, is);
   if (!ok) return;
@@ -841,282 +928,436 @@ __device__ void combine_rank(const World& w, const EpFlags& f, const EpCtx& e, P
 }
 
 // ------------------------------------------------------------ NIC agent
-struct NicWarpState {
-  int nq;               // QPs owned
-  int qp[MAXQW];
+// One block per emulated EFA device. Every warp of the block delivers: the
+// block shares one packet table in shared memory (NP entries, each a packet,
+// a send completion or a receive completion with its due time), a warp claims
+// up to NCLAIM due entries at a time (CAS on the entry state), copies packets
+// with 16-byte loads/stores, issues one system fence for the batch and does the
+// bookkeeping. Fetching new WQEs is done by whichever warp wins a try-lock:
+// lanes load up to 32 WQEs of a QP at once (4 x 16 B each), validate them, and
+// schedule their packets on the NIC's serialiser (line rate) in SQ order, each
+// packet with its own path, jitter and losses (retransmit after the RTO).
+#define NP 512      // packet-table entries per NIC block
+#define NCLAIM 4    // entries a warp delivers per batch
+#define FETCH_MAXP 64
+
+enum : unsigned { ES_FREE = 0, ES_PENDING = 1, ES_CLAIMED = 2 };
+enum : unsigned { EK_DATA = 0, EK_SEND_CQE = 1, EK_RECV_CQE = 2 };
+
+struct NicShared {
+  unsigned long long due[NP];
+  unsigned long long src[NP];   // data: source address; recv CQE: time of the last packet
+  unsigned long long dst[NP];
+  unsigned len[NP];
+  unsigned wi[NP];              // WQE index (producer count) on its QP
+  unsigned imm[NP];
+  unsigned meta[NP];            // kind 0-1 | has_imm 2 | pkt 3-7 | q 8-15 | dest 16-23 | dqp 24-31
+  unsigned state[NP];
+  unsigned long long dep[FETCH_MAXP];
+  int eidx[FETCH_MAXP];
+  unsigned long long nic_free, last_wqe;
+  int nfree, inflight;
+  unsigned fetch_lock, cursor;
 };
 
-__device__ void nic_warp(const World& w, int lr, int nic, int wib,
-                         unsigned long long* due, unsigned long long* inf,
-                         unsigned long long* aux, unsigned short* freel, int& nfree,
-                         unsigned long long* nic_free, unsigned long long* last_wqe,
+__device__ __forceinline__ unsigned long long vld64(const unsigned long long* p) {
+  return *reinterpret_cast<const volatile unsigned long long*>(p);
+}
+__device__ __forceinline__ int ldvi(const int* p) { return *reinterpret_cast<const volatile int*>(p); }
+__device__ __forceinline__ unsigned vldu(const unsigned* p) {
+  return *reinterpret_cast<const volatile unsigned*>(p);
+}
+__device__ __forceinline__ void vst64(unsigned long long* p, unsigned long long v) {
+  *reinterpret_cast<volatile unsigned long long*>(p) = v;
+}
+__device__ __forceinline__ void vstu(unsigned* p, unsigned v) { *reinterpret_cast<volatile unsigned*>(p) = v; }
+
+struct NicCtx {
+  const RankLocal* L;
+  int nic, nics, nq;
+  unsigned depth;
+  bool proxy;
+  const efa_io_tx_wqe* sq;
+  efa_io_tx_cdesc* cq;
+  const unsigned* db;
+  unsigned long long seed;
+  unsigned long long n_pkt, n_retx, n_cqe, n_rx, n_reord, n_wqe;
+};
+
+__device__ __forceinline__ Rng pkt_rng(const NicCtx& c, int q, unsigned wi, unsigned p) {
+  Rng r;
+  r.s = mix64(c.seed ^ ((unsigned long long)c.L->rank << 52) ^ ((unsigned long long)q << 44) ^
+              ((unsigned long long)wi << 8) ^ (unsigned long long)p);
+  return r;
+}
+
+// Fetch new WQEs of every QP of this NIC (one warp at a time). Returns WQEs taken, -1 on error.
+__device__ int nic_fetch(const World& w, NicCtx& c, NicShared& S) {
+  const int lane = lane_id();
+  const Fabric& fb = w.fab;
+  const RankLocal& L = *c.L;
+  const unsigned depth = c.depth;
+  int taken_total = 0;
+  const float ns_per_byte = 8.f / fb.line_rate_gbps;
+  for (int q = c.nic; q < c.nq; q += c.nics) {
+    NicQp* NQ = L.nicqp + q;
+    unsigned ci = 0, dbv = 0;
+    if (lane == 0) {
+      ci = ld_vol32(&NQ->ci);
+      dbv = ld_acq32(c.db + q * 32) & 0xffffu;
+    }
+    ci = __shfl_sync(0xffffffffu, ci, 0);
+    dbv = __shfl_sync(0xffffffffu, dbv, 0);
+    unsigned pending = (dbv - ci) & 0xffffu;
+    while (pending > 0u) {
+      const int nw = pending < 32u ? (int)pending : 32;
+      // lane j parses WQE ci + j (4 x 16 B loads; from host memory on the proxy path)
+      unsigned long long laddr = 0, raddr = 0;
+      unsigned len = 0, imm = 0, dest = 0, dqp = 0, has_imm = 0;
+      int npk = 0;
+      bool bad = false;
+      const unsigned idx = ci + (unsigned)lane;
+      if (lane < nw) {
+        const efa_io_tx_wqe* slotp = c.sq + (size_t)q * depth + (idx % depth);
+        uint4 raw[4];
+#pragma unroll
+        for (int j = 0; j < 4; ++j) raw[j] = ld_vol_v4(reinterpret_cast<const uint4*>(slotp) + j);
+        efa_io_tx_wqe wq;
+        memcpy(&wq, raw, 64);
+        const unsigned phase = ((idx / depth) & 1u) ^ 1u;
+        len = wq.data.rdma_req.remote_mem.length;
+        dest = wq.meta.ah;
+        dqp = wq.meta.dest_qp_num;
+        imm = wq.meta.immediate_data;
+        has_imm = (wq.meta.ctrl1 & META_HAS_IMM) ? 1u : 0u;
+        laddr = ((unsigned long long)wq.data.rdma_req.local_mem[0].buf_addr_hi << 32) |
+                wq.data.rdma_req.local_mem[0].buf_addr_lo;
+        raddr = ((unsigned long long)wq.data.rdma_req.remote_mem.buf_addr_hi << 32) |
+                wq.data.rdma_req.remote_mem.buf_addr_lo;
+        bad = !(wq.meta.ctrl1 & META_META_DESC) || (wq.meta.ctrl1 & META_OP_TYPE_MASK) != EFA_IO_RDMA_WRITE ||
+              (wq.meta.ctrl2 & META_PHASE) != phase ||
+              (wq.meta.ctrl2 & (META_FIRST | META_LAST)) != (META_FIRST | META_LAST) ||
+              wq.meta.req_id != (idx & 0xffffu) || dest >= (unsigned)w.num_ranks || dqp > 255u ||
+              wq.data.rdma_req.remote_mem.rkey != (RKEY_BASE | dest) ||
+              wq.data.rdma_req.local_mem[0].lkey != (LKEY_BASE | (unsigned)L.rank) ||
+              wq.data.rdma_req.local_mem[0].length != len || len == 0;
+        npk = bad ? 0 : (int)((len + fb.mtu - 1) / fb.mtu);
+        if (npk > 31) bad = true;
+        if (bad) raise_err(w, ERR_BAD_WQE, L.rank, q, idx, wq.meta.ctrl2, wq.meta.req_id);
+      }
+      if (__any_sync(0xffffffffu, bad)) return -1;
+      // inclusive prefix of packets; take the WQEs that fit the free entries
+      int incl = npk;
+#pragma unroll
+      for (int o = 1; o < 32; o <<= 1) {
+        int v = __shfl_up_sync(0xffffffffu, incl, o);
+        if (lane >= o) incl += v;
+      }
+      const int avail = min(ldvi(&S.nfree), FETCH_MAXP);
+      const unsigned fit = __ballot_sync(0xffffffffu, lane < nw && incl <= avail);
+      const int take = __popc(fit) ;  // a prefix: incl is monotone
+      if (take == 0) return taken_total;
+      const int P = __shfl_sync(0xffffffffu, incl, take - 1);
+      // serialiser (in SQ order): NIC processing, message-rate gap, line rate
+      {
+        unsigned long long now = __shfl_sync(0xffffffffu, gtime(), 0);
+        unsigned long long nf = S.nic_free, lw = S.last_wqe;
+        int m = 0;
+        for (int j = 0; j < take; ++j) {
+          const unsigned lj = __shfl_sync(0xffffffffu, len, j);
+          const int pj = __shfl_sync(0xffffffffu, npk, j);
+          unsigned long long ready = now + (unsigned long long)(fb.wqe_process_ns + fb.dma_read_ns);
+          const unsigned long long gap = lw + (unsigned long long)fb.min_wqe_gap_ns;
+          if (gap > ready) ready = gap;
+          lw = ready;
+          for (int p = 0; p < pj; ++p) {
+            const unsigned bytes = min((unsigned)fb.mtu, lj - (unsigned)p * fb.mtu);
+            const unsigned long long start = nf > ready ? nf : ready;
+            nf = start + (unsigned long long)(bytes * ns_per_byte);
+            if (lane == 0) S.dep[m] = nf;
+            ++m;
+          }
+        }
+        if (lane == 0) { S.nic_free = nf; S.last_wqe = lw; }
+      }
+      // find P free entries (only the fetcher allocates; deliverers only free)
+      {
+        int found = 0, scanned = 0;
+        const unsigned cur = S.cursor;
+        for (; found < P && scanned < 2 * NP; scanned += 32) {
+          const unsigned e = (cur + (unsigned)scanned + (unsigned)lane) % NP;
+          const bool fr = vldu(&S.state[e]) == ES_FREE;
+          const unsigned m = __ballot_sync(0xffffffffu, fr);
+          const int r = found + __popc(m & ((1u << lane) - 1u));
+          if (fr && r < P) S.eidx[r] = (int)e;
+          found += __popc(m);
+        }
+        if (found < P) {
+          if (lane == 0) raise_err(w, ERR_NIC_TABLE, L.rank, q, found, P, c.nic);
+          return -1;
+        }
+        __syncwarp();
+        if (lane == 0) S.cursor = (cur + (unsigned)scanned) % NP;
+      }
+      __syncwarp();
+      // packets remaining per WQE (read by the deliverers' atomics)
+      if (lane < take) atomicExch(&L.nic_rem[(size_t)q * depth + (idx % depth)], npk);
+      // fill the entries: packet m belongs to WQE j (first lane with incl > m)
+      for (int mb = 0; mb < P; mb += 32) {
+        const int m = mb + lane;
+        int j = take - 1;
+        for (int jj = take - 1; jj >= 0; --jj) {
+          const int inc = __shfl_sync(0xffffffffu, incl, jj);
+          if (m < inc) j = jj;
+        }
+        const int jm = j;
+        const unsigned long long la = __shfl_sync(0xffffffffu, laddr, jm);
+        const unsigned long long ra = __shfl_sync(0xffffffffu, raddr, jm);
+        const unsigned ln = __shfl_sync(0xffffffffu, len, jm);
+        const unsigned im = __shfl_sync(0xffffffffu, imm, jm);
+        const unsigned de = __shfl_sync(0xffffffffu, dest, jm);
+        const unsigned dq = __shfl_sync(0xffffffffu, dqp, jm);
+        const unsigned hi = __shfl_sync(0xffffffffu, has_imm, jm);
+        const int incj = __shfl_sync(0xffffffffu, incl, jm);
+        const int npj = __shfl_sync(0xffffffffu, npk, jm);
+        if (m < P) {
+          const unsigned p = (unsigned)(m - (incj - npj));
+          const unsigned wi = ci + (unsigned)jm;
+          Rng r = pkt_rng(c, q, wi, p);
+          unsigned long long land = S.dep[m] + (unsigned long long)flight_ns(fb, r);
+          int tries = 0;
+          while (fb.loss_prob > 0.f && r.uni() < fb.loss_prob && tries < 8) {
+            land += (unsigned long long)fb.rto_ns + (unsigned long long)flight_ns(fb, r);  // dropped: resent after RTO
+            ++tries;
+          }
+          c.n_retx += tries;
+          const int e = S.eidx[m];
+          S.due[e] = land;
+          S.src[e] = la + (unsigned long long)p * fb.mtu;
+          S.dst[e] = ra + (unsigned long long)p * fb.mtu;
+          S.len[e] = min((unsigned)fb.mtu, ln - p * fb.mtu);
+          S.wi[e] = wi;
+          S.imm[e] = im;
+          S.meta[e] = EK_DATA | (hi << 2) | (p << 3) | ((unsigned)q << 8) | (de << 16) | (dq << 24);
+        }
+      }
+      __threadfence_block();
+      __syncwarp();
+      for (int m = lane; m < P; m += 32) vstu(&S.state[S.eidx[m]], ES_PENDING);
+      if (lane == 0) {
+        atomicSub(&S.nfree, P);
+        atomicAdd(&S.inflight, P);
+        ci += (unsigned)take;
+        *reinterpret_cast<volatile unsigned*>(&NQ->ci) = ci;
+        c.n_wqe += take;
+      }
+      ci = __shfl_sync(0xffffffffu, ci, 0);
+      pending -= (unsigned)take;
+      taken_total += take;
+      __syncwarp();
+    }
+  }
+  return taken_total;
+}
+
+__device__ __forceinline__ void copy_packet(const uint8_t* src, uint8_t* dst, unsigned n, int lane) {
+  if (((reinterpret_cast<uintptr_t>(src) | reinterpret_cast<uintptr_t>(dst) | n) & 15u) == 0u) {
+    const uint4* s4 = reinterpret_cast<const uint4*>(src);
+    uint4* d4 = reinterpret_cast<uint4*>(dst);
+    const unsigned nv = n >> 4;
+    unsigned i = (unsigned)lane;
+    for (; i + 224u < nv; i += 256u) {
+      uint4 v[8];
+#pragma unroll
+      for (int j = 0; j < 8; ++j) v[j] = __ldcg(s4 + i + 32 * j);
+#pragma unroll
+      for (int j = 0; j < 8; ++j) __stcg(d4 + i + 32 * j, v[j]);
+    }
+    for (; i < nv; i += 32u) __stcg(d4 + i, __ldcg(s4 + i));
+  } else if (((reinterpret_cast<uintptr_t>(src) | reinterpret_cast<uintptr_t>(dst) | n) & 7u) == 0u) {
+    const unsigned long long* s8 = reinterpret_cast<const unsigned long long*>(src);
+    unsigned long long* d8 = reinterpret_cast<unsigned long long*>(dst);
+    for (unsigned i = lane; i < (n >> 3); i += 32u) __stcg(d8 + i, __ldcg(s8 + i));
+  } else {
+    for (unsigned i = lane; i < n; i += 32u) dst[i] = __ldcg(src + i);
+  }
+}
+
+__device__ __forceinline__ void entry_free(NicShared& S, int e) {
+  vst64(&S.due[e], ~0ull);
+  __threadfence_block();
+  vstu(&S.state[e], ES_FREE);
+  atomicAdd(&S.nfree, 1);
+  atomicSub(&S.inflight, 1);
+}
+__device__ __forceinline__ void entry_requeue(NicShared& S, int e, unsigned kind, unsigned long long due) {
+  S.meta[e] = (S.meta[e] & ~3u) | kind;
+  vst64(&S.due[e], due);
+  __threadfence_block();
+  vstu(&S.state[e], ES_PENDING);
+}
+
+__device__ void nic_warp(const World& w, const EpFlags& f, int lr, int nic, int wib, NicShared& S,
                          unsigned total_ep_blocks) {
   const RankLocal& L = w.local[lr];
   const Fabric& fb = w.fab;
   const int lane = lane_id();
-  const int nics = fb.nics_per_rank;
-  const unsigned depth = (unsigned)w.sq_depth;
-  NicWarpState st;
-  st.nq = 0;
-  // QPs q with q % nics == nic, spread over the block's warps
-  for (int q = 0, j = 0; q < NQ_MAX; ++q) {
-    if (q % nics != nic) continue;
-    if ((j++ % w.nic_warps) == wib && st.nq < MAXQW) st.qp[st.nq++] = q;
-  }
-  Rng rng;
-  rng.s = mix64(fb.seed ^ ((unsigned long long)L.rank << 40) ^ ((unsigned long long)nic << 32) ^
-                ((unsigned long long)wib << 24) ^ (unsigned long long)w.gpu);
-  unsigned long long n_pkt = 0, n_retx = 0, n_cqe = 0, n_rx = 0, n_reord = 0;
+  NicCtx c;
+  c.L = &L;
+  c.nic = nic;
+  c.nics = fb.nics_per_rank;
+  c.nq = NQ_MAX;
+  c.depth = (unsigned)w.sq_depth;
+  c.proxy = f.proxy != 0;
+  c.sq = c.proxy ? L.psq : L.sq;
+  c.cq = c.proxy ? L.pcq : L.cq;
+  c.db = c.proxy ? L.pdb : L.db;
+  c.seed = mix64(fb.seed ^ ((unsigned long long)nic << 36));
+  c.n_pkt = c.n_retx = c.n_cqe = c.n_rx = c.n_reord = c.n_wqe = 0;
+  const unsigned depth = c.depth;
   const unsigned long long t_start = gtime();
-  const float ns_per_byte = 8.f / fb.line_rate_gbps;
-  int inflight = 0;
-  int rx_reserve = 0;  // entries promised to receive completions of fetched write-imm WQEs
+  unsigned rot = (unsigned)wib * 97u;
   while (true) {
-    const unsigned long long now = gtime();
-    // 1. fetch new WQEs (producer counter moved)
-    for (int i = 0; i < st.nq; ++i) {
-      const int q = st.qp[i];
-      if (q >= 64) continue;
-      NicQp* NQ = L.nicqp + q;
-      unsigned ci = 0, db = 0;
-      if (lane == 0) {
-        ci = *reinterpret_cast<volatile unsigned*>(&NQ->ci);
-        db = ld_acq32(L.db + q * 32) & 0xffffu;
-      }
-      ci = __shfl_sync(0xffffffffu, ci, 0);
-      db = __shfl_sync(0xffffffffu, db, 0);
-      while (((db - ci) & 0xffffu) != 0u && nfree >= 1) {
-        // parse the WQE (all lanes load the same 64 B: broadcast)
-        const efa_io_tx_wqe* slotp = L.sq + (size_t)q * depth + (ci % depth);
-        uint4 raw[4];
-        for (int j = 0; j < 4; ++j) raw[j] = ld_vol_v4(reinterpret_cast<const uint4*>(slotp) + j);
-        efa_io_tx_wqe wq;
-        memcpy(&wq, raw, 64);
-        unsigned phase = ((ci / depth) & 1u) ^ 1u;
-        unsigned len = wq.data.rdma_req.remote_mem.length;
-        unsigned dest = wq.meta.ah;
-        bool bad = !(wq.meta.ctrl1 & META_META_DESC) ||
-                   (wq.meta.ctrl1 & META_OP_TYPE_MASK) != EFA_IO_RDMA_WRITE ||
-                   (wq.meta.ctrl2 & META_PHASE) != phase ||
-                   (wq.meta.ctrl2 & (META_FIRST | META_LAST)) != (META_FIRST | META_LAST) ||
-                   wq.meta.req_id != (ci & 0xffffu) || dest >= (unsigned)w.num_ranks ||
-                   wq.data.rdma_req.remote_mem.rkey != (RKEY_BASE | dest) ||
-                   wq.data.rdma_req.local_mem[0].lkey != (LKEY_BASE | (unsigned)L.rank) ||
-                   wq.data.rdma_req.local_mem[0].length != len || len == 0;
-        if (bad) {
-          if (lane == 0) raise_err(w, ERR_BAD_WQE, L.rank, q, ci, wq.meta.ctrl2, wq.meta.req_id);
-          return;
-        }
-        const int npk = (int)((len + fb.mtu - 1) / fb.mtu);
-        const int need_rx = (wq.meta.ctrl1 & META_HAS_IMM) ? 1 : 0;
-        if (npk + need_rx > __shfl_sync(0xffffffffu, nfree - rx_reserve, 0)) break;  // table full: WQE waits in the SQ
-        if (lane == 0) rx_reserve += need_rx;
-        if (lane == 0) {
-          // NIC processing and message-rate ceiling, then serialisation on this NIC
-          unsigned long long ready = now + (unsigned long long)(fb.wqe_process_ns + fb.dma_read_ns);
-          unsigned long long gap = *last_wqe + (unsigned long long)fb.min_wqe_gap_ns;
-          if (gap > ready) ready = gap;
-          *last_wqe = ready;
-          L.nic_rem[(size_t)q * depth + (ci % depth)] = (unsigned char)npk;
-          for (int p = 0; p < npk; ++p) {
-            unsigned bytes = min((unsigned)fb.mtu, len - (unsigned)p * fb.mtu);
-            unsigned long long ser = (unsigned long long)(bytes * ns_per_byte);
-            unsigned long long old = *nic_free, nw;
-            // shared-memory CAS: warps of this NIC share one serialiser
-            while (true) {
-              unsigned long long start = old > ready ? old : ready;
-              nw = start + ser;
-              unsigned long long prev = atomicCAS(nic_free, old, nw);
-              if (prev == old) break;
-              old = prev;
-            }
-            unsigned long long land = nw + (unsigned long long)flight_ns(fb, rng);
-            int tries = 0;
-            while (fb.loss_prob > 0.f && rng.uni() < fb.loss_prob && tries < 8) {
-              // dropped on the wire: the sender retransmits after the timeout
-              land += (unsigned long long)fb.rto_ns + (unsigned long long)flight_ns(fb, rng);
-              ++tries;
-            }
-            n_retx += tries;
-            int idx = freel[--nfree];
-            due[idx] = land;
-            inf[idx] = (unsigned long long)(0u | ((unsigned)i << 4) | ((unsigned)p << 8)) |
-                       ((unsigned long long)ci << 32);
-            aux[idx] = 0;
-            ++inflight;
-          }
-        }
-        ++ci;
-        nfree = __shfl_sync(0xffffffffu, nfree, 0);
-        inflight = __shfl_sync(0xffffffffu, inflight, 0);
-      }
-      if (lane == 0) NQ->ci = ci;
+    // 1. fetch (one warp at a time)
+    bool fetcher = false;
+    if (lane == 0) fetcher = atomicCAS(&S.fetch_lock, 0u, 1u) == 0u;
+    fetcher = __shfl_sync(0xffffffffu, fetcher, 0);
+    if (fetcher) {
+      int r = nic_fetch(w, c, S);
       __syncwarp();
-    }
-    nfree = __shfl_sync(0xffffffffu, nfree, 0);
-    inflight = __shfl_sync(0xffffffffu, inflight, 0);
-    // 2. deliver due entries
-    const unsigned long long now2 = gtime();
-    for (int base = 0; base < TAB; base += 32) {
-      unsigned long long d = due[base + lane];
-      unsigned m = __ballot_sync(0xffffffffu, d <= now2);
-      while (m) {
-        const int idx = base + __ffs(m) - 1;
-        m &= m - 1;
-        const unsigned long long in = inf[idx];
-        const unsigned kind = (unsigned)(in & 0xfu);
-        const int ql = (int)((in >> 4) & 0xfu);
-        const int q = st.qp[ql];
-        const unsigned wi = (unsigned)(in >> 32);
-        if (kind == 0) {  // data packet lands at the destination
-          const int p = (int)((in >> 8) & 0xffu);
-          const efa_io_tx_wqe* slotp = L.sq + (size_t)q * depth + (wi % depth);
-          efa_io_tx_wqe wq;
-          uint4 raw[4];
-          for (int j = 0; j < 4; ++j) raw[j] = ld_vol_v4(reinterpret_cast<const uint4*>(slotp) + j);
-          memcpy(&wq, raw, 64);
-          const unsigned len = wq.data.rdma_req.remote_mem.length;
-          const unsigned off = (unsigned)p * fb.mtu;
-          const unsigned n = min((unsigned)fb.mtu, len - off);
-          const uint8_t* src = reinterpret_cast<const uint8_t*>(
-              ((unsigned long long)wq.data.rdma_req.local_mem[0].buf_addr_hi << 32) |
-              wq.data.rdma_req.local_mem[0].buf_addr_lo) + off;
-          uint8_t* dst = reinterpret_cast<uint8_t*>(
-              ((unsigned long long)wq.data.rdma_req.remote_mem.buf_addr_hi << 32) |
-              wq.data.rdma_req.remote_mem.buf_addr_lo) + off;
-          if ((n & 15u) == 0u) {
-            const uint4* s4 = reinterpret_cast<const uint4*>(src);
-            uint4* d4 = reinterpret_cast<uint4*>(dst);
-            const unsigned nv = n >> 4;
-            unsigned i = lane;
-            for (; i + 224 < nv; i += 256) {
-              uint4 v8[8];
-#pragma unroll
-              for (int j = 0; j < 8; ++j) v8[j] = __ldcg(s4 + i + 32 * j);
-#pragma unroll
-              for (int j = 0; j < 8; ++j) __stcg(d4 + i + 32 * j, v8[j]);
-            }
-            for (; i < nv; i += 32) __stcg(d4 + i, __ldcg(s4 + i));
-          } else {
-            const unsigned long long* s8 = reinterpret_cast<const unsigned long long*>(src);
-            unsigned long long* d8 = reinterpret_cast<unsigned long long*>(dst);
-            for (unsigned i = lane; i < (n >> 3); i += 32) __stcg(d8 + i, __ldcg(s8 + i));
-          }
-          __syncwarp();
-          if (lane == 0) {
-            ++n_pkt;
-            NicQp* NQ = L.nicqp + q;
-            unsigned seqv = wi * 16u + (unsigned)p;
-            if ((int)(seqv - NQ->last_landed) < 0) ++n_reord;
-            else NQ->last_landed = seqv;
-            unsigned char rem = --L.nic_rem[(size_t)q * depth + (wi % depth)];
-            if (rem == 0) {
-              // all packets landed: ACK flies back, then the send CQE
-              unsigned long long ack = now2 + (unsigned long long)(flight_ns(fb, rng) + fb.completion_ns);
-              due[idx] = ack;
-              inf[idx] = (in & ~0xfull) | 1ull;
-              if (wq.meta.ctrl1 & META_HAS_IMM) {
-                int j2 = freel[--nfree];
-                --rx_reserve;
-                due[j2] = now2 + (unsigned long long)fb.recv_completion_ns;
-                inf[j2] = 2ull | ((unsigned long long)ql << 4) | ((unsigned long long)wq.meta.immediate_data << 32);
-                aux[j2] = (unsigned long long)wq.meta.ah | ((unsigned long long)wq.meta.dest_qp_num << 16) |
-                          ((unsigned long long)(len & 0xffffu) << 32);
-                ++inflight;
-              }
-            } else {
-              due[idx] = ~0ull;
-              freel[nfree++] = (unsigned short)idx;
-              --inflight;
-            }
-          }
-        } else if (kind == 1) {  // send completion at the sender
-          if (lane == 0) {
-            NicQp* NQ = L.nicqp + q;
-            unsigned pi = NQ->cq_pi;
-            efa_io_tx_cdesc* cqe = L.cq + (size_t)q * depth + (pi % depth);
-            unsigned phase = ((pi / depth) & 1u) ^ 1u;
-            unsigned flags = phase | ((unsigned)EFA_IO_SEND_QUEUE << CDESC_Q_TYPE_SHIFT) |
-                             ((unsigned)EFA_IO_RDMA_WRITE << CDESC_OP_TYPE_SHIFT);
-            uint4 v;
-            v.x = (wi & 0xffffu) | (0u << 16) | (flags << 24);
-            v.y = (unsigned)q | ((wi >> 16) << 16);
-            v.z = 0; v.w = 0;
-            __threadfence_system();  // this warp's packet stores are visible before the CQE
-            st_vol_v4(cqe, v);
-            NQ->cq_pi = pi + 1;
-            ++n_cqe;
-            due[idx] = ~0ull;
-            freel[nfree++] = (unsigned short)idx;
-            --inflight;
-          }
-        } else {  // receive completion (write with immediate) at the target
-          if (lane == 0) {
-            const unsigned long long ax = aux[idx];
-            const int dest = (int)(ax & 0xffffu);
-            const int dqp = (int)((ax >> 16) & 0xffffu);
-            const RankPeer& P = w.peers[dest];
-            unsigned slot = atomicAdd_system(P.rx_tail + dqp, 1u);
-            efa_io_rx_cdesc* cqe = P.rxcq + (size_t)dqp * w.rx_depth + (slot % (unsigned)w.rx_depth);
-            unsigned phase = ((slot / (unsigned)w.rx_depth) & 1u) ^ 1u;
-            unsigned flags = phase | ((unsigned)EFA_IO_RECV_QUEUE << CDESC_Q_TYPE_SHIFT) | CDESC_HAS_IMM |
-                             ((unsigned)EFA_IO_RDMA_WRITE << CDESC_OP_TYPE_SHIFT);
-            uint4 v;
-            v.x = 0u | (flags << 24);
-            v.y = (unsigned)dqp | ((unsigned)((ax >> 32) & 0xffffu) << 16);
-            v.z = 0xffffu | ((unsigned)L.rank << 16);  // ah, src_qp_num
-            v.w = wi;                                   // immediate
-            __threadfence_system();
-            st_vol_v4(cqe, v);
-            ++n_rx;
-            due[idx] = ~0ull;
-            freel[nfree++] = (unsigned short)idx;
-            --inflight;
-          }
-        }
-        __syncwarp();
-        nfree = __shfl_sync(0xffffffffu, nfree, 0);
-        inflight = __shfl_sync(0xffffffffu, inflight, 0);
-      }
-    }
-    // 3. exit when every EP block on this GPU is done and nothing is in flight
-    if (inflight == 0) {
-      bool idle = true;
       if (lane == 0) {
-        for (int i = 0; i < st.nq; ++i) {
-          const int q = st.qp[i];
-          unsigned ci = L.nicqp[q].ci;
-          unsigned db = ld_acq32(L.db + q * 32) & 0xffffu;
-          if (((db - ci) & 0xffffu) != 0u) idle = false;
-        }
-        idle = idle && ld_acq32(w.ep_done) >= total_ep_blocks;
+        __threadfence_block();
+        atomicExch(&S.fetch_lock, 0u);
       }
-      idle = __shfl_sync(0xffffffffu, idle, 0);
-      if (idle) break;
+      if (r < 0) break;
     }
+    // 2. claim up to NCLAIM due entries
+    const unsigned long long now = gtime();
+    int mine = -1;
+    rot += 32u;
+    for (int k = 0; k < NP / 32; ++k) {
+      const int e = (int)((rot + (unsigned)(k * 32 + lane)) % NP);
+      if (mine < 0 && vldu(&S.state[e]) == ES_PENDING && vld64(&S.due[e]) <= now) {
+        if (atomicCAS(&S.state[e], ES_PENDING, ES_CLAIMED) == ES_PENDING) mine = e;
+      }
+      if (__popc(__ballot_sync(0xffffffffu, mine >= 0)) >= NCLAIM) break;
+    }
+    unsigned got = __ballot_sync(0xffffffffu, mine >= 0);
+    // keep NCLAIM, release the rest
+    {
+      const int rank_in = __popc(got & ((1u << lane) - 1u));
+      if (mine >= 0 && rank_in >= NCLAIM) {
+        vstu(&S.state[mine], ES_PENDING);
+        mine = -1;
+      }
+      got = __ballot_sync(0xffffffffu, mine >= 0);
+    }
+    if (got) {
+      __threadfence_block();
+      // copies
+      unsigned g2 = got;
+      while (g2) {
+        const int src_lane = __ffs(g2) - 1;
+        g2 &= g2 - 1;
+        const int e = __shfl_sync(0xffffffffu, mine, src_lane);
+        const unsigned meta = vldu(&S.meta[e]);
+        if ((meta & 3u) == EK_DATA) {
+          copy_packet(reinterpret_cast<const uint8_t*>(vld64(&S.src[e])),
+                      reinterpret_cast<uint8_t*>(vld64(&S.dst[e])), vldu(&S.len[e]), lane);
+        }
+      }
+      __syncwarp();
+      // one system fence: the batch's packets are visible before any completion that follows
+      __threadfence_system();
+      // bookkeeping: each lane its own entry
+      if (mine >= 0) {
+        const int e = mine;
+        const unsigned meta = vldu(&S.meta[e]);
+        const unsigned kind = meta & 3u;
+        const int q = (int)((meta >> 8) & 0xffu);
+        const unsigned wi = vldu(&S.wi[e]);
+        NicQp* NQ = L.nicqp + q;
+        const unsigned long long t = gtime();
+        if (kind == EK_DATA) {
+          const unsigned p = (meta >> 3) & 31u;
+          ++c.n_pkt;
+          const unsigned seqv = wi * 32u + p;
+          const unsigned prev = atomicMax(&NQ->last_landed, seqv);
+          if (prev > seqv) ++c.n_reord;
+          const int rem = atomicSub(&L.nic_rem[(size_t)q * depth + (wi % depth)], 1);
+          if (rem == 1) {
+            if (meta & 4u) {  // write with immediate: receive completion at the target first
+              vst64(&S.src[e], t);
+              entry_requeue(S, e, EK_RECV_CQE, t + (unsigned long long)fb.recv_completion_ns);
+            } else {  // the ACK flies back, then the send CQE
+              Rng r = pkt_rng(c, q, wi, 0xffu);
+              entry_requeue(S, e, EK_SEND_CQE, t + (unsigned long long)(flight_ns(fb, r) + fb.completion_ns));
+            }
+          } else {
+            entry_free(S, e);
+          }
+        } else if (kind == EK_RECV_CQE) {
+          const int dest = (int)((meta >> 16) & 0xffu);
+          const int dqp = (int)(meta >> 24);
+          const RankPeer& P = w.peers[dest];
+          const unsigned slot = atomicAdd_system(P.rx_tail + dqp, 1u);
+          efa_io_rx_cdesc* cqe = P.rxcq + (size_t)dqp * w.rx_depth + (slot % (unsigned)w.rx_depth);
+          const unsigned phase = ((slot / (unsigned)w.rx_depth) & 1u) ^ 1u;
+          const unsigned flags = phase | ((unsigned)EFA_IO_RECV_QUEUE << CDESC_Q_TYPE_SHIFT) | CDESC_HAS_IMM |
+                                 ((unsigned)EFA_IO_RDMA_WRITE << CDESC_OP_TYPE_SHIFT);
+          uint4 v;
+          v.x = 0u | (flags << 24);
+          v.y = (unsigned)dqp | ((vldu(&S.len[e]) & 0xffffu) << 16);
+          v.z = 0xffffu | ((unsigned)L.rank << 16);  // ah, src_qp_num
+          v.w = vldu(&S.imm[e]);                     // the immediate
+          st_vol_v4(cqe, v);
+          ++c.n_rx;
+          Rng r = pkt_rng(c, q, wi, 0xffu);
+          unsigned long long ack = vld64(&S.src[e]) + (unsigned long long)(flight_ns(fb, r) + fb.completion_ns);
+          entry_requeue(S, e, EK_SEND_CQE, ack > t ? ack : t);
+        } else {  // send completion (out of order across WQEs, like EFA)
+          const unsigned pi = atomicAdd(&NQ->cq_pi, 1u);
+          efa_io_tx_cdesc* cqe = c.cq + (size_t)q * depth + (pi % depth);
+          const unsigned phase = ((pi / depth) & 1u) ^ 1u;
+          const unsigned flags = phase | ((unsigned)EFA_IO_SEND_QUEUE << CDESC_Q_TYPE_SHIFT) |
+                                 ((unsigned)EFA_IO_RDMA_WRITE << CDESC_OP_TYPE_SHIFT);
+          uint4 v;
+          v.x = (wi & 0xffffu) | (flags << 24);
+          v.y = (unsigned)q | ((wi >> 16) << 16);
+          v.z = 0;
+          v.w = 0;
+          st_vol_v4(cqe, v);
+          ++c.n_cqe;
+          entry_free(S, e);
+        }
+      }
+      __syncwarp();
+      continue;
+    }
+    // 3. idle: exit when every EP block on this GPU is done and nothing is in flight
+    bool idle = false;
+    if (lane == 0) idle = ld_acq32(w.ep_done) >= total_ep_blocks && ldvi(&S.inflight) == 0;
+    idle = __shfl_sync(0xffffffffu, idle, 0);
+    if (idle) break;
     if (aborted(w)) break;
     if ((long long)(gtime() - t_start) > 2 * w.timeout_ns) {
-      if (lane == 0) raise_err(w, ERR_TIMEOUT_NIC, L.rank, nic, inflight, 0, wib);
+      if (lane == 0) raise_err(w, ERR_TIMEOUT_NIC, L.rank, nic, ldvi(&S.inflight), 0, wib);
       break;
     }
   }
   if (lane == 0) {
-    atomicAdd(&w.stats[ST_PACKETS], n_pkt);
-    atomicAdd(&w.stats[ST_RETRANSMITS], n_retx);
-    atomicAdd(&w.stats[ST_CQES], n_cqe);
-    atomicAdd(&w.stats[ST_RX_CQES], n_rx);
-    atomicAdd(&w.stats[ST_REORDERED], n_reord);
+    atomicAdd(&w.stats[ST_PACKETS], c.n_pkt);
+    atomicAdd(&w.stats[ST_RETRANSMITS], c.n_retx);
+    atomicAdd(&w.stats[ST_CQES], c.n_cqe);
+    atomicAdd(&w.stats[ST_RX_CQES], c.n_rx);
+    atomicAdd(&w.stats[ST_REORDERED], c.n_reord);
   }
 }
 
 __global__ void __launch_bounds__(MAXW * 32, 1)
     ep_op_kernel(const __grid_constant__ World w, int op, unsigned epoch, EpFlags f) {
   __shared__ Put s_pend[MAXW][MAXG];
-  __shared__ unsigned long long s_due[MAXW][TAB];
-  __shared__ unsigned long long s_inf[MAXW][TAB];
-  __shared__ unsigned long long s_aux[MAXW][TAB];
-  __shared__ unsigned short s_free[MAXW][TAB];
-  __shared__ unsigned long long s_nic_free, s_last_wqe;
+  __shared__ NicShared s_nic;
   const int warp = threadIdx.x >> 5;
   const int n_ep_blocks = w.ranks_per_gpu * w.ep_blocks_per_rank;
   if ((int)blockIdx.x < n_ep_blocks) {
@@ -1145,19 +1386,21 @@ __global__ void __launch_bounds__(MAXW * 32, 1)
     const int nb = blockIdx.x - n_ep_blocks;
     const int lr = nb / w.fab.nics_per_rank;
     const int nic = nb % w.fab.nics_per_rank;
-    if (threadIdx.x == 0) { s_nic_free = 0; s_last_wqe = 0; }
-    if (warp < w.nic_warps) {
-      for (int i = lane_id(); i < TAB; i += 32) {
-        s_due[warp][i] = ~0ull;
-        s_free[warp][i] = (unsigned short)(TAB - 1 - i);
-      }
+    for (int i = threadIdx.x; i < NP; i += blockDim.x) {
+      s_nic.state[i] = ES_FREE;
+      s_nic.due[i] = ~0ull;
+    }
+    if (threadIdx.x == 0) {
+      s_nic.nic_free = 0;
+      s_nic.last_wqe = 0;
+      s_nic.nfree = NP;
+      s_nic.inflight = 0;
+      s_nic.fetch_lock = 0;
+      s_nic.cursor = 0;
     }
     __syncthreads();
-    if (warp < w.nic_warps && lr < w.ranks_per_gpu) {
-      int nfree = TAB;
-      nic_warp(w, lr, nic, warp, s_due[warp], s_inf[warp], s_aux[warp], s_free[warp], nfree,
-               &s_nic_free, &s_last_wqe, (unsigned)n_ep_blocks);
-    }
+    if (warp < w.nic_warps && lr < w.ranks_per_gpu)
+      nic_warp(w, f, lr, nic, warp, s_nic, (unsigned)n_ep_blocks);
   }
 }
 
@@ -1203,8 +1446,8 @@ int launch_world_barrier(const World& w, unsigned long long seq, void* stream) {
 
 int launch_op(const World& w, int op, unsigned epoch, const EpFlags& f, void* stream) {
   int grid = w.ranks_per_gpu * w.ep_blocks_per_rank + w.nic_blocks;
-  if (w.ep_warps != w.nic_warps || w.ep_warps > MAXW) return -2;  // one block shape for both roles
-  int threads = 32 * w.ep_warps;
+  if (w.ep_warps > MAXW || w.nic_warps > MAXW || w.ep_warps < 1 || w.nic_warps < 1) return -2;
+  int threads = 32 * (w.ep_warps > w.nic_warps ? w.ep_warps : w.nic_warps);  // one block shape, both roles
   World wc = w;
   EpFlags fc = f;
   void* args[] = {(void*)&wc, (void*)&op, (void*)&epoch, (void*)&fc};

@@ -33,6 +33,7 @@ HERE = Path(__file__).resolve().parent
 PLATFORM = "platforms/emulated-nvlink"
 DMSG, CMSG = 7504, 14400
 NQ_MAX = 32
+NIC_WARPS = 8
 ERR_NAMES = {
     1: "dispatch receiver timed out waiting for a count flag",
     2: "receiver timed out counting receive completions (write-imm)",
@@ -44,9 +45,13 @@ ERR_NAMES = {
     8: "NIC parsed a malformed or stale WQE",
     9: "issuer read a CQE with bad status",
     10: "cross-GPU start barrier timed out",
+    11: "NIC packet table overflow",
+    13: "issuer timed out waiting for its doorbell turn on a shared QP",
+    14: "issuer timed out waiting for the proxy (ring space or completions)",
 }
 STAT_NAMES = ["stamp_bad_dispatch", "stamp_bad_combine", "packets", "retransmits", "wqes",
-              "doorbells", "fences", "cqes", "rx_cqes", "locks", "credit_polls", "reordered"]
+              "doorbells", "fences", "cqes", "rx_cqes", "locks", "credit_polls", "reordered", "turn_waits",
+              "descriptors", "ring_polls"]
 
 # Lever -> design overrides, used when scenarios/levers/NAME.toml does not exist (yet).
 LEVER_FALLBACK: dict[str, list[str]] = {
@@ -60,6 +65,7 @@ LEVER_FALLBACK: dict[str, list[str]] = {
     "provider-batched-tail": ["design.provider_batched_tail=true"],
     "put-many": ["design.put_many_span=8"],
     "deferred-doorbell-aggregation": ["design.deferred_doorbell_aggregation=8"],
+    "cached-dispatch": ["design.cached=true"],
 }
 SUPPORTED_LEVERS = sorted(LEVER_FALLBACK)
 
@@ -70,6 +76,8 @@ class EpError(RuntimeError):
 
 def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--path", choices=["native", "proxy"], default="native")
+    p.add_argument("--proxy-threads", type=int, default=0,
+                   help="proxy path: host proxy threads (0: platform.proxy.threads)")
     p.add_argument("--ranks", type=int, default=2, help="EP ranks (spread over --gpus GPUs)")
     p.add_argument("--gpus", type=int, default=0, help="GPUs to use (0: min(ranks, visible))")
     p.add_argument("--faults", action="store_true",
@@ -96,11 +104,13 @@ def add_args(p: argparse.ArgumentParser) -> None:
 
 
 # ----------------------------------------------------------------- configuration
-def scenario_sets(ranks: int, faults: bool, extra: list[str]) -> list[str]:
+def scenario_sets(ranks: int, faults: bool, extra: list[str], path: str = "native") -> list[str]:
     """The model's view of this run: the emulated platform, V1 LL, every rank its own node."""
     sets = [f"workload.ep_ranks={ranks}", "workload.gpus_per_node=1", 'workload.name="decode"',
             'design.name="v1-ll-emulated"', 'design.protocol="v1-ll"', 'design.signal_mode="flush"',
             "design.forward_warps_per_sm=0"]
+    if path == "proxy":
+        sets.append('design.path="proxy"')
     if faults:
         sets.append("platform.fabric.loss_prob=0.02")
     return sets + list(extra)
@@ -122,10 +132,10 @@ def lever_sets(levers: list[str]) -> list[str]:
     return out
 
 
-def load_scenario(ranks: int, faults: bool, extra: list[str], levers: list[str]):
+def load_scenario(ranks: int, faults: bool, extra: list[str], levers: list[str], path: str = "native"):
     from sim.scenario import load
 
-    return load(PLATFORM, [*scenario_sets(ranks, faults, extra), *lever_sets(levers)])
+    return load(PLATFORM, [*scenario_sets(ranks, faults, extra, path), *lever_sets(levers)])
 
 
 def kernel_flags(scn, op: str, path: str, prof_period: int, unsafe: bool) -> dict[str, int]:
@@ -134,8 +144,6 @@ def kernel_flags(scn, op: str, path: str, prof_period: int, unsafe: bool) -> dic
     if d.signal_mode not in ("flush", "imm-counting", "ordered"):
         raise EpError(f"design.signal_mode {d.signal_mode!r}: the emulated kernels support flush, "
                       "imm-counting and (as a negative test) ordered")
-    if d.cached:
-        raise EpError("design.cached (cached-dispatch) is not built in the emulated kernels yet")
     if d.qps_per_call > NQ_MAX:
         raise EpError(f"design.qps_per_call {d.qps_per_call} above the {NQ_MAX} QPs allocated per rank")
     lazy = d.lazy_completion_dispatch if op == "dispatch" else d.lazy_completion_combine
@@ -149,6 +157,9 @@ def kernel_flags(scn, op: str, path: str, prof_period: int, unsafe: bool) -> dic
         "ordered_unsafe": int(unsafe or d.signal_mode == "ordered"),
         "batched_tail": int(d.provider_batched_tail), "prof_period": prof_period,
         "proxy": int(path == "proxy"),
+        # cached dispatch: reuse the layout handle, no count messages; the receiver counts
+        # write-with-immediate receive completions against the handle's counts
+        "cached": int(d.cached and op == "dispatch"),
     }
 
 
@@ -254,7 +265,7 @@ class Runner:
     """Owns the buffers of every rank and the per-GPU worlds; runs ops and the gate."""
 
     def __init__(self, torch, ext, shape: Shape, ranks: int, gpus: int, scn, seed: int,
-                 num_sms: int, timeout_ms: float) -> None:
+                 num_sms: int, timeout_ms: float, path: str = "native", proxy_threads: int = 0) -> None:
         self.t, self.ext, self.shape, self.R, self.G = torch, ext, shape, ranks, gpus
         self.rpg = ranks // gpus
         d = scn.design
@@ -263,9 +274,12 @@ class Runner:
         if not 1 <= self.warps <= 8:
             raise EpError(f"design.warps_per_sm {self.warps}: the kernels take 1..8 warps per block")
         self.nics = scn.platform.nic.nics_per_gpu
-        if self.nics * self.warps < 4:
-            raise EpError("nic.nics_per_gpu x design.warps_per_sm must be >= 4 (QPs per NIC warp)")
+        self.nic_warps = NIC_WARPS  # every warp of a NIC block delivers packets
         self.depth = scn.platform.nic.sq_depth
+        self.path = path
+        self.ring_depth = scn.platform.proxy.ring_depth
+        self.proxy_threads = proxy_threads or scn.platform.proxy.threads
+        self.host: list[dict[str, int]] = []
         T, K, El = shape.tokens, shape.top_k, shape.experts_per_rank
         C = self.nb * self.warps
         self.C = C
@@ -312,7 +326,8 @@ class Runner:
                 "comb_out": t.zeros(T, H, dtype=t.bfloat16, device=dv),
                 "rx_head": z(self.n_rxcq, i32), "qps": z(NQ_MAX * 128, u8),
                 "sq": z(NQ_MAX * self.depth * 64, u8), "cq": z(NQ_MAX * self.depth * 16, u8),
-                "db": z(NQ_MAX * 32, i32), "nicqp": z(NQ_MAX * 128, u8), "nic_rem": z(NQ_MAX * self.depth, u8),
+                "db": z(NQ_MAX * 32, i32), "nicqp": z(NQ_MAX * 128, u8), "nic_rem": z(NQ_MAX * self.depth, i32),
+                "hcount": z(El * R, i32),
                 "bar": z(4, i32), "prof": z(self.prof_cap * 8, i64), "prof_n": z(1, i32),
                 # peer-visible
                 "recv_x": z(El * R * T * DMSG, u8), "recv_cnt": z(El * R, i64),
@@ -329,12 +344,33 @@ class Runner:
                                "ep_done": t.zeros(1, dtype=i32, device=dv), "wbar": t.zeros(self.G, dtype=i64, device=dv)})
             with t.cuda.device(g):
                 self.streams.append(t.cuda.Stream())
+        if self.path == "proxy":
+            for _ in range(R):
+                sizes = self.host_sizes()
+                self.host.append({k: self.ext.proxy_alloc(n) for k, n in sizes.items()})
         grid = self.rpg * (self.nb + self.nics)
-        cap = self.ext.coop_max_blocks(0, 32 * self.warps, 0)
+        cap = self.ext.coop_max_blocks(0, 32 * max(self.warps, self.nic_warps), 0)
         if grid > cap:
             raise EpError(f"{grid} blocks per GPU ({self.rpg} ranks x ({self.nb} EP + {self.nics} NIC)) "
                           f"exceed the {cap} co-resident blocks: lower --num-sms or ranks per GPU")
         self.t.cuda.synchronize()
+
+    def host_sizes(self) -> dict[str, int]:
+        """Pinned host memory of the proxy path per rank (bytes)."""
+        return {"pring": NQ_MAX * self.ring_depth * 128, "pstate": NQ_MAX * 16 * 8,
+                "psq": NQ_MAX * self.depth * 64, "pcq": NQ_MAX * self.depth * 16, "pdb": NQ_MAX * 32 * 4}
+
+    def proxy_start(self, num_qps: int) -> int:
+        """Zero the host rings/queues and start the proxy threads (returns the thread count)."""
+        self.ext.proxy_stop()
+        for h in self.host:
+            for k, n in self.host_sizes().items():
+                self.ext.host_zero(h[k], n)
+        ranks = [dict(h, rank=r) for r, h in enumerate(self.host)]
+        return self.ext.proxy_start(ranks, num_qps, self.ring_depth, self.depth, self.proxy_threads)
+
+    def proxy_stop(self) -> dict[str, int]:
+        return dict(self.ext.proxy_stop())
 
     def rebuild(self, scn, seed: int) -> None:
         """(Re)build the per-GPU worlds for this scenario's fabric; buffers and QP state are kept."""
@@ -349,8 +385,8 @@ class Runner:
             gb = self.gbufs[g]
             cfg = {"num_ranks": R, "ranks_per_gpu": self.rpg, "num_gpus": self.G, "T": s.tokens, "H": s.hidden,
                    "K": s.top_k, "E": s.num_experts, "E_local": s.experts_per_rank, "sq_depth": self.depth,
-                   "rx_depth": self.rx_depth, "n_rxcq": self.n_rxcq, "ring_depth": 32,
-                   "ep_blocks_per_rank": self.nb, "ep_warps": self.warps, "nic_warps": self.warps,
+                   "rx_depth": self.rx_depth, "n_rxcq": self.n_rxcq, "ring_depth": self.ring_depth,
+                   "ep_blocks_per_rank": self.nb, "ep_warps": self.warps, "nic_warps": self.nic_warps,
                    "nic_blocks": self.rpg * self.nics, "timeout_ns": self.timeout_ns, "prof_cap": self.prof_cap,
                    "err": gb["err"].data_ptr(), "stats": gb["stats"].data_ptr(),
                    "ep_done": gb["ep_done"].data_ptr(), "wbar": gb["wbar"].data_ptr()}
@@ -358,7 +394,7 @@ class Runner:
             for r in range(g * self.rpg, (g + 1) * self.rpg):
                 m = {k: v.data_ptr() for k, v in self.bufs[r].items()}
                 m["rank"] = r
-                m["pring"] = m["pprod"] = m["pdone"] = 0
+                m.update(self.host[r] if self.host else {})
                 locs.append(m)
             self.handles.append(self.ext.make_world(g, cfg, fab, locs, peers, wbar_peers))
 
@@ -421,7 +457,7 @@ class Runner:
         self.sync()
         for b in self.bufs:
             for k in ("qps", "sq", "cq", "db", "nicqp", "nic_rem", "rx_head", "rx_tail", "rxcq",
-                      "recv_cnt", "comb_flag", "bar", "prof_n"):
+                      "recv_cnt", "comb_flag", "bar", "prof_n", "hcount"):
                 b[k].zero_()
         for gb in self.gbufs:
             gb["err"].zero_()
@@ -512,7 +548,24 @@ def run_variant(runner: Runner, scn, args, levers: list[str], sets: list[str], r
         if fl["lazy"] and bound > runner.depth:
             raise EpError(f"lazy completion on {op} refused: up to {bound} WQEs per QP may exceed "
                           f"sq_depth {runner.depth}")
+    n_proxy = 0
+    if args.path == "proxy":
+        n_proxy = runner.proxy_start(max(fd["num_qps"], fc["num_qps"]))
+    try:
+        return _run_variant(runner, scn, args, levers, sets, rid, platform_info, fd, fc, n_proxy)
+    finally:
+        if args.path == "proxy":
+            runner.proxy_stop()
+
+
+def _run_variant(runner: Runner, scn, args, levers: list[str], sets: list[str], rid: str,
+                 platform_info: dict[str, str], fd: dict, fc: dict, n_proxy: int) -> dict[str, Any]:
     checks = []
+    if fd["cached"]:
+        # the layout handle: one full dispatch (counts exchanged) before the cached ones
+        runner.iteration(dict(fd, cached=0), fc, False)
+        runner.sync()
+        runner.check_errors()
     # gate pass on poisoned outputs
     runner.poison()
     runner.reset_stats()
@@ -555,9 +608,15 @@ def run_variant(runner: Runner, scn, args, levers: list[str], sets: list[str], r
             lat[op].append(max(a.elapsed_time(b) for a, b in it[op_i]) * 1000.0)
     n_it = args.iters
     metrics: dict[str, dict] = {}
-    for k in ("packets", "retransmits", "wqes", "doorbells", "fences", "cqes", "rx_cqes", "locks",
-              "credit_polls", "reordered"):
+    for k in ("packets", "retransmits", "wqes", "doorbells", "fences", "cqes", "rx_cqes", "credit_polls",
+              "reordered", "turn_waits", "descriptors", "ring_polls"):
         metrics[f"{k}_per_iteration_count"] = {"median": round(st[k] / n_it, 3)}
+    if args.path == "proxy":
+        pst = dict(runner.ext.proxy_stats())
+        if pst.get("descriptors"):
+            metrics["proxy_post_ns_per_descriptor"] = {"median": round(pst["post_ns"] / pst["descriptors"], 1)}
+            metrics["proxy_descriptors_per_batch"] = {"median": round(pst["descriptors"] / max(1, pst["batches"]), 2)}
+        metrics["proxy_threads_count"] = {"median": n_proxy}
     attribution = None
     samples = None
     if args.profile > 0:
@@ -600,8 +659,6 @@ def main(args: argparse.Namespace) -> int:
     from lever.cli import UserError
 
     torch = require_cuda()
-    if args.path == "proxy":
-        raise UserError("--path proxy: the proxy path is not built yet (issue 7)")
     if args.iters < 1 or args.warmup < 0:
         raise UserError("--iters must be >= 1 and --warmup >= 0")
     ngpu = torch.cuda.device_count()
@@ -617,20 +674,21 @@ def main(args: argparse.Namespace) -> int:
     if not args.variants and not args.out:
         raise UserError("--out RECORD is required")
     try:
-        base = load_scenario(args.ranks, args.faults, args.set, [])
+        base = load_scenario(args.ranks, args.faults, args.set, [], args.path)
         shape = Shape(num_ranks=args.ranks, tokens=base.workload.tokens_per_rank, hidden=base.workload.hidden,
                       top_k=base.workload.top_k, num_experts=base.workload.num_experts)
         shape.check()
         ext = load_ext()
-        runner = Runner(torch, ext, shape, args.ranks, gpus, base, args.seed, args.num_sms, args.timeout_ms)
+        runner = Runner(torch, ext, shape, args.ranks, gpus, base, args.seed, args.num_sms, args.timeout_ms,
+                        args.path, args.proxy_threads)
         info = _platform_info(torch)
         rc = 0
         for v in variants:
             levers = [x for x in v.split(",") if x]
-            scn = load_scenario(args.ranks, args.faults, args.set, levers)
+            scn = load_scenario(args.ranks, args.faults, args.set, levers, args.path)
             runner.rebuild(scn, args.seed)
             runner.reset_state()
-            sets = scenario_sets(args.ranks, args.faults, args.set)
+            sets = scenario_sets(args.ranks, args.faults, args.set, args.path)
             tag = "-".join(levers) if levers else "baseline"
             rid = f"{args.id_prefix}{args.ranks}-{args.path}-{tag}{'-faults' if args.faults else ''}"
             try:

@@ -5,10 +5,16 @@ category on the issuing warps); the kernels write sampled ``globaltimer``
 rows into a device buffer so hw and sim compare row for row. The row format
 is fixed by ``hw/ep/efa_emu.cuh`` (8 x u64):
 
-- PUT row (kind 1), one sampled post group: ``w1`` lock ns (waiting for and
-  releasing a shared QP), ``w2`` credit_wait ns (CQ polls before posts), ``w3``
-  wqe ns (64 B WQE stores), ``w4`` fence ns, ``w5`` doorbell ns, ``w6`` WQEs in
-  the group, ``w7`` total ns. Sampled one group in ``period``: weight = period.
+- PUT row (kind 1), one sampled post group of the native path: ``w1`` lock ns
+  (slot reservation + waiting for the doorbell turn of a shared QP: doorbells
+  ring in slot order across CTAs), ``w2`` credit_wait ns (CQ polls before
+  posts), ``w3`` wqe ns (64 B WQE stores), ``w4`` fence ns, ``w5`` doorbell ns,
+  ``w6`` WQEs in the group, ``w7`` total ns. Sampled one group in ``period``:
+  weight = period.
+- PROXY PUT row (kind 3), the same for the proxy path: ``w1`` 0, ``w2``
+  credit_wait (polls of the completions the proxy wrote back), ``w3`` wqe
+  (128 B descriptor stores and their publish), ``w4`` fence, ``w5`` proxy_queue
+  (waiting for ring space: descriptors not yet taken by the host thread).
 - PHASE row (kind 2): ``w1`` phase id, ``w2`` begin ns, ``w3`` end ns; every
   phase of every warp (weight 1).
 
@@ -19,7 +25,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 
-PK_PUT, PK_PHASE = 1, 2
+PK_PUT, PK_PHASE, PK_PUT_PROXY = 1, 2, 3
 PHASE_CATEGORY = {
     1: "compute",    # layout (slot/count computation)
     2: "compute",    # token packing into the send buffer
@@ -32,6 +38,7 @@ PHASE_CATEGORY = {
     9: "lock",       # rank barrier
 }
 PUT_FIELDS = ("lock", "credit_wait", "wqe", "fence", "doorbell")
+PROXY_PUT_FIELDS = ("lock", "credit_wait", "wqe", "fence", "proxy_queue")
 OPS = ("dispatch", "combine")
 
 
@@ -43,9 +50,10 @@ def decode(rows: Iterable[Sequence[int]]) -> list[dict]:
         kind, op, rank, warp = w[0] & 0xFF, (w[0] >> 8) & 0xFF, (w[0] >> 16) & 0xFFFF, w[0] >> 32
         if op > 1:
             continue
-        if kind == PK_PUT:
-            out.append({"kind": "put", "op": OPS[op], "rank": rank, "warp": warp,
-                        **dict(zip(PUT_FIELDS, w[1:6], strict=True)), "n": w[6], "total": w[7]})
+        if kind in (PK_PUT, PK_PUT_PROXY):
+            fields = PUT_FIELDS if kind == PK_PUT else PROXY_PUT_FIELDS
+            out.append({"kind": "put", "op": OPS[op], "rank": rank, "warp": warp, "fields": fields,
+                        **dict(zip(fields, w[1:6], strict=True)), "n": w[6], "total": w[7]})
         elif kind == PK_PHASE and w[3] >= w[2]:
             cat = PHASE_CATEGORY.get(w[1])
             if cat:
@@ -70,7 +78,7 @@ def attribution(rows: list[dict], op: str, period: int) -> tuple[dict[str, float
             continue
         if r["kind"] == "put":
             samples += 1
-            for f in PUT_FIELDS:
+            for f in r.get("fields", PUT_FIELDS):
                 busy[f] = busy.get(f, 0.0) + r[f] * period
                 put[f] = put.get(f, 0.0) + r[f] * period
         else:

@@ -2,14 +2,15 @@
 # Build the emulated-NIC EP kernels, run the gate, measure, and write records under $OUT.
 # One call on the device machine (nvidia-h200-x2): every step is bounded by `timeout`
 # and logged; a failing step does not stop the others. Records come back as one tarball.
-# Usage: hw/run_ep_on_device.sh [STEPS]   (STEPS: comma list of base,faults,unsafe,levers,loop,ep8,proxy)
+# Usage: hw/run_ep_on_device.sh [STEPS]   (STEPS: comma list of base,proxy,levers,faults,unsafe,loop,ep8)
 set -u
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/ep_out}
-mkdir -p "$OUT/rec"
+REC=/tmp/ep_rec; mkdir -p "$REC" "$OUT"
 export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 export LEVER_BUILD_DIR=/tmp/lever_build TORCH_CUDA_ARCH_LIST=9.0
-STEPS=${1:-base,faults,unsafe,levers,loop,ep8}
+STEPS=${1:-base,proxy,levers,faults,unsafe,loop,ep8}
+ITERS=${ITERS:-60}
 # pydantic is not on the device image: carried wheels (.whl) go to /tmp/site
 if ls .whl/*.whl >/dev/null 2>&1 && ! python3 -c 'import pydantic' 2>/dev/null; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
@@ -29,14 +30,16 @@ step() {  # name, timeout, args...
 has() { [[ ",$STEPS," == *",$1,"* ]]; }
 # build once (first use compiles)
 timeout 300 python3 -c 'from hw.ep import load_ext; m = load_ext(); print("built", m.layout_sizes())' 2>&1 | tail -20 | tee -a "$LOG"
-LEVERS="lazy-completion-dispatch;lazy-completion-combine;batched-doorbells;qp-fanout-fix;qp17-ownership;write-imm-counting;put-many;deferred-doorbell-aggregation;provider-batched-tail;lazy-completion-dispatch,deferred-doorbell-aggregation"
-has base && step base 150 --ranks 2 --gpus 2 --variants ";" --out-dir "$OUT/rec" --id-prefix emu-ep
-has faults && step faults 150 --ranks 2 --gpus 2 --faults --variants ";write-imm-counting" --out-dir "$OUT/rec" --id-prefix emu-ep
-has unsafe && step unsafe-ordered-must-fail 100 --ranks 2 --gpus 2 --faults --unsafe-ordered --iters 5 --warmup 1 --profile 0 --out "$OUT/unsafe.json"
-has levers && step levers 300 --ranks 2 --gpus 2 --variants "$LEVERS" --out-dir "$OUT/rec" --id-prefix emu-ep
-has loop && step loopback 120 --ranks 2 --gpus 1 --variants ";" --out-dir "$OUT/rec" --id-prefix emu-loop-ep
-has ep8 && step ep8-virtual 150 --ranks 8 --gpus 2 --num-sms 12 --variants ";" --out-dir "$OUT/rec" --id-prefix emu-ep
-has proxy && step proxy 150 --ranks 2 --gpus 2 --path proxy --variants ";" --out-dir "$OUT/rec" --id-prefix emu-ep
-ls "$OUT/rec" | tee -a "$LOG"
-tar czf "$OUT/records.tgz" -C "$OUT" rec
+LEVERS="lazy-completion-dispatch;lazy-completion-combine;batched-doorbells;qp-fanout-fix;qp17-ownership;write-imm-counting;put-many;deferred-doorbell-aggregation;provider-batched-tail;cached-dispatch;lazy-completion-dispatch,deferred-doorbell-aggregation"
+C="--ranks 2 --gpus 2 --iters $ITERS --out-dir $REC --id-prefix emu-ep"
+has base && step base 90 $C --variants ";"
+has proxy && step proxy 120 $C --path proxy --variants ";lazy-completion-dispatch"
+has levers && step levers 240 $C --variants "$LEVERS"
+has faults && step faults 120 $C --faults --variants ";write-imm-counting;cached-dispatch"
+has faults && step proxy-faults 90 $C --faults --path proxy --variants ";"
+has unsafe && step unsafe-ordered-must-fail 60 --ranks 2 --gpus 2 --faults --unsafe-ordered --iters 5 --warmup 1 --profile 0 --out "$REC/../unsafe.json"
+has loop && step loopback 90 --ranks 2 --gpus 1 --iters $ITERS --variants ";" --out-dir "$REC" --id-prefix emu-loop-ep
+has ep8 && step ep8-virtual 90 --ranks 8 --gpus 2 --iters $ITERS --num-sms 12 --variants ";" --out-dir "$REC" --id-prefix emu-ep
+ls "$REC" | tee -a "$LOG"
+tar czf "$OUT/records.tgz" -C /tmp ep_rec
 echo "done" | tee -a "$LOG"

@@ -7,8 +7,13 @@
 #include <pybind11/stl.h>
 #include <cuda_runtime.h>
 
+#include <atomic>
+#include <chrono>
+#include <cstring>
 #include <map>
+#include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "efa_emu.cuh"
@@ -27,6 +32,11 @@ static int64_t need(const IntMap& m, const char* k) {
 template <class T>
 static T* ptr(const IntMap& m, const char* k) {
   return reinterpret_cast<T*>(static_cast<uintptr_t>(need(m, k)));
+}
+template <class T>
+static T* opt_ptr(const IntMap& m, const char* k) {
+  auto it = m.find(k);
+  return it == m.end() ? nullptr : reinterpret_cast<T*>(static_cast<uintptr_t>(it->second));
 }
 
 static int make_world(int gpu, const IntMap& c, const FloatMap& fab, const std::vector<IntMap>& locals,
@@ -75,10 +85,12 @@ static int make_world(int gpu, const IntMap& c, const FloatMap& fab, const std::
     r.rx_head = ptr<unsigned>(m, "rx_head"); r.qps = ptr<emu::QpIssuer>(m, "qps");
     r.sq = ptr<emu::efa_io_tx_wqe>(m, "sq"); r.cq = ptr<emu::efa_io_tx_cdesc>(m, "cq");
     r.db = ptr<unsigned>(m, "db"); r.nicqp = ptr<emu::NicQp>(m, "nicqp");
-    r.nic_rem = ptr<unsigned char>(m, "nic_rem"); r.bar = ptr<unsigned>(m, "bar");
+    r.nic_rem = ptr<int>(m, "nic_rem"); r.bar = ptr<unsigned>(m, "bar");
+    r.hcount = ptr<int>(m, "hcount");
     r.prof = ptr<unsigned long long>(m, "prof"); r.prof_n = ptr<unsigned>(m, "prof_n");
-    r.pring = ptr<emu::ProxyDesc>(m, "pring"); r.pprod = ptr<unsigned long long>(m, "pprod");
-    r.pdone = ptr<unsigned long long>(m, "pdone");
+    r.pring = opt_ptr<emu::ProxyDesc>(m, "pring"); r.pstate = opt_ptr<unsigned long long>(m, "pstate");
+    r.psq = opt_ptr<emu::efa_io_tx_wqe>(m, "psq"); r.pcq = opt_ptr<emu::efa_io_tx_cdesc>(m, "pcq");
+    r.pdb = opt_ptr<unsigned>(m, "pdb");
   }
   std::vector<emu::RankPeer> P(peers.size());
   for (size_t i = 0; i < peers.size(); ++i) {
@@ -115,6 +127,8 @@ static emu::EpFlags to_flags(const IntMap& m) {
   f.imm_counting = (int)need(m, "imm_counting"); f.ordered_unsafe = (int)need(m, "ordered_unsafe");
   f.batched_tail = (int)need(m, "batched_tail"); f.prof_period = (int)need(m, "prof_period");
   f.proxy = (int)need(m, "proxy");
+  auto it = m.find("cached");
+  f.cached = it == m.end() ? 0 : (int)it->second;
   return f;
 }
 
@@ -137,7 +151,154 @@ static std::map<std::string, int64_t> layout_sizes() {
 }
 static std::string err_string(int e) { return cudaGetErrorString((cudaError_t)e); }
 
+// ------------------------------------------------------------------ proxy
+// The CPU proxy: host threads poll the descriptor rings the GPU warps fill in
+// pinned host memory, build the 64-byte EFA WQE for each descriptor in the
+// proxy's send queue (pinned, mapped: the emulated NIC reads it over PCIe), ring
+// the doorbell once per drained batch, poll the proxy CQ the NIC writes, and
+// write back the consumer index (ring space) and the completions counted, which
+// the GPU polls. Descriptors are consumed strictly in ring order.
+struct ProxyRing {
+  emu::ProxyDesc* ring;
+  volatile unsigned long long* cons;   // pstate[qp*16 + 0]
+  volatile unsigned long long* done;   // pstate[qp*16 + 8]
+  emu::efa_io_tx_wqe* sq;
+  volatile emu::efa_io_tx_cdesc* cq;
+  volatile unsigned* db;
+  int rank, qp, ring_depth, sq_depth;
+  unsigned long long c = 0, posted = 0, cq_ci = 0;
+};
+struct ProxyStats {
+  std::atomic<unsigned long long> descs{0}, batches{0}, post_ns{0}, cqes{0}, bad{0};
+};
+static std::vector<std::unique_ptr<ProxyRing>> g_rings;
+static std::vector<std::thread> g_threads;
+static std::atomic<int> g_stop{0};
+static ProxyStats g_pstats;
+
+static void proxy_loop(std::vector<ProxyRing*> rings) {
+  using clk = std::chrono::steady_clock;
+  while (!g_stop.load(std::memory_order_relaxed)) {
+    for (ProxyRing* r : rings) {
+      // 1. descriptors, in order
+      unsigned long long n = 0;
+      auto t0 = clk::now();
+      while (true) {
+        volatile emu::ProxyDesc* d = r->ring + (r->c % (unsigned long long)r->ring_depth);
+        if (d->seq != r->c + 1) break;
+        std::atomic_thread_fence(std::memory_order_acquire);
+        const unsigned long long laddr = d->local_addr, raddr = d->remote_addr;
+        const unsigned len = d->len, imm = d->imm;
+        const unsigned dest = d->dest_rank, dqp = d->dest_qp, has_imm = d->has_imm;
+        if (r->posted - r->cq_ci >= (unsigned long long)r->sq_depth) break;  // NIC SQ full: wait for CQEs
+        const unsigned idx = (unsigned)r->posted;
+        unsigned long long* w = reinterpret_cast<unsigned long long*>(r->sq + (idx % (unsigned)r->sq_depth));
+        for (int k = 0; k < 8; ++k)
+          w[k] = emu::wqe_word(laddr, raddr, len, imm, dest, dqp, has_imm, k, idx, r->sq_depth, r->rank);
+        ++r->posted;
+        ++r->c;
+        ++n;
+      }
+      if (n) {
+        std::atomic_thread_fence(std::memory_order_release);
+        *r->db = (unsigned)(r->posted & 0xffffu);           // doorbell: producer counter
+        *r->cons = r->c;                                     // ring space back to the GPU
+        g_pstats.descs += n;
+        g_pstats.batches += 1;
+        g_pstats.post_ns += (unsigned long long)std::chrono::duration_cast<std::chrono::nanoseconds>(clk::now() - t0).count();
+      }
+      // 2. completions (the NIC's CQEs may come out of WQE order: counted)
+      unsigned long long m = 0;
+      while (true) {
+        volatile emu::efa_io_tx_cdesc* q = r->cq + (r->cq_ci % (unsigned long long)r->sq_depth);
+        const unsigned flags = q->common.flags;
+        const unsigned phase = (unsigned)(((r->cq_ci / (unsigned long long)r->sq_depth) & 1ull) ^ 1ull);
+        if ((flags & emu::CDESC_PHASE) != phase) break;
+        if (q->common.status != 0) g_pstats.bad += 1;
+        ++r->cq_ci;
+        ++m;
+      }
+      if (m) {
+        std::atomic_thread_fence(std::memory_order_release);
+        *r->done = r->cq_ci;
+        g_pstats.cqes += m;
+      }
+    }
+  }
+}
+
+static int64_t proxy_alloc(int64_t bytes) {
+  void* p = nullptr;
+  if (cudaHostAlloc(&p, (size_t)bytes, cudaHostAllocMapped | cudaHostAllocPortable) != cudaSuccess)
+    throw std::runtime_error("cudaHostAlloc failed");
+  std::memset(p, 0, (size_t)bytes);
+  void* dp = nullptr;
+  if (cudaHostGetDevicePointer(&dp, p, 0) != cudaSuccess || dp != p)
+    throw std::runtime_error("pinned host memory is not mapped at the same address (no UVA)");
+  return (int64_t)(uintptr_t)p;
+}
+static void proxy_free(int64_t p) { cudaFreeHost(reinterpret_cast<void*>(static_cast<uintptr_t>(p))); }
+static void host_zero(int64_t p, int64_t bytes) { std::memset(reinterpret_cast<void*>(static_cast<uintptr_t>(p)), 0, (size_t)bytes); }
+
+static std::map<std::string, int64_t> proxy_stats() {
+  std::map<std::string, int64_t> out = {{"descriptors", (int64_t)g_pstats.descs.load()},
+                                        {"batches", (int64_t)g_pstats.batches.load()},
+                                        {"post_ns", (int64_t)g_pstats.post_ns.load()},
+                                        {"cqes", (int64_t)g_pstats.cqes.load()},
+                                        {"bad_cqes", (int64_t)g_pstats.bad.load()},
+                                        {"threads", (int64_t)g_threads.size()}};
+  return out;
+}
+static std::map<std::string, int64_t> proxy_stop() {
+  auto out = proxy_stats();
+  g_stop = 1;
+  for (auto& t : g_threads) t.join();
+  g_threads.clear();
+  g_rings.clear();
+  return out;
+}
+
+// ranks: per rank {rank, pring, pstate, psq, pcq, pdb}; the memory must be zeroed (fresh state)
+static int proxy_start(const std::vector<IntMap>& ranks, int num_qps, int ring_depth, int sq_depth, int threads) {
+  if (!g_threads.empty()) proxy_stop();
+  g_stop = 0;
+  g_pstats.descs = 0; g_pstats.batches = 0; g_pstats.post_ns = 0; g_pstats.cqes = 0; g_pstats.bad = 0;
+  for (const IntMap& m : ranks) {
+    auto* pring = ptr<emu::ProxyDesc>(m, "pring");
+    auto* pstate = ptr<unsigned long long>(m, "pstate");
+    auto* psq = ptr<emu::efa_io_tx_wqe>(m, "psq");
+    auto* pcq = ptr<emu::efa_io_tx_cdesc>(m, "pcq");
+    auto* pdb = ptr<unsigned>(m, "pdb");
+    for (int q = 0; q < num_qps; ++q) {
+      auto r = std::make_unique<ProxyRing>();
+      r->ring = pring + (size_t)q * ring_depth;
+      r->cons = pstate + (size_t)q * 16;
+      r->done = pstate + (size_t)q * 16 + 8;
+      r->sq = psq + (size_t)q * sq_depth;
+      r->cq = pcq + (size_t)q * sq_depth;
+      r->db = pdb + q * 32;
+      r->rank = (int)need(m, "rank");
+      r->qp = q;
+      r->ring_depth = ring_depth;
+      r->sq_depth = sq_depth;
+      g_rings.push_back(std::move(r));
+    }
+  }
+  if (threads < 1) threads = 1;
+  std::vector<std::vector<ProxyRing*>> parts((size_t)threads);
+  for (size_t i = 0; i < g_rings.size(); ++i) parts[i % (size_t)threads].push_back(g_rings[i].get());
+  for (auto& p : parts)
+    if (!p.empty()) g_threads.emplace_back(proxy_loop, p);
+  return (int)g_threads.size();
+}
+
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.def("proxy_alloc", &proxy_alloc);
+  m.def("proxy_free", &proxy_free);
+  m.def("host_zero", &host_zero);
+  m.def("proxy_start", &proxy_start);
+  m.def("proxy_stop", &proxy_stop);
+  m.def("proxy_stats", &proxy_stats);
   m.def("make_world", &make_world);
   m.def("launch_barrier", &launch_barrier);
   m.def("launch_op", &launch_op);

@@ -999,15 +999,21 @@ __device__ int nic_fetch(const World& w, NicCtx& c, NicShared& S) {
   const unsigned depth = c.depth;
   int taken_total = 0;
   const float ns_per_byte = 8.f / fb.line_rate_gbps;
-  for (int q = c.nic; q < c.nq; q += c.nics) {
+  // lane j watches QP nic + j * nics: all doorbells are read at once
+  unsigned my_ci = 0, my_db = 0;
+  const int my_q = c.nic + lane * c.nics;
+  if (my_q < c.nq) {
+    my_ci = ld_vol32(&L.nicqp[my_q].ci);
+    my_db = ld_acq32(c.db + my_q * 32) & 0xffffu;
+  }
+  unsigned todo = __ballot_sync(0xffffffffu, my_q < c.nq && ((my_db - my_ci) & 0xffffu) != 0u);
+  while (todo) {
+    const int jq = __ffs(todo) - 1;
+    todo &= todo - 1;
+    const int q = c.nic + jq * c.nics;
     NicQp* NQ = L.nicqp + q;
-    unsigned ci = 0, dbv = 0;
-    if (lane == 0) {
-      ci = ld_vol32(&NQ->ci);
-      dbv = ld_acq32(c.db + q * 32) & 0xffffu;
-    }
-    ci = __shfl_sync(0xffffffffu, ci, 0);
-    dbv = __shfl_sync(0xffffffffu, dbv, 0);
+    unsigned ci = __shfl_sync(0xffffffffu, my_ci, jq);
+    const unsigned dbv = __shfl_sync(0xffffffffu, my_db, jq);
     unsigned pending = (dbv - ci) & 0xffffu;
     while (pending > 0u) {
       const int nw = pending < 32u ? (int)pending : 32;
@@ -1206,7 +1212,7 @@ __device__ void nic_warp(const World& w, const EpFlags& f, int lr, int nic, int 
   c.L = &L;
   c.nic = nic;
   c.nics = fb.nics_per_rank;
-  c.nq = NQ_MAX;
+  c.nq = f.num_qps < NQ_MAX ? f.num_qps : NQ_MAX;
   c.depth = (unsigned)w.sq_depth;
   c.proxy = f.proxy != 0;
   c.sq = c.proxy ? L.psq : L.sq;

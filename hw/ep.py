@@ -51,7 +51,7 @@ ERR_NAMES = {
 }
 STAT_NAMES = ["stamp_bad_dispatch", "stamp_bad_combine", "packets", "retransmits", "wqes",
               "doorbells", "fences", "cqes", "rx_cqes", "locks", "credit_polls", "reordered", "turn_waits",
-              "descriptors", "ring_polls"]
+              "descriptors", "ring_polls", "nic_late_ns"]
 
 # Lever -> design overrides, used when scenarios/levers/NAME.toml does not exist (yet).
 LEVER_FALLBACK: dict[str, list[str]] = {
@@ -611,11 +611,15 @@ def _run_variant(runner: Runner, scn, args, levers: list[str], sets: list[str], 
     for k in ("packets", "retransmits", "wqes", "doorbells", "fences", "cqes", "rx_cqes", "credit_polls",
               "reordered", "turn_waits", "descriptors", "ring_polls"):
         metrics[f"{k}_per_iteration_count"] = {"median": round(st[k] / n_it, 3)}
+    if st["packets"]:
+        # how far the NIC agent delivers behind its own schedule (emulator fidelity)
+        metrics["nic_late_per_packet_ns"] = {"median": round(st["nic_late_ns"] / st["packets"], 1)}
     if args.path == "proxy":
         pst = dict(runner.ext.proxy_stats())
         if pst.get("descriptors"):
-            metrics["proxy_post_ns_per_descriptor"] = {"median": round(pst["post_ns"] / pst["descriptors"], 1)}
-            metrics["proxy_descriptors_per_batch"] = {"median": round(pst["descriptors"] / max(1, pst["batches"]), 2)}
+            metrics["proxy_post_per_descriptor_ns"] = {"median": round(pst["post_ns"] / pst["descriptors"], 1)}
+            metrics["proxy_descriptors_per_batch_count"] = {
+                "median": round(pst["descriptors"] / max(1, pst["batches"]), 2)}
         metrics["proxy_threads_count"] = {"median": n_proxy}
     attribution = None
     samples = None

@@ -147,6 +147,7 @@ enum Stat : int {
   ST_TURN_WAITS = 12,  // doorbell turns that had to wait for an earlier slot's doorbell
   ST_DESCS = 13,       // proxy descriptors published
   ST_RING_FULL = 14,   // proxy: ring-space polls (host memory reads)
+  ST_NIC_LATE_NS = 15, // sum over data packets of (delivered - due): the emulator falling behind its model
   ST_NUM = 16,
 };
 

@@ -42,6 +42,11 @@ __device__ __forceinline__ unsigned long long ld_acq64(const unsigned long long*
   asm volatile("ld.acquire.sys.global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
   return v;
 }
+__device__ __forceinline__ unsigned int ld_rlx32(const unsigned int* p) {
+  unsigned int v;
+  asm volatile("ld.relaxed.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+  return v;
+}
 __device__ __forceinline__ unsigned int ld_vol32(const unsigned int* p) {
   return *reinterpret_cast<const volatile unsigned int*>(p);
 }
@@ -212,30 +217,40 @@ __device__ __forceinline__ unsigned long long put_word(const Put& p, int wd, uns
 }
 
 // Consume available send CQEs of a shared QP (at least one poll) until
-// cq_ci >= need; any warp may advance the consumer index (CAS). Lane 0 only.
+// cq_ci >= need; any warp may advance the consumer index. Warp-collective: the
+// lanes read 32 consecutive CQEs at once and one CAS consumes the valid prefix.
 __device__ bool cq_poll(const World& w, const RankLocal& L, int qp, unsigned need,
                         unsigned long long& polls) {
   QpIssuer* Q = L.qps + qp;
   const efa_io_tx_cdesc* cq = L.cq + (size_t)qp * w.sq_depth;
   const unsigned depth = (unsigned)w.sq_depth;
+  const int lane = lane_id();
   unsigned long long t0 = gtime();
   while (true) {
-    unsigned ci = ld_vol32(&Q->cq_ci);
-    uint4 v = ld_vol_v4(&cq[ci % depth]);
-    ++polls;
-    unsigned phase = ((ci / depth) & 1u) ^ 1u;
-    unsigned flags = (v.x >> 24) & 0xffu;
-    if ((flags & CDESC_PHASE) == phase) {
-      if (((v.x >> 16) & 0xffu) != 0u) {
-        raise_err(w, ERR_BAD_CQE, L.rank, qp, ci, (v.x >> 16) & 0xffu, 0);
-        return false;
-      }
-      atomicCAS(&Q->cq_ci, ci, ci + 1u);
+    unsigned ci = 0;
+    if (lane == 0) ci = ld_vol32(&Q->cq_ci);
+    ci = __shfl_sync(0xffffffffu, ci, 0);
+    const unsigned k = ci + (unsigned)lane;
+    uint4 v = ld_vol_v4(&cq[k % depth]);
+    if (lane == 0) ++polls;
+    const unsigned phase = ((k / depth) & 1u) ^ 1u;
+    const bool valid = (((v.x >> 24) & 0xffu) & CDESC_PHASE) == phase;
+    const unsigned vm = __ballot_sync(0xffffffffu, valid);
+    const int nvalid = __ffs(~vm) - 1 < 0 ? 32 : __ffs(~vm) - 1;  // valid prefix
+    const bool badst = valid && lane < nvalid && ((v.x >> 16) & 0xffu) != 0u;
+    if (__any_sync(0xffffffffu, badst)) {
+      if (lane == 0) raise_err(w, ERR_BAD_CQE, L.rank, qp, ci, 1, 0);
+      return false;
+    }
+    if (nvalid > 0) {
+      if (lane == 0) atomicCAS(&Q->cq_ci, ci, ci + (unsigned)nvalid);
       continue;
     }
     if ((int)(ci - need) >= 0) return true;
-    if (timed_out(w, t0)) {
-      raise_err(w, ERR_TIMEOUT_CQ, L.rank, qp, ci, need, 0);
+    bool to = false;
+    if (lane == 0) to = timed_out(w, t0);
+    if (__shfl_sync(0xffffffffu, to, 0)) {
+      if (lane == 0) raise_err(w, ERR_TIMEOUT_CQ, L.rank, qp, ci, need, 0);
       return false;
     }
   }
@@ -280,7 +295,7 @@ __device__ bool post_proxy(const World& w, const RankLocal& L, const EpFlags& f,
   if (lane == 0) slot = atomicAdd(&Q->resv, (unsigned)n);
   slot = __shfl_sync(0xffffffffu, slot, 0);
   bool ok = true;
-  const unsigned long long rd = (unsigned long long)w.ring_depth;
+  const unsigned long long rd = (unsigned long long)w.ring_depth;  // descriptors per ring
   // credit: completions the proxy reported must leave room in the NIC's SQ
   if (!f.lazy) {
     if (sample && lane == 0) tt = gtime();
@@ -366,8 +381,7 @@ __device__ bool post_group(const World& w, const RankLocal& L, const EpFlags& f,
     // put_many: one credit check for the span, lanes write 4 WQEs per store
     if (!f.lazy) {
       if (sample && lane == 0) tt = gtime();
-      if (lane == 0) ok = cq_poll(w, L, is.qp, slot + n - depth, is.n_poll);
-      ok = __shfl_sync(0xffffffffu, ok, 0);
+      ok = cq_poll(w, L, is.qp, slot + n - depth, is.n_poll);
       if (sample && lane == 0) acc_credit += gtime() - tt;
       if (!ok) return false;
     }
@@ -383,8 +397,7 @@ __device__ bool post_group(const World& w, const RankLocal& L, const EpFlags& f,
     for (int i = 0; i < n; ++i) {
       if (!f.lazy && (is.credit_ctr++ % (unsigned)ce) == 0u) {
         if (sample && lane == 0) tt = gtime();
-        if (lane == 0) ok = cq_poll(w, L, is.qp, slot + i + 1 - depth, is.n_poll);
-        ok = __shfl_sync(0xffffffffu, ok, 0);
+        ok = cq_poll(w, L, is.qp, slot + i + 1 - depth, is.n_poll);
         if (sample && lane == 0) acc_credit += gtime() - tt;
         if (!ok) return false;
       }
@@ -407,26 +420,36 @@ __device__ bool post_group(const World& w, const RankLocal& L, const EpFlags& f,
   } else {
     __threadfence();  // WQE stores before the turn hand-off (gpu scope, no system fence)
   }
-  // doorbell turn: wait until every earlier slot's doorbell went out
+  // doorbell turn: wait until every earlier slot's doorbell went out. Without
+  // aggregation the doorbell word itself is the turn (a warp rings when it reads
+  // its own start slot there): one store per hand-off, ordered by coherence.
   if (sample && lane == 0) tt = gtime();
+  const unsigned end = slot + (unsigned)n;
   if (lane == 0) {
     unsigned long long tw = gtime();
-    unsigned v = ld_acq32(&Q->turn);
-    if (v != slot) ++is.n_turnwait;
-    while (v != slot) {
+    const unsigned* tp = agg ? &Q->turn : db;
+    const unsigned mask = agg ? 0xffffffffu : 0xffffu;
+    unsigned v = ld_rlx32(tp) & mask;
+    if (v != (slot & mask)) ++is.n_turnwait;
+    while (v != (slot & mask)) {
       if (timed_out(w, tw)) {
         raise_err(w, ERR_TIMEOUT_TURN, L.rank, is.qp, v, slot, warp_global);
         ok = false;
         break;
       }
-      v = ld_acq32(&Q->turn);
+      v = ld_rlx32(tp) & mask;
     }
   }
   ok = __shfl_sync(0xffffffffu, ok, 0);
   if (sample && lane == 0) acc_lock += gtime() - tt;
   if (!ok) return false;
-  const unsigned end = slot + (unsigned)n;
-  if (lane == 0) {
+  if (lane == 0 && !agg) {
+    if (sample) tt = gtime();
+    st_relaxed32(db, end & 0xffffu);
+    ++is.n_db;
+    if (sample) acc_db += gtime() - tt;
+  }
+  if (lane == 0 && agg) {
     bool ring = true;
     if (agg) {
       unsigned last = ld_vol32(&Q->db_last);
@@ -483,20 +506,26 @@ __device__ bool flush_qp(const World& w, const RankLocal& L, const EpFlags& f, i
     } else {
       unsigned long long t0 = gtime();
       unsigned v;
-      while ((v = ld_acq32(&Q->turn)) != resv) {
+      const bool agg = f.agg > 0;
+      const unsigned* tp = agg ? &Q->turn : L.db + qp * 32;
+      const unsigned mask = agg ? 0xffffffffu : 0xffffu;
+      while ((v = ld_acq32(tp) & mask) != (resv & mask)) {
         if (timed_out(w, t0)) { raise_err(w, ERR_TIMEOUT_TURN, L.rank, qp, v, resv, -1); ok = false; break; }
       }
-      if (ok && ld_vol32(&Q->db_last) != resv) {
+      if (ok && agg && ld_vol32(&Q->db_last) != resv) {
         __threadfence_system();
         st_relaxed32(L.db + qp * 32, resv & 0xffffu);
         *reinterpret_cast<volatile unsigned*>(&Q->db_last) = resv;
         ++tmp.n_db;
         ++tmp.n_fence;
       }
-      if (ok) ok = cq_poll(w, L, qp, resv, tmp.n_poll);
     }
+    tmp.credit_ctr = resv;
   }
-  return __shfl_sync(0xffffffffu, ok, 0);
+  ok = __shfl_sync(0xffffffffu, ok, 0);
+  if (!ok || f.proxy) return ok;
+  const unsigned resv = __shfl_sync(0xffffffffu, tmp.credit_ctr, 0);
+  return cq_poll(w, L, qp, resv, tmp.n_poll);  // warp-collective
 }
 
 // ------------------------------------------------------------ EP roles
@@ -981,7 +1010,7 @@ struct NicCtx {
   efa_io_tx_cdesc* cq;
   const unsigned* db;
   unsigned long long seed;
-  unsigned long long n_pkt, n_retx, n_cqe, n_rx, n_reord, n_wqe;
+  unsigned long long n_pkt, n_retx, n_cqe, n_rx, n_reord, n_wqe, n_late;
 };
 
 __device__ __forceinline__ Rng pkt_rng(const NicCtx& c, int q, unsigned wi, unsigned p) {
@@ -1172,14 +1201,22 @@ __device__ __forceinline__ void copy_packet(const uint8_t* src, uint8_t* dst, un
     uint4* d4 = reinterpret_cast<uint4*>(dst);
     const unsigned nv = n >> 4;
     unsigned i = (unsigned)lane;
-    for (; i + 224u < nv; i += 256u) {
-      uint4 v[8];
+    for (; i + 32u * 15u < nv; i += 32u * 16u) {  // 8 KiB in flight per warp
+      uint4 v[16];
 #pragma unroll
-      for (int j = 0; j < 8; ++j) v[j] = __ldcg(s4 + i + 32 * j);
+      for (int j = 0; j < 16; ++j) v[j] = __ldcg(s4 + i + 32 * j);
 #pragma unroll
-      for (int j = 0; j < 8; ++j) __stcg(d4 + i + 32 * j, v[j]);
+      for (int j = 0; j < 16; ++j) __stcg(d4 + i + 32 * j, v[j]);
     }
-    for (; i < nv; i += 32u) __stcg(d4 + i, __ldcg(s4 + i));
+    {
+      uint4 v[16];
+#pragma unroll
+      for (int j = 0; j < 16; ++j)
+        if (i + 32u * j < nv) v[j] = __ldcg(s4 + i + 32 * j);
+#pragma unroll
+      for (int j = 0; j < 16; ++j)
+        if (i + 32u * j < nv) __stcg(d4 + i + 32 * j, v[j]);
+    }
   } else if (((reinterpret_cast<uintptr_t>(src) | reinterpret_cast<uintptr_t>(dst) | n) & 7u) == 0u) {
     const unsigned long long* s8 = reinterpret_cast<const unsigned long long*>(src);
     unsigned long long* d8 = reinterpret_cast<unsigned long long*>(dst);
@@ -1219,7 +1256,7 @@ __device__ void nic_warp(const World& w, const EpFlags& f, int lr, int nic, int 
   c.cq = c.proxy ? L.pcq : L.cq;
   c.db = c.proxy ? L.pdb : L.db;
   c.seed = mix64(fb.seed ^ ((unsigned long long)nic << 36));
-  c.n_pkt = c.n_retx = c.n_cqe = c.n_rx = c.n_reord = c.n_wqe = 0;
+  c.n_pkt = c.n_retx = c.n_cqe = c.n_rx = c.n_reord = c.n_wqe = c.n_late = 0;
   const unsigned depth = c.depth;
   const unsigned long long t_start = gtime();
   unsigned rot = (unsigned)wib * 97u;
@@ -1287,6 +1324,8 @@ __device__ void nic_warp(const World& w, const EpFlags& f, int lr, int nic, int 
         if (kind == EK_DATA) {
           const unsigned p = (meta >> 3) & 31u;
           ++c.n_pkt;
+          const unsigned long long due0 = vld64(&S.due[e]);
+          c.n_late += t > due0 ? t - due0 : 0ull;
           const unsigned seqv = wi * 32u + p;
           const unsigned prev = atomicMax(&NQ->last_landed, seqv);
           if (prev > seqv) ++c.n_reord;
@@ -1351,12 +1390,14 @@ __device__ void nic_warp(const World& w, const EpFlags& f, int lr, int nic, int 
       break;
     }
   }
-  if (lane == 0) {
-    atomicAdd(&w.stats[ST_PACKETS], c.n_pkt);
-    atomicAdd(&w.stats[ST_RETRANSMITS], c.n_retx);
-    atomicAdd(&w.stats[ST_CQES], c.n_cqe);
-    atomicAdd(&w.stats[ST_RX_CQES], c.n_rx);
-    atomicAdd(&w.stats[ST_REORDERED], c.n_reord);
+  // per-lane counters (each lane handled its own entries): warp sums
+  unsigned long long* cs[6] = {&c.n_pkt, &c.n_retx, &c.n_cqe, &c.n_rx, &c.n_reord, &c.n_late};
+  const int st_idx[6] = {ST_PACKETS, ST_RETRANSMITS, ST_CQES, ST_RX_CQES, ST_REORDERED, ST_NIC_LATE_NS};
+#pragma unroll
+  for (int i = 0; i < 6; ++i) {
+    unsigned long long v = *cs[i];
+    for (int o = 16; o; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    if (lane == 0 && v) atomicAdd(&w.stats[st_idx[i]], v);
   }
 }
 

@@ -23,19 +23,22 @@ class Counter:
     the threshold. Polling granularity is added by the poller, not here.
     """
 
-    __slots__ = ("env", "value", "_waiters", "_seq")
+    __slots__ = ("env", "value", "_waiters", "_seq", "watchers")
 
     def __init__(self, env: simpy.Environment, value: int = 0) -> None:
         self.env = env
         self.value = value
         self._waiters: list[tuple[int, int, simpy.Event]] = []
         self._seq = 0
+        self.watchers: list[Counter] = []  # bumped on every change (a poller of many words)
 
     def add(self, n: int = 1) -> None:
         self.value += n
         w = self._waiters
         while w and w[0][0] <= self.value:
             heapq.heappop(w)[2].succeed()
+        for c in self.watchers:
+            c.add(1)
 
     def reach(self, n: int) -> simpy.Event:
         ev = self.env.event()

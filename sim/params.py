@@ -269,6 +269,9 @@ class Design(Strict):
     provider_batched_tail: bool = Field(
         False, description="the provider/NIC batches the tail signal work instead of the kernel"
     )
+    ll_intranode_nvlink: bool = Field(
+        True, description="v1-ll: same-node peers over NVLink (False: pure RDMA, DeepEP LL's reference)"
+    )
     notify_bytes: int = Field(64, ge=1)
     nvlink_chunk_tokens: int = Field(4, ge=1, description="hybrid: tokens a forward warp moves at once")
 

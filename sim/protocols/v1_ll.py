@@ -2,7 +2,8 @@
 
 Dispatch: warp ``t mod channels`` packs token ``t`` and writes it to each of its
 top-k experts (NVLink when the expert's rank is on the same node, RDMA
-otherwise). After a grid sync, warp ``e mod channels`` sends the count of
+otherwise; all RDMA with ``ll_intranode_nvlink = false``, DeepEP LL's "pure
+RDMA" reference). After a grid sync, warp ``e mod channels`` sends the count of
 tokens for expert ``e`` (the flag the receiver polls). In ``flush`` mode every
 warp first waits for the send completions of its data (SRD-safe). Receiving
 warp groups, one per local expert, poll each source's count and then know
@@ -74,6 +75,8 @@ def _rank(w: World, r: int, items, counts, nbytes: int, dispatch: bool):
     else:
         sig = [(e, p) for e in range(r * epr, (r + 1) * epr) for p in range(R)]
 
+    nvl = w.design.ll_intranode_nvlink
+
     def warp(c: int):
         port = w.port(r, c)
         track = port.track
@@ -83,7 +86,7 @@ def _rank(w: World, r: int, items, counts, nbytes: int, dispatch: bool):
             if dispatch and tok != last_token:
                 yield env.timeout(w.ledger.issue("compute", g.token_prep_ns))
             last_token = tok
-            if w.same_node(r, dst):
+            if nvl and w.same_node(r, dst):
                 yield from nvlink_put(w, r, dst, nbytes, tag, track)
             else:
                 yield from put(w, port, r, dst, nbytes, tag)
@@ -95,7 +98,7 @@ def _rank(w: World, r: int, items, counts, nbytes: int, dispatch: bool):
         for e, p in sig[c::C]:
             n = counts.get((r, p, e), 0)
             tag = ("d", r, e)
-            if w.same_node(r, p):
+            if nvl and w.same_node(r, p):
                 nvlink_flag(w, r, p, tag, n)
             else:
                 yield from publish(w, port, r, p, tag, n, flushed=True)

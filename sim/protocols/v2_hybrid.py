@@ -105,7 +105,11 @@ def _dispatch_rank(w: World, r: int, sh: _Shared):
         track = f"fwd{j}"
         done = [0] * len(pairs)
         want = [len(sh.stream.get((s, c, n), ())) for s, c in pairs]
+        wake = Counter(env)  # bumped whenever any polled tail moves
+        for s, c in pairs:
+            rcv.known[("h", s, c)].watchers.append(wake)
         while any(done[i] < want[i] for i in range(len(pairs))):
+            mark = wake.value
             progressed = False
             for i, (s, c) in enumerate(pairs):
                 tag = ("h", s, c)
@@ -125,10 +129,8 @@ def _dispatch_rank(w: World, r: int, sh: _Shared):
                     done[i] = avail
                     progressed = True
             if not progressed:
-                evs = [rcv.known[("h", s, c)].reach(done[i] + 1)
-                       for i, (s, c) in enumerate(pairs) if done[i] < want[i]]
                 t0 = env.now
-                yield env.any_of(evs)
+                yield wake.reach(mark + 1)
                 w.ledger.waited("poll_wait", env.now - t0)
                 poll = g.poll_interval_ns * w.poll_draws[r].uniform() + g.device_load_ns
                 if counting and d.signal_mode == "imm-counting":

@@ -66,15 +66,16 @@ def _provider_tail(w: World, port, src: int, dst: int, tag, value: int) -> None:
     env.process(proc())
 
 
-def nvlink_put(w: World, src: int, dst: int, nbytes: int, tag, track: str):
-    """Intra-node data over NVLink: visible (and ordered) at the peer after the link latency."""
+def nvlink_put(w: World, src: int, dst: int, nbytes: int, tag, track: str, count: int = 1):
+    """Intra-node data over NVLink (``count`` items of ``nbytes`` each, one stream of stores):
+    visible (and ordered) at the peer after the link latency."""
     rcv = w.receivers[dst]
 
     def land():
-        rcv.data[tag].add(1)
-        rcv.known[tag].add(1)
+        rcv.data[tag].add(count)
+        rcv.known[tag].add(count)
 
-    yield from w.nvlink.copy(src, dst, nbytes, track, land)
+    yield from w.nvlink.copy(src, dst, nbytes * count, track, land)
 
 
 def nvlink_flag(w: World, src: int, dst: int, tag, value: int):

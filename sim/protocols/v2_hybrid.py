@@ -117,15 +117,21 @@ def _dispatch_rank(w: World, r: int, sh: _Shared):
                 if avail > done[i]:
                     rcv.check(tag, avail)
                     toks = sh.stream[(s, c, n)][done[i]:avail]
+                    # per destination GPU of this node, chunks of nvlink_chunk_tokens tokens
+                    per_dst: dict[int, int] = {}
                     for t in toks:
                         for dst in rt.dst_ranks[s][t]:
-                            if w.node_of(dst) != n:
-                                continue
-                            if dst == r:
-                                rcv.data[("f", s)].add(1)
-                                rcv.known[("f", s)].add(1)
-                            else:
-                                yield from nvlink_put(w, r, dst, nbytes, ("f", s), track)
+                            if w.node_of(dst) == n:
+                                per_dst[dst] = per_dst.get(dst, 0) + 1
+                    for dst, k in per_dst.items():
+                        if dst == r:
+                            rcv.data[("f", s)].add(k)
+                            rcv.known[("f", s)].add(k)
+                            continue
+                        while k > 0:
+                            chunk = min(k, d.nvlink_chunk_tokens)
+                            k -= chunk
+                            yield from nvlink_put(w, r, dst, nbytes, ("f", s), track, chunk)
                     done[i] = avail
                     progressed = True
             if not progressed:

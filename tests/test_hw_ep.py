@@ -235,3 +235,46 @@ def test_committed_emulated_records_pass_their_gate():
         assert r.nic == "emulated-srd" and r.gate.passed is True, p.name
         for op in ("dispatch", "combine"):
             assert r.latency_us[op].n >= 50, p.name
+
+
+def test_proxy_put_rows_attribute_ring_wait_to_proxy_queue():
+    # kind 3: proxy post group (w1 0, credit, descriptor stores, fence, ring-space wait, n, total)
+    hdr = 3 | (0 << 8) | (1 << 16) | (5 << 32)
+    rows = decode([[hdr, 0, 100, 50, 250, 600, 1, 1000], [hdr, 0, 0, 50, 250, 700, 1, 1000]])
+    assert rows[0]["kind"] == "put" and rows[0]["proxy_queue"] == 600 and "doorbell" not in rows[0]
+    busy, put, n = attribution(rows, "dispatch", 2)
+    assert n == 2 and put["proxy_queue"] == pytest.approx(1300 / 2000, abs=1e-6)
+    assert put["credit_wait"] == pytest.approx(100 / 2000, abs=1e-6) and sum(put.values()) <= 1.0
+
+
+def test_cached_dispatch_and_proxy_flags():
+    from hw.ep import kernel_flags, load_scenario, scenario_sets
+
+    c = load_scenario(2, False, [], ["cached-dispatch"])
+    assert kernel_flags(c, "dispatch", "native", 0, False)["cached"] == 1
+    assert kernel_flags(c, "combine", "native", 0, False)["cached"] == 0  # combine has no layout
+    p = load_scenario(2, False, [], [], "proxy")
+    assert p.design.path == "proxy" and kernel_flags(p, "dispatch", "proxy", 0, False)["proxy"] == 1
+    assert 'design.path="proxy"' in scenario_sets(2, False, [], "proxy")
+    assert p.platform.proxy.ring_depth == 32
+
+
+def test_proxy_descriptor_and_issuer_layouts_in_header():
+    """The host proxy and the GPU share these layouts: 128 B descriptors, 128 B QP state lines."""
+    text = (EP / "efa_emu.cuh").read_text()
+    for check in ("sizeof(ProxyDesc) == 128", "unsigned long long seq;", "unsigned int resv;",
+                  "unsigned long long* pstate;", "ST_NIC_LATE_NS"):
+        assert check in text
+    b = (EP / "binding.cpp").read_text()
+    assert "std::thread" in b and "cudaHostAllocMapped" in b and "emu::wqe_word" in b
+
+
+def test_committed_records_cover_native_proxy_and_levers():
+    from calibration.records import load_record
+
+    recs = {p.stem: load_record(p) for p in (ROOT / "calibration" / "data").glob("emu-ep2-*.json")}
+    assert "emu-ep2-native-baseline" in recs and "emu-ep2-proxy-baseline" in recs
+    levers = {r.what.levers[0] for r in recs.values() if r.what.path == "native" and r.what.levers}
+    assert len(levers) >= 6
+    for r in recs.values():
+        assert r.gate.passed and r.attribution and r.attribution_samples

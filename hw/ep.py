@@ -1,4 +1,9 @@
-"""``lever hw ep``: native DeepEP-style LL dispatch/combine over the emulated SRD NIC.
+"""``lever hw ep``: DeepEP-style LL dispatch/combine (native or CPU proxy) over the emulated SRD NIC.
+
+``--path native``: warps build WQEs, fence and ring doorbells themselves (doorbells of a
+shared QP ring in slot order across CTAs). ``--path proxy``: the same kernels write 128 B
+descriptors into pinned host rings; C++ proxy threads of the extension post the WQEs to the
+same emulated NIC and write progress back where the GPU polls.
 
 What runs (hw/ep/ep_kernels.cu): per GPU one cooperative launch per op whose
 EP blocks build and post real 64-byte EFA TX WQEs, fence, ring doorbells and

@@ -2,8 +2,9 @@
 
 *Profiler* attribution: share of the GPU warps' time per category, summed over
 every issuing, polling and forwarding warp of every rank and seed: what a
-sampling profiler on those warps sees. ``put_path`` restricts it to the
-issue-side categories (the campaign's "share of the put path").
+sampling profiler on those warps sees. ``put_path`` restricts it to the time
+inside the put call (the campaign's "share of the put path"): WQE, fence,
+doorbell, lock, credit check and proxy hand-off.
 
 *Critical path* attribution: for each category c, the p50 latency of the op
 minus its p50 when every cost of c is set to zero (waits of c's kind
@@ -21,7 +22,9 @@ import numpy as np
 from sim.model import OpResult, simulate_op
 from sim.params import CATEGORIES, Scenario
 
-PUT_PATH = ("wqe", "fence", "doorbell", "lock", "credit_wait", "proxy_queue", "compute", "signal")
+# Time inside the put call itself (what a profiler scoped to the put function sees):
+# not the token packing before it, nor the flush/signal waits after it.
+PUT_PATH = ("wqe", "fence", "doorbell", "lock", "credit_wait", "proxy_queue")
 
 
 def stats(lat_us: list[float]) -> dict[str, float]:

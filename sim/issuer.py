@@ -25,28 +25,20 @@ if TYPE_CHECKING:
     from sim.nic import QueuePair
 
 
-class NativePort:
-    """One warp's view of its QP: post, ring, poll completions."""
+class WarpPort:
+    """What every posting warp shares, native or proxy: its counters, its
+    trace track, and paying costs (counted for the profiler) or waits."""
 
-    def __init__(self, world: World, rank: int, warp: int, qp: QueuePair, lazy: bool) -> None:
+    def __init__(self, world: World, rank: int, warp: int) -> None:
         self.w = world
         self.env = world.env
         self.rank = rank
         self.warp = warp
-        self.qp = qp
-        self.shared = qp.owners > 1 and world.design.qp_ownership == "shared-lock"
-        self.lazy = lazy
         self.posted = 0
         self.done = Counter(self.env)
-        self.pending: list[Message] = []
-        self._since_check = 0
-        self._span_left = 0
         self.track = f"sm{warp // world.design.warps_per_sm}.w{warp % world.design.warps_per_sm}"
         self.proc = f"rank{rank}"
-        g = world.platform.gpu
-        self.counter_read_ns = g.device_load_ns if g.completion_counter_in_device_memory else g.pcie_read_ns
 
-    # -- helpers ----------------------------------------------------------------
     def _pay(self, cat: str, ns: float, n: int = 1):
         t = self.w.ledger.issue(cat, ns, n)
         if t > 0:
@@ -78,6 +70,21 @@ class NativePort:
         dt = self.env.now - t0
         self.w.ledger.waited(cat, dt)
         self.w.trace.span(self.proc, self.track, cat, t0, dt)
+
+
+class NativePort(WarpPort):
+    """One warp's view of its QP: post, ring, poll completions."""
+
+    def __init__(self, world: World, rank: int, warp: int, qp: QueuePair, lazy: bool) -> None:
+        super().__init__(world, rank, warp)
+        self.qp = qp
+        self.shared = qp.owners > 1 and world.design.qp_ownership == "shared-lock"
+        self.lazy = lazy
+        self.pending: list[Message] = []
+        self._since_check = 0
+        self._span_left = 0
+        g = world.platform.gpu
+        self.counter_read_ns = g.device_load_ns if g.completion_counter_in_device_memory else g.pcie_read_ns
 
     # -- posting ----------------------------------------------------------------
     def post(self, msg: Message):

@@ -18,6 +18,7 @@ from collections import deque
 from typing import TYPE_CHECKING
 
 from sim.engine import Counter
+from sim.issuer import WarpPort
 
 if TYPE_CHECKING:
     from sim.message import Message
@@ -107,32 +108,12 @@ class ProxyThread:
         ev.callbacks.append(lambda _e: (ring.freed.add(freed), port.done.add(1)))
 
 
-class ProxyPort:
+class ProxyPort(WarpPort):
     """One warp's view of the proxy path: same interface as the native port."""
 
     def __init__(self, world: World, rank: int, warp: int, ctx: int) -> None:
-        self.w = world
-        self.env = world.env
-        self.rank = rank
-        self.warp = warp
+        super().__init__(world, rank, warp)
         self.ctx = ctx
-        self.posted = 0
-        self.done = Counter(self.env)
-        self.track = f"sm{warp // world.design.warps_per_sm}.w{warp % world.design.warps_per_sm}"
-        self.proc = f"rank{rank}"
-
-    def _pay(self, cat: str, ns: float, n: int = 1):
-        t = self.w.ledger.issue(cat, ns, n)
-        if t > 0:
-            t0 = self.env.now
-            yield self.env.timeout(t)
-            self.w.trace.span(self.proc, self.track, cat, t0, t)
-
-    def _wait(self, cat: str, ev):
-        t0 = self.env.now
-        yield ev
-        self.w.ledger.waited(cat, self.env.now - t0)
-        self.w.trace.span(self.proc, self.track, cat, t0, self.env.now - t0)
 
     def post(self, msg: Message):
         w = self.w

@@ -291,7 +291,7 @@ struct efa_io_tx_wqe {
 static_assert(sizeof(efa_io_tx_meta_desc) == 32, "EFA TX meta descriptor is 32 B");
 static_assert(sizeof(efa_io_tx_wqe) == 64, "EFA TX WQE is 64 B");
 
-constexpr uint8_t EFA_IO_RDMA_WRITE = 1;
+constexpr uint8_t EFA_IO_RDMA_WRITE = 2;  // efa_io_send_op_type: SEND 0, RDMA_READ 1, RDMA_WRITE 2
 constexpr uint8_t EFA_IO_TX_META_DESC_META_DESC = 1u << 7;
 constexpr uint8_t EFA_IO_TX_META_DESC_HAS_IMM = 1u << 4;
 constexpr uint8_t EFA_IO_TX_META_DESC_PHASE = 1u << 0;

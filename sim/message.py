@@ -18,7 +18,7 @@ class Message:
     __slots__ = (
         "src", "dst", "nbytes", "tag", "kind", "imm", "value", "qp", "npkts",
         "landed", "acked", "seen_pkts", "t_post", "t_visible", "on_complete", "on_visible", "seq",
-        "ring", "port", "host_done", "t_complete",
+        "ring", "port", "host_done", "t_complete", "parent", "parts", "parts_done",
     )
 
     def __init__(
@@ -52,3 +52,6 @@ class Message:
         self.ring: Any = None  # proxy path: the descriptor ring it went through
         self.port: Any = None
         self.host_done = False
+        self.parent: Message | None = None  # proxy path: the put this stripe belongs to
+        self.parts = 1
+        self.parts_done = 0

@@ -122,6 +122,15 @@ class ProxyParams(Strict):
     host_post_ns: float = Field(900.0, ge=0, description="provider post of one write (fi_writemsg)")
     host_cq_poll_ns: float = Field(250.0, ge=0, description="host CQ read per completion")
     host_to_gpu_ns: float = Field(1000.0, ge=0, description="progress written until GPU sees it")
+    stripe_rails: int = Field(
+        4, ge=1, description="aws-ofi-nccl stripes one put over up to this many rails (NICs)"
+    )
+    stripe_min_bytes: int = Field(
+        8192, ge=1, description="a put is cut in ceil(bytes / this) stripes, at most stripe_rails"
+    )
+    stripe_post_ns: float = Field(
+        300.0, ge=0, description="host cost of each further stripe of one put (posted back to back)"
+    )
 
 
 class NvlinkParams(Strict):

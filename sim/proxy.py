@@ -76,23 +76,59 @@ class ProxyThread:
                 t0 = env.now
                 yield env.timeout(led.cost("proxy_post", pp.host_cq_poll_ns))
                 w.trace.span(self.proc, self.track, "cq", t0, env.now - t0)
-                self._progress(msg)
+                if msg.parent is None:
+                    self._progress(msg)
+                elif msg.parent.parts_done == msg.parent.parts and not msg.parent.host_done:
+                    self._progress(msg.parent)
                 did = True
             for ring in self.rings:
                 if ring.visible:
                     msg = ring.visible.popleft()
-                    t0 = env.now
-                    yield env.timeout(led.cost("proxy_post", pp.host_post_ns))
-                    w.trace.span(self.proc, self.track, "post", t0, env.now - t0)
                     ring.inflight.append(msg)
-                    ring.qp.posted += 1
-                    ring.qp.nic.doorbell([msg])
+                    for i, stripe in enumerate(self._stripes(msg)):
+                        t0 = env.now
+                        post = pp.host_post_ns if i == 0 else pp.stripe_post_ns
+                        yield env.timeout(led.cost("proxy_post", post))
+                        w.trace.span(self.proc, self.track, "post", t0, env.now - t0)
+                        stripe.qp.posted += 1
+                        stripe.qp.nic.doorbell([stripe])
                     did = True
             if did:
                 yield env.timeout(led.cost("proxy_post", pp.host_poll_ns * len(self.rings)))
             else:
                 self._kick = env.event()
                 yield self._kick
+
+    def _stripes(self, msg: Message) -> list[Message]:
+        """The provider's writes for one put: striped over rails (NICs) when large.
+
+        Each stripe is a write-with-immediate of its own (posted, completed and
+        counted at the target separately); the put completes when all did.
+        """
+        pp = self.w.platform.proxy
+        k = min(pp.stripe_rails, max(1, -(-msg.nbytes // pp.stripe_min_bytes)))
+        if k == 1 or msg.kind != "data":
+            return [msg]
+        msg.parts = k
+        qps = self.w.qps[msg.src]
+        out = []
+        base, left = msg.nbytes // k, msg.nbytes
+        for i in range(k):
+            size = base if i < k - 1 else left
+            left -= size
+            part = self.w.message(msg.src, msg.dst, size, msg.tag, kind="stripe", seq=msg.seq)
+            part.parent = msg
+            part.qp = qps[(msg.qp.index + i) % len(qps)]  # next rails
+            part.on_complete = self._stripe_done
+            out.append(part)
+        return out
+
+    def _stripe_done(self, part: Message) -> None:
+        parent = part.parent
+        parent.parts_done += 1
+        self.cq_append(part)  # the host reads one CQE per stripe
+        if parent.parts_done == parent.parts:
+            parent.t_complete = self.env.now
 
     def _progress(self, msg: Message) -> None:
         """Completion seen on the host: advance the ring in order, tell the GPU."""

@@ -111,11 +111,23 @@ class Receiver:
         done = self._host_busy_until + led.cost("proxy_queue", pp.host_to_gpu_ns)
         ev = self.env.timeout(done - now)
         tag = msg.tag
-        if msg.kind == "data":
+        if msg.kind == "stripe":  # one rail's part of a striped put: count until all arrived
+            parent = msg.parent
+            ev.callbacks.append(lambda _e: self._host_stripe(parent))
+        elif msg.kind == "data":
             self.data[tag].add(1)
             ev.callbacks.append(lambda _e: self._host_data(tag))
         else:
             ev.callbacks.append(lambda _e: self._host_signal(tag, msg.value))
+
+    def _host_stripe(self, parent: Message) -> None:
+        """The receiving host counts stripes per (peer, sequence); the put is there with the last."""
+        key = ("stripes", id(parent))
+        self._sig[key] += 1
+        if self._sig[key] == parent.parts:
+            del self._sig[key]
+            self.data[parent.tag].add(1)
+            self._host_data(parent.tag)
 
     def _host_data(self, tag) -> None:
         self._sig[("hostdata", tag)] += 1

@@ -46,7 +46,7 @@ def test_set_changes_the_result():
     a = json.loads(lever("simulate", "decode-ep16-efa-native", *SMALL, "--seeds", "1", "--json",
                          "--no-critical-path").stdout)
     b = json.loads(lever("simulate", "decode-ep16-efa-native", *SMALL, "--seeds", "1", "--json",
-                         "--no-critical-path", "--set", "platform.fabric.base_latency_ns=30000").stdout)
+                         "--no-critical-path", "--set", "platform.fabric.base_latency_ns=200000").stdout)
     assert b["ops"]["dispatch"]["p50_us"] > a["ops"]["dispatch"]["p50_us"] + 20
 
 

@@ -202,6 +202,7 @@ def test_parameter_space_calibrated_and_free():
     from sim.sensitivity import parameter_space
 
     scn = load_with_levers(SCN, [], TINY)
+    scn.platform.calibrated = None  # bounds from [platform.free] when uncalibrated
     free = parameter_space(scn)
     assert {p["name"] for p in free} == set(scn.platform.free)
     for p in free:

@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import json
 
-import pytest
-
 from lever.cli import main as lever_main
 from sim import levers as levers_mod
 from sim import predict as pr
@@ -46,14 +44,12 @@ def test_lazy_completion_removes_credit_wait():
         assert sides["lever"][2] == 0
 
 
-@pytest.mark.xfail(strict=False, reason="model: at full decode size B=8 moves dispatch p50 by ~-25 us "
-                   "(issue-side fences not hidden behind the wire); campaign measured flat. See issue 3 note.")
 def test_batched_doorbells_changes_dispatch_by_a_few_us_at_most():
     base = levers_mod.load_with_levers(BASE, [], ["design.scaleout_update_interval=6"])
     lev = levers_mod.load_with_levers(BASE, ["batched-doorbells"], [])
     assert lev.design.doorbell_batch == 8
     d = [stats(simulate_op(lev, "dispatch", s).latency_us)["p50_us"]
-         - stats(simulate_op(base, "dispatch", s).latency_us)["p50_us"] for s in range(1)]
+         - stats(simulate_op(base, "dispatch", s).latency_us)["p50_us"] for s in range(2)]
     assert abs(sum(d) / len(d)) <= 5.0, d
 
 

@@ -88,7 +88,8 @@ class Nic:
         for msg in msgs:
             start = max(self.engine_free, now)
             self.engine_free = start + wqe_ns
-            self.trace.span(f"nic{self.index}", "wqe engine", msg.kind, start, wqe_ns)
+            if self.trace.enabled:
+                self.trace.span(f"nic{self.index}", "wqe engine", msg.kind, start, wqe_ns)
             self._transmit(msg, self.engine_free)
 
     def _transmit(self, msg: Message, t0: float) -> None:

@@ -41,4 +41,5 @@ class Nvlink:
             ev.callbacks.append(lambda _e: on_visible())
         if busy > 0:
             yield self.env.timeout(busy)
-            w.trace.span(f"rank{src}", track, "nvlink", now, busy, dst=dst, bytes=nbytes)
+            if w.trace.enabled:
+                w.trace.span(f"rank{src}", track, "nvlink", now, busy, dst=dst, bytes=nbytes)

@@ -169,7 +169,8 @@ class Receiver:
             poll += w.platform.receiver.cq_poll_ns
         t = led.issue(cat, poll)
         yield self.env.timeout(t)
-        w.trace.span(f"rank{self.rank}", track, cat, t0, self.env.now - t0, tag=str(tag))
+        if w.trace.enabled:
+            w.trace.span(f"rank{self.rank}", track, cat, t0, self.env.now - t0, tag=str(tag))
         if check:
             self.check(tag, n)
 

@@ -142,7 +142,8 @@ def _dispatch_rank(w: World, r: int, sh: _Shared):
                 if counting and d.signal_mode == "imm-counting":
                     poll += w.platform.receiver.cq_poll_ns
                 yield env.timeout(w.ledger.issue("poll_wait", poll))
-                w.trace.span(f"rank{r}", track, "poll_wait", t0, env.now - t0)
+                if w.trace.enabled:
+                    w.trace.span(f"rank{r}", track, "poll_wait", t0, env.now - t0)
 
     F = max(1, d.num_sms * d.forward_warps_per_sm)
     pairs = [(sh.rank(m, loc), c) for m in range(N) if m != n for c in range(C)]

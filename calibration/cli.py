@@ -46,9 +46,20 @@ def load_records(paths: list[str]) -> list[RunRecord]:
     nics = {r.nic for r in recs}
     if len(nics) > 1:
         raise RecordError(f"{paths[0]}: nic: records mix NIC kinds {sorted(nics)} (one platform per fit)")
-    if "emulated-srd" in nics:
-        raise RecordError(f"{paths[0]}: nic: emulated-NIC records can not calibrate a real platform")
     return recs
+
+
+def check_platform_nic(records: list[RunRecord], paths: list[str], plat) -> None:
+    """Records calibrate only a platform of their own NIC kind: an emulated-NIC record never
+    moves an EFA platform, and an EFA record never an emulated one."""
+    nic = records[0].nic
+    kind = plat.nic_kind
+    if nic == "emulated-srd" and kind != "emulated-srd":
+        raise RecordError(f"{paths[0]}: nic: emulated-NIC records can not calibrate a real platform "
+                          f"(platform '{plat.name}' has nic_kind '{kind}')")
+    if kind not in ("any", nic):
+        raise RecordError(f"{paths[0]}: nic: '{nic}' records can not calibrate platform '{plat.name}' "
+                          f"(nic_kind '{kind}')")
 
 
 def resolve_platform(records: list[RunRecord], platform: str | None):
@@ -103,6 +114,7 @@ def main_calibrate(args: argparse.Namespace) -> int:
         raise UserError(f"--out {out}: a platform file ends in .toml")
     recs = load_records(args.records)
     plat, base_sets = resolve_platform(recs, args.platform)
+    check_platform_nic(recs, args.records, plat)
     t0 = time.perf_counter()
     with _bar(not sys.stderr.isatty()) as bar:
         task = bar.add_task(f"calibrating {plat.name}", total=None)
@@ -178,6 +190,7 @@ def main_validate(args: argparse.Namespace) -> int:
         raise UserError(f"validate: needs at least 2 records of nic '{args.nic}', found {len(paths)}")
     recs = load_records(paths)
     plat, base_sets = resolve_platform(recs, args.platform or BASE_PLATFORM[recs[0].nic])
+    check_platform_nic(recs, paths, plat)
     t0 = time.perf_counter()
     rows = []
     with _bar(not sys.stderr.isatty()) as bar:

@@ -179,6 +179,9 @@ class Platform(Strict):
 
     name: str = "unnamed"
     description: str = ""
+    nic_kind: Literal["efa", "ib", "emulated-srd", "any"] = Field(
+        "any", description="the NIC of the records this platform may be calibrated on"
+    )
     gpu: GpuParams = Field(default_factory=GpuParams)
     nic: NicParams = Field(default_factory=NicParams)
     fabric: FabricParams = Field(default_factory=FabricParams)

@@ -17,6 +17,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--seeds", type=int, default=None, help="paired seeds (default 3; 2 with --all)")
     p.add_argument("--set", action="append", default=[], metavar="PATH=VALUE",
                    help="override a field on both sides, after the lever (e.g. design.doorbell_batch=4)")
+    p.add_argument("--baseline", metavar="SCENARIO",
+                   help="predict the lever on this scenario instead of the lever file's baseline")
     p.add_argument("--param-samples", type=int, default=0, metavar="K",
                    help="draw K parameter vectors from the platform's calibrated covariance")
     p.add_argument("--critical-path", dest="cp", action="store_true", default=None,
@@ -66,7 +68,7 @@ def main_predict(args: argparse.Namespace) -> int:
     try:
         res = pr.predict(args.lever, seeds=seeds, sets=args.set, param_samples=args.param_samples,
                          with_cp=args.cp is not False, cp_seeds=args.cp_seeds, paired=not args.unpaired,
-                         workers=workers)
+                         baseline=args.baseline, workers=workers)
     except ModelError as e:
         raise UserError(f"{args.lever}: {e}") from None
     res["wall_s"] = round(time.perf_counter() - t0, 2)

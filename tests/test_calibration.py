@@ -139,6 +139,20 @@ def test_mixed_nics_refused(tmp_path, capsys):
     assert rc == 2 and "nic" in capsys.readouterr().err and not out.exists()
 
 
+def test_emulated_records_never_calibrate_a_real_platform(tmp_path, capsys):
+    emu = str(DATA_DIR / "emu-ep2-native-baseline.json")
+    out = tmp_path / "o.toml"
+    for plat in ("platforms/efa-p5.toml", "platforms/ib-cx7.toml"):
+        rc = lever_main(["calibrate", emu, "--platform", plat, "--out", str(out)])
+        err = capsys.readouterr().err
+        assert rc == 2 and "emulated-NIC records can not calibrate a real platform" in err
+        assert not out.exists()
+    # ...and real EFA records never an emulated platform
+    rc = lever_main(["calibrate", str(DATA_DIR / "efa-ep16-native-headline.json"), "--platform",
+                     "platforms/emulated-nvlink.toml", "--out", str(out)])
+    assert rc == 2 and "nic_kind 'emulated-srd'" in capsys.readouterr().err and not out.exists()
+
+
 def test_failed_fit_writes_nothing(tmp_path, capsys):
     """A fit that fails mid-way (a record pointing at a missing scenario) leaves no file."""
     g = _good()

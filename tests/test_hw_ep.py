@@ -45,7 +45,9 @@ def test_every_ep_source_compiles_for_sm90(tmp_path):
 
 def test_header_mirrors_efa_layout():
     """The emulated WQE/CQE keep the EFA sizes and field names the NIC parses."""
-    text = (EP / "efa_emu.cuh").read_text()
+    emu = (EP / "efa_emu.cuh").read_text()
+    assert '#include "../efa_io_defs.h"' in emu  # one definition, shared with hw/primitives
+    text = emu + (EP.parent / "efa_io_defs.h").read_text()
     for name in ("struct efa_io_tx_meta_desc", "struct efa_io_tx_wqe", "struct efa_io_tx_cdesc",
                  "struct efa_io_rx_cdesc", "struct efa_io_remote_mem_addr", "immediate_data", "dest_qp_num"):
         assert name in text

@@ -79,7 +79,10 @@ def test_broken_kernel_fails_to_compile(tmp_path):
 
 
 def test_wqe_and_cqe_layouts_mirror_efa():
-    text = (SRC / "common.cuh").read_text()
+    # the EFA layouts live in hw/efa_io_defs.h, shared with hw/ep; common.cuh includes it
+    common = (SRC / "common.cuh").read_text()
+    assert '#include "../efa_io_defs.h"' in common
+    text = common + (SRC.parent / "efa_io_defs.h").read_text()
     for needle in (
         "struct efa_io_tx_meta_desc",
         "struct efa_io_tx_wqe",

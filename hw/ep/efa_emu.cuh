@@ -10,6 +10,8 @@
 #pragma once
 #include <stdint.h>
 
+#include "../efa_io_defs.h"
+
 #if defined(__CUDACC__)
 #define EMU_HD __host__ __device__ __forceinline__
 #else
@@ -18,9 +20,22 @@
 
 namespace emu {
 
-// ---- EFA IO definitions (TX WQE 64 B, CQE 16 B) ---------------------------
-enum EfaSendOp : uint8_t { EFA_IO_SEND = 0, EFA_IO_RDMA_READ = 1, EFA_IO_RDMA_WRITE = 2 };
-enum EfaQueueType : uint8_t { EFA_IO_SEND_QUEUE = 1, EFA_IO_RECV_QUEUE = 2 };
+// ---- EFA IO definitions (TX WQE 64 B, CQE 16 B): hw/efa_io_defs.h --------
+using ::EfaQueueType;
+using ::EfaSendOp;
+using ::efa_io_cdesc_common;
+using ::efa_io_rdma_req;
+using ::efa_io_remote_mem_addr;
+using ::efa_io_rx_cdesc;
+using ::efa_io_tx_buf_desc;
+using ::efa_io_tx_cdesc;
+using ::efa_io_tx_meta_desc;
+using ::efa_io_tx_wqe;
+using ::EFA_IO_RDMA_WRITE;
+using ::EFA_IO_RDMA_READ;
+using ::EFA_IO_SEND;
+using ::EFA_IO_SEND_QUEUE;
+using ::EFA_IO_RECV_QUEUE;
 
 // meta.ctrl1
 constexpr uint8_t META_OP_TYPE_MASK = 0x0f;
@@ -37,67 +52,6 @@ constexpr uint8_t CDESC_PHASE = 1u << 0;
 constexpr uint8_t CDESC_Q_TYPE_SHIFT = 1;
 constexpr uint8_t CDESC_HAS_IMM = 1u << 3;
 constexpr uint8_t CDESC_OP_TYPE_SHIFT = 4;
-
-struct efa_io_tx_meta_desc {  // 32 bytes
-  uint16_t req_id;
-  uint8_t ctrl1;
-  uint8_t ctrl2;
-  uint16_t dest_qp_num;
-  uint16_t length;  // number of buffers (1 for RDMA write) or inline bytes
-  uint32_t immediate_data;
-  uint16_t ah;
-  uint8_t ctrl3;
-  uint8_t reserved;
-  uint32_t qkey;
-  uint8_t reserved2[6];
-  uint16_t req_id_ex[3];
-};
-struct efa_io_tx_buf_desc {  // 16 bytes
-  uint32_t length;
-  uint32_t lkey;
-  uint32_t buf_addr_lo;
-  uint32_t buf_addr_hi;
-};
-struct efa_io_remote_mem_addr {  // 16 bytes
-  uint32_t length;
-  uint32_t rkey;
-  uint32_t buf_addr_lo;
-  uint32_t buf_addr_hi;
-};
-struct efa_io_rdma_req {
-  efa_io_remote_mem_addr remote_mem;
-  efa_io_tx_buf_desc local_mem[1];
-};
-struct efa_io_tx_wqe {  // 64 bytes
-  efa_io_tx_meta_desc meta;
-  union {
-    efa_io_tx_buf_desc sgl[2];
-    uint8_t inline_data[32];
-    efa_io_rdma_req rdma_req;
-  } data;
-};
-struct efa_io_cdesc_common {  // 6 bytes
-  uint16_t req_id;
-  uint8_t status;
-  uint8_t flags;
-  uint16_t qp_num;
-};
-struct efa_io_tx_cdesc {  // 16 bytes
-  efa_io_cdesc_common common;
-  uint16_t req_id_ex[3];
-  uint8_t reserved[4];
-};
-struct efa_io_rx_cdesc {  // 16 bytes
-  efa_io_cdesc_common common;
-  uint16_t length;
-  uint16_t ah;
-  uint16_t src_qp_num;
-  uint32_t imm;
-};
-static_assert(sizeof(efa_io_tx_meta_desc) == 32, "meta 32 B");
-static_assert(sizeof(efa_io_tx_wqe) == 64, "TX WQE 64 B");
-static_assert(sizeof(efa_io_tx_cdesc) == 16, "TX CQE 16 B");
-static_assert(sizeof(efa_io_rx_cdesc) == 16, "RX CQE 16 B");
 
 constexpr uint32_t RKEY_BASE = 0x52000000u;  // rkey = RKEY_BASE | rank (checked by the NIC)
 constexpr uint32_t LKEY_BASE = 0x4c000000u;

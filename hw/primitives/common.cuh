@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "prim.h"
+#include "../efa_io_defs.h"
 
 #define PRIM_CHECK(call)                                                                 \
   do {                                                                                   \
@@ -251,53 +252,7 @@ inline void host_fail(Status* s, int where, unsigned long long expected, unsigne
 }
 
 // ---------------------------------------------------------------- EFA layouts
-// TX WQE: 32 B meta descriptor + 32 B data, as in rdma-core efa_io_defs.h.
-struct efa_io_tx_meta_desc {
-  uint16_t req_id;          // verbs-generated request id
-  uint8_t ctrl1;            // 3:0 op_type, 4 has_imm, 5 inline_msg, 6 meta_extension, 7 meta_desc
-  uint8_t ctrl2;            // 0 phase, 2 first, 3 last, 4 comp_req
-  uint16_t dest_qp_num;
-  uint16_t length;          // inline length or buffer length
-  uint32_t immediate_data;
-  uint16_t ah;
-  uint16_t reserved;
-  uint32_t qkey;
-  uint8_t reserved2[12];
-};
-struct efa_io_tx_buf_desc {
-  uint32_t length;
-  uint32_t lkey;            // 23:0 lkey
-  uint32_t buf_addr_lo;
-  uint32_t buf_addr_hi;
-};
-struct efa_io_remote_mem_addr {
-  uint32_t length;
-  uint32_t rkey;
-  uint32_t buf_addr_lo;
-  uint32_t buf_addr_hi;
-};
-struct efa_io_rdma_req {
-  efa_io_remote_mem_addr remote_mem;
-  efa_io_tx_buf_desc local_mem[1];
-};
-struct efa_io_tx_wqe {
-  efa_io_tx_meta_desc meta;
-  union {
-    uint8_t inline_data[32];
-    efa_io_tx_buf_desc sgl[2];
-    efa_io_rdma_req rdma_req;
-  } data;
-};
-static_assert(sizeof(efa_io_tx_meta_desc) == 32, "EFA TX meta descriptor is 32 B");
-static_assert(sizeof(efa_io_tx_wqe) == 64, "EFA TX WQE is 64 B");
-
-constexpr uint8_t EFA_IO_RDMA_WRITE = 2;  // efa_io_send_op_type: SEND 0, RDMA_READ 1, RDMA_WRITE 2
-constexpr uint8_t EFA_IO_TX_META_DESC_META_DESC = 1u << 7;
-constexpr uint8_t EFA_IO_TX_META_DESC_HAS_IMM = 1u << 4;
-constexpr uint8_t EFA_IO_TX_META_DESC_PHASE = 1u << 0;
-constexpr uint8_t EFA_IO_TX_META_DESC_FIRST = 1u << 2;
-constexpr uint8_t EFA_IO_TX_META_DESC_LAST = 1u << 3;
-constexpr uint8_t EFA_IO_TX_META_DESC_COMP_REQ = 1u << 4;
+// TX WQE (meta 32 B + data 32 B) and CQE layouts: hw/efa_io_defs.h, shared with hw/ep.
 
 // The WQE of sequence number `seq`, `wrap` = seq / ring depth (the phase flips per
 // wrap), as 8 little-endian words: what a GPU thread stores as 8 x 8-byte (MMIO-like)

@@ -106,6 +106,17 @@ def _pick(records: list[RunRecord], lever: str, op: str) -> tuple[RunRecord | No
     return (base[0] if base else None), (lev[0] if lev else None)
 
 
+def check_nic(nic_kind: str, records: list[RunRecord], label: str = "records") -> None:
+    """A prediction made for one kind of NIC is judged only by records of that kind:
+    an emulated-NIC record never validates (or refutes) an EFA prediction."""
+    if nic_kind == "any":
+        return
+    for r in records:
+        if r.nic != nic_kind:
+            raise UserError(f"{label}: record {r.id} is nic '{r.nic}', the prediction's platform is "
+                            f"nic_kind '{nic_kind}': compare like with like")
+
+
 def compare(prereg: dict[str, Any], records: list[RunRecord]) -> dict[str, Any]:
     """Per preregistered op: predicted band, measured delta and band, verdict."""
     lever = prereg["lever"]

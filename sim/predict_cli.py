@@ -165,6 +165,7 @@ def main_compare(args: argparse.Namespace) -> int:
     scn = levers_mod.load_with_levers(prereg["baseline"], [], prereg.get("sets", []))
     cmp.check_prereg(prereg, scn_mod.platform_digest(scn), args.prereg)
     records = [load_record(p) for p in args.records]
+    cmp.check_nic(scn.platform.nic_kind, records, args.prereg)
     res = cmp.compare(prereg, records)
     if args.plot:
         cmp.plot_compare(res, args.plot)

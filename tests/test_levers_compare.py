@@ -141,3 +141,17 @@ def test_cli_compare_ok_and_refusals(tmp_path, capsys):
     assert lever_main(["compare", pp2, *paths]) == 2
     err = capsys.readouterr().err.strip()
     assert "platform digest" in err and "\n" not in err
+
+
+def test_emulated_records_never_judge_an_efa_prediction(tmp_path, capsys):
+    from calibration.records import DATA_DIR, load_record
+
+    emu = [load_record(DATA_DIR / "emu-ep2-native-baseline.json"),
+           load_record(DATA_DIR / f"emu-ep2-native-{LEVER}.json")]
+    pp, paths = _write(tmp_path, _prereg(), emu)
+    assert lever_main(["compare", pp, *paths]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "emulated-srd" in err and "nic_kind 'efa'" in err and "\n" not in err
+    with pytest.raises(UserError, match="compare like with like"):
+        cmp.check_nic("efa", emu)
+    cmp.check_nic("emulated-srd", emu)  # like with like passes

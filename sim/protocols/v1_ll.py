@@ -1,12 +1,12 @@
 """DeepEP V1 low-latency: one write per (token, expert), then a count per (expert, source rank).
 
 Dispatch: warp ``t mod channels`` packs token ``t`` and writes it to each of its
-top-k experts (NVLink when the expert's rank is on the same node, RDMA
-otherwise; all RDMA with ``ll_intranode_nvlink = false``, DeepEP LL's "pure
-RDMA" reference). After a grid sync, warp ``e mod channels`` sends the count of
-tokens for expert ``e`` (the flag the receiver polls). In ``flush`` mode every
-warp first waits for the send completions of its data (SRD-safe). Receiving
-warp groups, one per local expert, poll each source's count and then know
+top-k experts (NVLink when the expert's rank is on the same node and
+``ll_intranode_nvlink``, RDMA otherwise). After a grid sync, warp ``e mod
+channels`` sends the count of tokens for expert ``e`` (the flag the receiver
+polls). In ``flush`` mode every warp first waits for the send completions of
+its data (SRD-safe). Then the same warps turn receivers (DeepEP LL's receive
+phase): each polls, for its local experts, every source's count and then knows
 (by the signalling strategy) that many tokens landed.
 
 Combine is the same exchange in reverse: every (token, expert) result goes back
@@ -103,20 +103,19 @@ def _rank(w: World, r: int, items, counts, nbytes: int, dispatch: bool):
             else:
                 yield from publish(w, port, r, p, tag, n, flushed=True)
         yield from port.finish()
+        # receive phase, on the same warps: each polls the counts of its experts
+        for e in rx_experts[c::C]:
+            yield from expert_rx(e, track)
 
-    def expert_rx(e: int):
+    def expert_rx(e: int, track: str):
         rcv = w.receivers[r]
         srcs = range(R) if dispatch else [rt.rank_of(e)]
         for s in srcs:
             n = counts.get((s, r, e), 0)
-            yield from rcv.wait(("d", s, e), n, f"rx e{e}", flags=1)
+            yield from rcv.wait(("d", s, e), n, track, flags=1)
 
-    procs = [env.process(warp(c)) for c in range(C)]
-    if dispatch:
-        rx = [env.process(expert_rx(e)) for e in range(r * epr, (r + 1) * epr)]
-    else:
-        rx = [env.process(expert_rx(e)) for e in range(rt.num_experts)]
-    yield env.all_of(procs + rx)
+    rx_experts = list(range(r * epr, (r + 1) * epr)) if dispatch else list(range(rt.num_experts))
+    yield env.all_of([env.process(warp(c)) for c in range(C)])
     if not dispatch:
         # reduce the top-k BF16 rows of every token, spread over the channels
         g = w.platform.gpu

@@ -83,12 +83,16 @@ class World:
         if d.signal_mode == "ordered" and self.platform.fabric.mode == "srd":
             ledger.counters["unsafe_ordered_on_srd"] = 1
         self.tails: dict = {}  # last tail value published per (src, dst, tag)
-        self._ports: dict[tuple[int, int], NativePort | ProxyPort] = {}
+        # V1 LL count/flag writes go through QP 0 when it is kept for notify traffic
+        self.counts_on_notify_qp = d.protocol == "v1-ll" and d.notify_qp_reserved
+        self._ports: dict[tuple, NativePort | ProxyPort] = {}
         self._rings: dict[tuple[int, int, int], Ring] = {}
         self._threads: dict[int, list[ProxyThread]] = {}
         for r in range(R):
             for c in range(self.channels):
                 self.qp_of(r, c).owners += 1
+                if self.counts_on_notify_qp:
+                    self.qps[r][0].owners += 1
 
     # -- mapping ----------------------------------------------------------------
     def node_of(self, rank: int) -> int:
@@ -122,6 +126,21 @@ class World:
             else:
                 ctx = self.data_qps[channel % len(self.data_qps)]
                 p = ProxyPort(self, rank, channel, ctx)
+            self._ports[key] = p
+        return p
+
+    def signal_port(self, rank: int, channel: int) -> NativePort | ProxyPort:
+        """Where a warp posts its count/flag writes: its data port, or (V1 LL with the
+        notify QP kept) its own port on QP 0, shared by every warp of the rank."""
+        if not self.counts_on_notify_qp:
+            return self.port(rank, channel)
+        key = (rank, channel, "signal")
+        p = self._ports.get(key)
+        if p is None:
+            if self.design.path == "native":
+                p = NativePort(self, rank, channel, self.qps[rank][0], self.lazy())
+            else:
+                p = ProxyPort(self, rank, channel, 0)
             self._ports[key] = p
         return p
 

@@ -4,7 +4,7 @@ Dispatch: warp ``t mod channels`` packs token ``t`` and writes it to each of its
 top-k experts (NVLink when the expert's rank is on the same node and
 ``ll_intranode_nvlink``, RDMA otherwise). After a grid sync, warp ``e mod
 channels`` sends the count of tokens for expert ``e`` (the flag the receiver
-polls). In ``flush`` mode every warp first waits for the send completions of
+polls; through QP 0 when it is kept for notify traffic). In ``flush`` mode every warp first waits for the send completions of
 its data (SRD-safe). Then the same warps turn receivers (DeepEP LL's receive
 phase): each polls, for its local experts, every source's count and then knows
 (by the signalling strategy) that many tokens landed.
@@ -95,14 +95,15 @@ def _rank(w: World, r: int, items, counts, nbytes: int, dispatch: bool):
         else:
             yield from port.finish()
         yield from barrier.arrive()
+        sport = w.signal_port(r, c)
         for e, p in sig[c::C]:
             n = counts.get((r, p, e), 0)
             tag = ("d", r, e)
             if nvl and w.same_node(r, p):
                 nvlink_flag(w, r, p, tag, n)
             else:
-                yield from publish(w, port, r, p, tag, n, flushed=True)
-        yield from port.finish()
+                yield from publish(w, sport, r, p, tag, n, flushed=True)
+        yield from sport.finish()
         # receive phase, on the same warps: each polls the counts of its experts
         for e in rx_experts[c::C]:
             yield from expert_rx(e, track)

@@ -68,6 +68,10 @@ class World:
             [QueuePair(self.env, q, r, self.nics[r * per + q % per]) for q in range(d.qps_allocated)]
             for r in range(R)
         ]
+        # V1 LL cached dispatch (the hw kernels' variant): counts come from the reused handle,
+        # no count messages; the receiver counts write-with-immediate completions instead
+        self.v1_cached = d.protocol == "v1-ll" and d.cached and op == "dispatch"
+        self.signal_mode = "imm-counting" if self.v1_cached else d.signal_mode
         self.receivers = [Receiver(self, r) for r in range(R)]
         self.nvlink = Nvlink(self, R)
         self.channels = d.num_sms * d.warps_per_sm
@@ -179,7 +183,7 @@ class World:
     def message(self, src: int, dst: int, nbytes: int, tag, kind: str = "data",
                 value: int = 1, seq: int = 0) -> Message:
         m = Message(src, dst, nbytes, tag, kind=kind,
-                    imm=self.design.signal_mode == "imm-counting" or self.design.path == "proxy",
+                    imm=self.signal_mode == "imm-counting" or self.design.path == "proxy",
                     value=value)
         m.seq = seq
         m.on_visible = self.receivers[dst].on_visible

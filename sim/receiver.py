@@ -41,7 +41,7 @@ class Receiver:
         self.w = world
         self.env = world.env
         self.rank = rank
-        self.mode = world.design.signal_mode
+        self.mode = world.signal_mode
         self.proxy = world.design.path == "proxy"
         self.data: dict = defaultdict(lambda: Counter(self.env))  # visible data writes (truth)
         self.known: dict = defaultdict(lambda: Counter(self.env))  # what a poller may conclude

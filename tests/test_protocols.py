@@ -146,3 +146,18 @@ def test_fewer_tail_signals_by_the_expected_factor():
         assert got == _expected_tail_signals(scn, interval)
         counts[interval] = got
     assert counts[3] > counts[6] > counts[16]
+
+
+def test_v1_cached_dispatch_sends_no_counts_and_counts_immediates():
+    sets = ["workload.tokens_per_rank=32", 'design.protocol="v1-ll"']
+    base = simulate_op(scenario.load(EP16, sets), "dispatch", 0)
+    cached = simulate_op(scenario.load(EP16, [*sets, "design.cached=true"]), "dispatch", 0)
+    assert base.counters["messages_signal"] > 0
+    assert cached.counters.get("messages_signal", 0) == 0
+    assert cached.counters["messages_data"] == base.counters["messages_data"]
+    assert cached.counters.get("ordering_violations", 0) == 0
+    # without the count round trip (and its flush) the cached dispatch is faster on every rank
+    assert max(cached.latency_us) < min(base.latency_us)
+    # combine is not cached: counts still flow
+    comb = simulate_op(scenario.load(EP16, [*sets, "design.cached=true"]), "combine", 0)
+    assert comb.counters["messages_signal"] > 0

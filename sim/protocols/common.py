@@ -26,7 +26,7 @@ def publish(w: World, port, src: int, dst: int, tag, value: int, flushed: bool =
     signal at once: the receiving host delivers it in sequence order.
     """
     d = w.design
-    mode = d.signal_mode
+    mode = w.signal_mode
     w.ledger.events["signal"] += 1
     if mode == "unordered-counting":
         key = (src, dst, tag)

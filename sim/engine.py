@@ -12,8 +12,6 @@ from dataclasses import dataclass, field
 
 import simpy
 
-from sim.params import CATEGORIES
-
 
 class Counter:
     """A monotone counter processes can wait on (``yield c.reach(n)``).
@@ -87,12 +85,6 @@ class Ledger:
         if ns > 0:
             self.busy[cat] += ns
 
-    def profiler(self) -> dict[str, float]:
-        total = sum(self.busy.values())
-        if total <= 0:
-            return {}
-        return {c: self.busy[c] / total for c in CATEGORIES if self.busy.get(c, 0) > 0}
-
 
 class Trace:
     """Chrome trace-event sink (Perfetto opens it). Disabled unless asked for."""
@@ -109,14 +101,6 @@ class Trace:
         self.events.append(
             {"ph": "X", "pid": pid, "tid": tid, "name": name, "ts": start_ns / 1e3,
              "dur": dur_ns / 1e3, "args": args}
-        )
-
-    def instant(self, proc: str, track: str, name: str, t_ns: float, **args) -> None:
-        if not self.enabled:
-            return
-        pid, tid = self._ids(proc, track)
-        self.events.append(
-            {"ph": "i", "s": "t", "pid": pid, "tid": tid, "name": name, "ts": t_ns / 1e3, "args": args}
         )
 
     def _ids(self, proc: str, track: str) -> tuple[int, int]:

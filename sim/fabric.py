@@ -76,8 +76,6 @@ class Fabric:
             for u in rng.random(fp.paths)
         ]
         self._rc_last: dict[tuple[int, int], float] = {}
-        self.packets_sent = 0
-        self.retransmits = 0
 
     def stream(self, nic: int) -> Draws:
         d = self._streams.get(nic)
@@ -104,12 +102,10 @@ class Fabric:
                deliver: Callable[[Message, int, int], None]) -> None:
         """Packet ``k`` of ``msg`` leaves ``src_nic`` at absolute time ``depart``."""
         env = self.env
-        self.packets_sent += 1
         data_lost = self._lost(src_nic)
         ack_lost = (not data_lost) and self._lost(src_nic)
         if data_lost or ack_lost:
             # no ACK within the timeout: the sender's SRD layer sends the packet again
-            self.retransmits += 1
             self.ledger.counters["retransmits"] += 1
             t_rt = depart + self.ledger.cost("wire", self.fp.retransmit_timeout_ns)
             ev = env.timeout(max(0.0, t_rt - env.now))

@@ -146,7 +146,6 @@ class NativePort(WarpPort):
             yield from self._wait("lock", req)
             costs.append(("lock", g.atomic_ns, 1))
         costs.append(("doorbell", g.doorbell_ns, 1))
-        self.qp.rung += len(msgs)
         led.counters["doorbells"] += 1
         yield from self._pay_all(costs)
         self.qp.nic.doorbell(msgs)  # a posted MMIO store: the NIC sees it now

@@ -10,13 +10,14 @@ class Message:
     """A posted write (data, count/flag signal or tail signal).
 
     ``tag`` names the receiver-side thing it feeds (e.g. ``("tok", src, ch)``);
-    ``imm`` marks write-with-immediate (a receive completion at the target);
+    ``kind`` is data, signal, notify or a proxy stripe (whether a write carries an
+    immediate follows from the world's signalling mode, not from the message);
     ``on_complete`` runs at the sender when its CQE is written (all packets
     ACKed); ``on_visible`` at the target when every byte is visible to a poller.
     """
 
     __slots__ = (
-        "src", "dst", "nbytes", "tag", "kind", "imm", "value", "qp", "npkts",
+        "src", "dst", "nbytes", "tag", "kind", "value", "qp", "npkts",
         "landed", "acked", "seen_pkts", "t_post", "t_visible", "on_complete", "on_visible", "seq",
         "ring", "port", "host_done", "t_complete", "parent", "parts", "parts_done",
     )
@@ -28,7 +29,6 @@ class Message:
         nbytes: int,
         tag: Any,
         kind: str = "data",
-        imm: bool = False,
         value: int = 1,
     ) -> None:
         self.src = src
@@ -36,7 +36,6 @@ class Message:
         self.nbytes = nbytes
         self.tag = tag
         self.kind = kind
-        self.imm = imm
         self.value = value
         self.qp: Any = None
         self.npkts = 0

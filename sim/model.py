@@ -182,9 +182,7 @@ class World:
 
     def message(self, src: int, dst: int, nbytes: int, tag, kind: str = "data",
                 value: int = 1, seq: int = 0) -> Message:
-        m = Message(src, dst, nbytes, tag, kind=kind,
-                    imm=self.signal_mode == "imm-counting" or self.design.path == "proxy",
-                    value=value)
+        m = Message(src, dst, nbytes, tag, kind=kind, value=value)
         m.seq = seq
         m.on_visible = self.receivers[dst].on_visible
         self.ledger.counters["messages_" + kind] += 1

@@ -27,25 +27,23 @@ if TYPE_CHECKING:
 class QueuePair:
     """A send queue with its completion queue/counter, as the issuing GPU sees it.
 
-    ``posted`` counts WQEs written, ``rung`` those made visible by a doorbell,
-    ``completions`` the CQEs the NIC wrote (a :class:`Counter` warps can wait
+    ``posted`` counts WQEs written, ``pending`` those held for a deferred
+    (aggregated) doorbell, ``completions`` the CQEs the NIC wrote (a :class:`Counter` warps can wait
     on), ``consumed`` the CQEs a poller already read. ``lock`` serialises
     issuers that share the queue (and its doorbell order).
     """
 
-    __slots__ = ("index", "rank", "nic", "posted", "rung", "completions", "consumed", "lock",
-                 "unrung", "pending", "owners")
+    __slots__ = ("index", "rank", "nic", "posted", "completions", "consumed", "lock", "pending",
+                 "owners")
 
     def __init__(self, env: simpy.Environment, index: int, rank: int, nic: Nic) -> None:
         self.index = index
         self.rank = rank
         self.nic = nic
         self.posted = 0
-        self.rung = 0
         self.completions = Counter(env)
         self.consumed = 0
         self.lock = simpy.Resource(env, capacity=1)
-        self.unrung = 0
         self.pending: list[Message] = []
         self.owners = 0
 

@@ -45,9 +45,6 @@ class Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
 
 
-NonNeg = Field(ge=0.0)
-
-
 class GpuParams(Strict):
     """Costs paid by one issuing warp on the GPU (H200 microbenchmarks, DESIGN §5)."""
 

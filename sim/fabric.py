@@ -11,6 +11,7 @@ earlier one, which is what makes "flag after data" safe on InfiniBand.
 
 from __future__ import annotations
 
+from array import array
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
@@ -32,12 +33,13 @@ class Draws:
     def __init__(self, rng: np.random.Generator, fp: FabricParams) -> None:
         self.rng = rng
         self.fp = fp
-        self._u: list[float] = []
-        self._j: list[float] = []
+        # array('d'): 8 bytes a draw rather than a float object each (1024 streams at EP256)
+        self._u = array("d")
+        self._j = array("d")
 
     def uniform(self) -> float:
         if not self._u:
-            self._u = self.rng.random(_BATCH).tolist()
+            self._u = array("d", self.rng.random(_BATCH))
         return self._u.pop()
 
     def jitter(self) -> float:
@@ -54,7 +56,7 @@ class Draws:
             else:  # gamma with mean m and coefficient of variation sigma
                 k = 1.0 / max(j.sigma, 1e-6) ** 2
                 arr = self.rng.gamma(k, m / k, _BATCH)
-            self._j = arr.tolist()
+            self._j = array("d", arr)
         return self._j.pop()
 
 

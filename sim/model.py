@@ -9,6 +9,7 @@ same numbers bit for bit.
 
 from __future__ import annotations
 
+import gc
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -225,13 +226,23 @@ def simulate_op(scn: Scenario, op: str, seed: int, scale: dict[str, float] | Non
 
 
 def _run_counting(env: simpy.Environment) -> int:
-    """Run to exhaustion counting processed events (SimPy's own loop, one step at a time)."""
+    """Run to exhaustion counting processed events (SimPy's own loop, one step at a time).
+
+    The cyclic garbage collector is paused for the run: the model makes few
+    reference cycles (peak RSS unchanged at EP128), yet generation scans over
+    the live processes and events cost 10% (EP16) to 22% (EP128) of the time.
+    """
     n = 0
     step = env.step
+    was_enabled = gc.isenabled()
+    gc.disable()
     try:
         while True:
             step()
             n += 1
     except simpy.core.EmptySchedule:
         pass
+    finally:
+        if was_enabled:
+            gc.enable()
     return n

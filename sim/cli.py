@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -22,6 +23,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--no-critical-path", action="store_true",
                    help="skip the what-if reruns behind the critical-path attribution")
     p.add_argument("--cp-seeds", type=int, default=1, help="seeds used for the critical path")
+    p.add_argument("--workers", type=int, default=None,
+                   help="processes for the independent runs (default: CPU count; 1 = serial)")
     p.set_defaults(func=main)
 
 
@@ -32,10 +35,13 @@ def main(args: argparse.Namespace) -> int:
 
     if args.seeds < 1:
         raise UserError("--seeds: must be >= 1")
+    if args.workers is not None and args.workers < 1:
+        raise UserError("--workers: must be >= 1")
     scn = scenario_mod.load(args.scenario, args.set)
     try:
         res = simulate(scn, seeds=args.seeds, with_critical_path=not args.no_critical_path,
-                       cp_seeds=args.cp_seeds, trace=bool(args.trace or args.plot))
+                       cp_seeds=args.cp_seeds, trace=bool(args.trace or args.plot),
+                       workers=args.workers or os.cpu_count() or 1)
     except ModelError as e:
         raise UserError(f"{args.scenario}: {e}") from None
     traces = res.pop("_traces", [])

@@ -64,15 +64,46 @@ def critical_path(scn: Scenario, op: str, base_p50: float, seeds: int,
     return out
 
 
+def _op_job(job: tuple[Scenario, str, int, dict[str, float] | None, bool]) -> OpResult | list[float]:
+    """One (op, seed, what-if scale) run; what-if runs send back only their latencies."""
+    scn, op, seed, scale, trace = job
+    r = simulate_op(scn, op, seed, scale=scale, trace=trace)
+    return r if scale is None else r.latency_us
+
+
+def _run_jobs(jobs: list, workers: int) -> list:
+    """Every job is a pure function of (scenario, op, seed, scale): a process pool
+    returns, in order, exactly what a serial loop would."""
+    if workers > 1 and len(jobs) > 1:
+        from concurrent.futures import ProcessPoolExecutor
+
+        with ProcessPoolExecutor(max_workers=min(workers, len(jobs))) as ex:
+            return list(ex.map(_op_job, jobs))
+    return [_op_job(j) for j in jobs]
+
+
 def simulate(scn: Scenario, seeds: int = 1, with_critical_path: bool = True, cp_seeds: int = 1,
-             trace: bool = False) -> dict[str, Any]:
-    """The ``lever simulate --json`` object (DESIGN §6), plus counters and traces."""
+             trace: bool = False, workers: int = 1) -> dict[str, Any]:
+    """The ``lever simulate --json`` object (DESIGN §6), plus counters and traces.
+
+    The base runs and the critical path's what-if runs (one per category, op and
+    seed: most of the work) are independent, so ``workers`` > 1 spreads them over
+    processes; the numbers are identical to a serial run.
+    """
     t0 = time.perf_counter()
     out: dict[str, Any] = {"scenario": scn.name, "seeds": seeds, "events": 0, "ops": {},
                            "attribution": {}, "counters": {}, "per_rank_us": {}}
     traces = []
+    kcp = max(1, min(cp_seeds, seeds))
+    cp_cats = CATEGORIES if with_critical_path else ()
+    jobs: list = []
     for op in scn.ops:
-        res = run_seeds(scn, op, seeds, trace=trace)
+        jobs += [(scn, op, s, None, trace and s == 0) for s in range(seeds)]
+        jobs += [(scn, op, s, {c: 0.0}, False) for c in cp_cats for s in range(kcp)]
+    done = iter(_run_jobs(jobs, workers))
+    for op in scn.ops:
+        res: list[OpResult] = [next(done) for _ in range(seeds)]
+        whatif = {c: [x for _ in range(kcp) for x in next(done)] for c in cp_cats}
         lat = [x for r in res for x in r.latency_us]
         out["ops"][op] = stats(lat)
         out["per_rank_us"][op] = [
@@ -84,9 +115,8 @@ def simulate(scn: Scenario, seeds: int = 1, with_critical_path: bool = True, cp_
             "put_path": profiler_shares(res, PUT_PATH),
         }
         if with_critical_path:
-            k = max(1, min(cp_seeds, seeds))
-            base = stats([x for r in res[:k] for x in r.latency_us])["p50_us"]
-            att["critical_path"] = critical_path(scn, op, base, k)
+            base = stats([x for r in res[:kcp] for x in r.latency_us])["p50_us"]
+            att["critical_path"] = {c: round(base - stats(v)["p50_us"], 4) for c, v in whatif.items()}
         out["attribution"][op] = att
         cnt: dict[str, int] = {}
         for r in res:

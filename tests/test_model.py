@@ -103,6 +103,25 @@ def test_same_seed_same_result_different_seed_differs():
     assert a != c
 
 
+def test_parallel_simulate_equals_serial_and_the_what_if_reruns():
+    """``workers`` spreads independent runs over processes: the JSON object is the same,
+    and each critical-path entry is the p50 drop of its own zeroed rerun."""
+    from sim.results import critical_path
+
+    scn = scenario.load("decode-ep16-efa-native", ["workload.tokens_per_rank=8"])
+    a = simulate(scn, seeds=2, cp_seeds=2, workers=1)
+    b = simulate(scn, seeds=2, cp_seeds=2, workers=2)
+    a.pop("wall_s")
+    b.pop("wall_s")
+    assert a == b
+    for op in ("dispatch", "combine"):
+        base = a["ops"][op]["p50_us"]
+        ref = critical_path(scn, op, base, 2, cats=("fence", "wire"))
+        got = a["attribution"][op]["critical_path"]
+        assert got["fence"] == ref["fence"] and got["wire"] == ref["wire"]
+        assert got["wire"] > 0  # the wire is on every op's critical path
+
+
 @pytest.mark.slow
 def test_shipped_efa_native_beats_proxy_and_both_trail_ib():
     r = {name: simulate(scenario.load(name), seeds=1, with_critical_path=False)["ops"]

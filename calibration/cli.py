@@ -22,6 +22,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                         "scenario; default: the platform of the first record's scenario")
     p.add_argument("--seeds", type=int, default=1, help="common random numbers: seeds 0..N-1")
     p.add_argument("--max-nfev", type=int, default=10, help="least-squares function evaluations")
+    p.add_argument("--starts", type=int, default=1,
+                   help="N local fits (from the platform's values and N-1 seeded draws within a "
+                        "decade of them); the lowest cost wins")
     p.add_argument("--workers", type=int, default=None, help="processes (default: all cores)")
     p.add_argument("--json", action="store_true", help="print one JSON object on stdout")
     p.set_defaults(func=main_calibrate)
@@ -109,6 +112,8 @@ def main_calibrate(args: argparse.Namespace) -> int:
         raise UserError("--seeds: must be >= 1")
     if args.max_nfev < 1:
         raise UserError("--max-nfev: must be >= 1")
+    if args.starts < 1:
+        raise UserError("--starts: must be >= 1")
     out = Path(args.out)
     if out.suffix != ".toml":
         raise UserError(f"--out {out}: a platform file ends in .toml")
@@ -124,13 +129,14 @@ def main_calibrate(args: argparse.Namespace) -> int:
 
         try:
             res = fit(recs, plat, base_sets, seeds=args.seeds, max_nfev=args.max_nfev,
-                      workers=args.workers, progress=progress)
+                      workers=args.workers, progress=progress, starts=args.starts)
         except FitError as e:
             raise UserError(str(e)) from None
     name = out.stem
     cal = calibrated_platform(plat, res, recs, name)
     cmd = ("lever calibrate " + " ".join(args.records) + f" --out {args.out} --seeds {args.seeds}"
-           + f" --max-nfev {args.max_nfev}" + (f" --platform {args.platform}" if args.platform else ""))
+           + f" --max-nfev {args.max_nfev}" + (f" --starts {args.starts}" if args.starts > 1 else "")
+           + (f" --platform {args.platform}" if args.platform else ""))
     header = (f"{name}: written by `{cmd}`\n"
               f"{len(res.names)} free parameters, {res.evaluations} model evaluations, "
               f"{res.wall_s:.0f} s; do not edit by hand, re-run the command")

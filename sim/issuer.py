@@ -5,7 +5,8 @@ send-queue overflow (a completion poll: one read of the completion counter
 or CQ, plus one read per CQE consumed), the QP lock when the queue is shared,
 a slot reservation (one atomic per span of ``put_many_span`` WQEs), the 64 B
 WQE stores, then every ``doorbell_batch`` WQEs (at most the NIC's
-``max_batch``) a fence, the 32-bit doorbell and a fence. With deferred
+``max_batch``) a fence, the 32-bit doorbell and a fence. A put_many span is
+one post group: one credit check, one reservation, one doorbell for the span. With deferred
 doorbell aggregation the fence+doorbell is paid once per
 ``deferred_doorbell_aggregation`` warps' worth of WQEs on the QP.
 
@@ -101,11 +102,17 @@ class NativePort(WarpPort):
         msg.qp = qp
         msg.on_complete = self._completed
         msg.t_post = self.env.now
-        # credit check: a completion poll before the post
-        self._since_check += 1
-        if not self.lazy and led.on("credit_wait") and self._since_check >= d.credit_check_every:
-            self._since_check = 0
-            yield from self._credit_check(1)
+        span = d.put_many_span
+        if span > 1:
+            # put_many: one credit check for the whole span, when its slots are reserved
+            if self._span_left == 0 and not self.lazy and led.on("credit_wait"):
+                yield from self._credit_check(span)
+        else:
+            # credit check: a completion poll before the post
+            self._since_check += 1
+            if not self.lazy and led.on("credit_wait") and self._since_check >= d.credit_check_every:
+                self._since_check = 0
+                yield from self._credit_check(1)
         costs: list[tuple[str, float, int]] = []
         if self._span_left == 0:
             costs.append(("wqe", g.atomic_ns, 1))  # reserve slots on the producer counter
@@ -120,7 +127,8 @@ class NativePort(WarpPort):
             batch = qp.pending if len(qp.pending) >= agg else None
         else:
             self.pending.append(msg)
-            limit = min(d.doorbell_batch, w.platform.nic.max_batch)
+            # a span is one post group: written, fenced and rung once (as GIN's put path does)
+            limit = min(max(d.doorbell_batch, span), w.platform.nic.max_batch)
             batch = self.pending if len(self.pending) >= limit else None
         if batch is None:
             yield from self._pay_all(costs)

@@ -83,6 +83,8 @@ class Nic:
         led = self.ledger
         now = self.env.now
         wqe_ns = led.cost("nic", self.wqe_ns)
+        if self.p.doorbell_process_ns:  # once per doorbell, before its WQEs are parsed
+            self.engine_free = max(self.engine_free, now) + led.cost("nic", self.p.doorbell_process_ns)
         for msg in msgs:
             start = max(self.engine_free, now)
             self.engine_free = start + wqe_ns

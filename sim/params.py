@@ -69,6 +69,9 @@ class NicParams(Strict):
     line_rate_gbps: float = Field(100.0, gt=0, description="per NIC")
     mtu_bytes: int = Field(8928, ge=256)
     wqe_process_ns: float = Field(300.0, ge=0, description="per-WQE fetch/parse by the NIC")
+    doorbell_process_ns: float = Field(
+        0.0, ge=0, description="per-doorbell NIC work (read the producer index, start a fetch "
+        "of the new WQEs): amortised over a doorbell batch")
     max_msg_rate_mops: float = Field(10.0, gt=0, description="per-NIC message rate ceiling, M WQE/s")
     dma_read_ns: float = Field(900.0, ge=0, description="PCIe latency to start fetching the payload")
     dma_gbps: float = Field(400.0, gt=0, description="payload DMA bandwidth per NIC")

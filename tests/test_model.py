@@ -132,3 +132,25 @@ def test_shipped_efa_native_beats_proxy_and_both_trail_ib():
         ib = r["decode-ep16-ib"][op]["p50_us"]
         assert nat < prx, (op, nat, prx)
         assert ib < nat, (op, ib, nat)
+
+
+def test_put_many_span_is_one_post_group_and_doorbell_work_amortises():
+    """A put_many span is reserved, credit-checked and rung once (as GIN's put path and
+    hw/ep do); the NIC's per-doorbell work is paid once per doorbell, so it costs the
+    one-WQE-per-doorbell baseline more than a batched design."""
+    base = ["workload.tokens_per_rank=32"]
+    # two channels with long put streams (no tail signals to ring a span early)
+    long = [*base, 'design.signal_mode="imm-counting"', "design.num_sms=1"]
+    one = simulate_op(scenario.load("decode-ep16-efa-native", long), "dispatch", 0)
+    span = simulate_op(scenario.load("decode-ep16-efa-native", [*long, "design.put_many_span=8"]),
+                       "dispatch", 0)
+    assert one.counters["doorbells"] > 4 * span.counters["doorbells"]
+    assert one.ledger.events["credit_wait"] > 4 * span.ledger.events["credit_wait"]
+
+    def cost(extra: list[str]) -> float:  # full decode shape, no tail signals: NIC-bound
+        sets = ['design.signal_mode="imm-counting"', *extra]
+        lo = p50(scenario.load("decode-ep16-efa-native", sets))
+        hi = p50(scenario.load("decode-ep16-efa-native", [*sets, "platform.nic.doorbell_process_ns=2000"]))
+        return hi - lo
+
+    assert cost([]) > 3 * cost(["design.doorbell_batch=8"]) > 0

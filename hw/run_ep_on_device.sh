@@ -2,7 +2,7 @@
 # Build the emulated-NIC EP kernels, run the gate, measure, and write records under $OUT.
 # One call on the device machine (nvidia-h200-x2): every step is bounded by `timeout`
 # and logged; a failing step does not stop the others. Records come back as one tarball.
-# Usage: hw/run_ep_on_device.sh [STEPS]   (STEPS: comma list of base,proxy,levers,faults,unsafe,loop,ep8,sharing)
+# Usage: hw/run_ep_on_device.sh [STEPS]   (STEPS: comma list of base,proxy,levers,faults,unsafe,loop,ep8,sharing,dbsweep)
 set -u
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/ep_out}
@@ -42,6 +42,11 @@ has loop && step loopback 90 --ranks 2 --gpus 1 --iters $ITERS --variants ";" --
 # the QP fan-out fix where QPs are scarce: 96 warps on 1 -> 2 and 2 -> 3 data QPs (heavy sharing)
 for q in 2 3; do
   has sharing && step sharing-q$q 120 $C --set design.qps_per_call=$q --variants ";qp-fanout-fix" --id-prefix emu-q$q-ep
+done
+# doorbell batch sweep B = 2, 4, 16 (B = 1 and 8 are base and batched-doorbells): per-doorbell
+# against per-WQE NIC work on the emulated NIC
+for b in 2 4 16; do
+  has dbsweep && step dbsweep-b$b 120 $C --set design.doorbell_batch=$b --variants ";" --id-prefix emu-b$b-ep
 done
 has ep8 && step ep8-virtual 90 --ranks 8 --gpus 2 --iters $ITERS --num-sms 12 --variants ";" --out-dir "$REC" --id-prefix emu-ep
 ls "$REC" | tee -a "$LOG"

@@ -54,14 +54,16 @@ def profiler_shares(results: list[OpResult], cats: tuple[str, ...] | None = None
     return {c: round(busy[c] / total, 6) for c in CATEGORIES if busy.get(c, 0.0) > 0}
 
 
+def cp_entry(base_p50: float, whatif_lat_us: list[float]) -> float:
+    """One critical-path entry: the p50 drop when a category's costs are zeroed."""
+    return round(base_p50 - stats(whatif_lat_us)["p50_us"], 4)
+
+
 def critical_path(scn: Scenario, op: str, base_p50: float, seeds: int,
                   cats: tuple[str, ...] = CATEGORIES) -> dict[str, float]:
-    out = {}
-    for c in cats:
-        res = run_seeds(scn, op, seeds, scale={c: 0.0})
-        p50 = stats([x for r in res for x in r.latency_us])["p50_us"]
-        out[c] = round(base_p50 - p50, 4)
-    return out
+    return {c: cp_entry(base_p50, [x for r in run_seeds(scn, op, seeds, scale={c: 0.0})
+                                   for x in r.latency_us])
+            for c in cats}
 
 
 def _op_job(job: tuple[Scenario, str, int, dict[str, float] | None, bool]) -> OpResult | list[float]:
@@ -116,7 +118,7 @@ def simulate(scn: Scenario, seeds: int = 1, with_critical_path: bool = True, cp_
         }
         if with_critical_path:
             base = stats([x for r in res[:kcp] for x in r.latency_us])["p50_us"]
-            att["critical_path"] = {c: round(base - stats(v)["p50_us"], 4) for c, v in whatif.items()}
+            att["critical_path"] = {c: cp_entry(base, v) for c, v in whatif.items()}
         out["attribution"][op] = att
         cnt: dict[str, int] = {}
         for r in res:

@@ -9,8 +9,6 @@ rows into the shares the model compares with.
 
 from __future__ import annotations
 
-import os
-import shutil
 import subprocess
 import sys
 import sysconfig
@@ -19,9 +17,10 @@ from pathlib import Path
 
 import pytest
 
+from tests.cuda import NVCC
+
 ROOT = Path(__file__).resolve().parents[1]
 EP = ROOT / "hw" / "ep"
-NVCC = shutil.which("nvcc") or ("/usr/local/cuda/bin/nvcc" if os.path.exists("/usr/local/cuda/bin/nvcc") else None)
 
 
 def _nvcc(src: Path, tmp: Path) -> subprocess.CompletedProcess:

@@ -15,11 +15,10 @@ from pathlib import Path
 
 import pytest
 
+from tests.cuda import NVCC
+
 ROOT = Path(__file__).resolve().parents[1]
 SRC = ROOT / "hw" / "primitives"
-NVCC = shutil.which("nvcc") or (
-    "/usr/local/cuda/bin/nvcc" if os.path.exists("/usr/local/cuda/bin/nvcc") else None
-)
 # bindings.cpp needs Python and pybind11 headers; it is built on the GPU machine only.
 SOURCES = sorted(p for p in [*SRC.glob("*.cu"), *SRC.glob("*.cpp")] if p.name != "bindings.cpp")
 FAMILIES = {

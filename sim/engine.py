@@ -7,10 +7,11 @@ Nothing here is physical; the physical pieces (``issuer``, ``proxy``, ``nic``,
 from __future__ import annotations
 
 import heapq
-from collections import defaultdict
+from collections import defaultdict, deque
 from dataclasses import dataclass, field
 
 import simpy
+from simpy.events import NORMAL, Event
 
 
 class Counter:
@@ -46,6 +47,86 @@ class Counter:
             self._seq += 1
             heapq.heappush(self._waiters, (n, self._seq, ev))
         return ev
+
+
+def _fire(call: _Call) -> None:
+    call.fn(*call.args)
+
+
+_FIRE = (_fire,)
+
+
+class _Call:
+    """A plain callback on SimPy's event queue: what ``env.timeout(d)`` with one
+    callback appended does, as one slotted object with no callback list.
+
+    ``Environment.step`` needs of a queued event only ``callbacks`` (which it
+    sets to None) and ``_ok``. A packet in flight, a landing or a completion is
+    one of these; at EP256 some 70k are pending at once, and the lighter entry
+    costs less to keep and to pop (benchmarks/sim_speed.py).
+    """
+
+    __slots__ = ("callbacks", "_ok", "_value", "fn", "args")
+
+    def __init__(self, fn, args: tuple) -> None:
+        self.callbacks = _FIRE
+        self._ok = True
+        self._value = None
+        self.fn = fn
+        self.args = args
+
+
+def call_later(env: simpy.Environment, delay: float, fn, *args) -> None:
+    """Run ``fn(*args)`` ``delay`` ns from now, in the queue's order: the same
+    (time, priority, insertion) slot ``env.timeout(delay)`` would take, so
+    results are the same bit for bit."""
+    if delay < 0:
+        raise ValueError(f"negative delay {delay}")
+    env.schedule(_Call(fn, args), NORMAL, delay)
+
+
+class Lock:
+    """A capacity-1 lock (a shared QP's doorbell turn) that schedules exactly the
+    events ``simpy.Resource(env, 1)`` schedules, in the same order, without its
+    put/get queue machinery (a fifth of the issuer's engine time at EP64).
+
+    The grant is an event processed in turn: a request finding the lock free is
+    granted at once; ``release`` frees it at once and schedules a hand-off event
+    whose processing grants the oldest waiter, and a request arriving while a
+    waiter is queued and the lock is free grants that waiter first (FIFO).
+    Keeping SimPy's exact sequence keeps every result bit for bit
+    (``tests/test_model.py`` runs both side by side).
+    """
+
+    __slots__ = ("env", "holder", "_queue")
+
+    def __init__(self, env: simpy.Environment) -> None:
+        self.env = env
+        self.holder: Event | None = None
+        self._queue: deque[Event] = deque()
+
+    def request(self) -> Event:
+        ev = Event(self.env)
+        self._queue.append(ev)
+        if self.holder is None:
+            self._grant()
+        return ev
+
+    def release(self, req: Event) -> None:
+        if self.holder is req:
+            self.holder = None
+        handoff = Event(self.env)
+        handoff.callbacks.append(self._on_handoff)
+        handoff.succeed()
+
+    def _grant(self) -> None:
+        ev = self._queue.popleft()
+        self.holder = ev
+        ev.succeed()
+
+    def _on_handoff(self, _ev: Event) -> None:
+        if self.holder is None and self._queue:
+            self._grant()
 
 
 @dataclass

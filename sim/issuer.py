@@ -49,21 +49,24 @@ class WarpPort:
 
     def _pay_all(self, costs: list[tuple[str, float, int]]):
         """Pay a run of back-to-back costs as one timeout (spans laid out in order)."""
-        led = self.w.ledger
-        t0 = self.env.now
+        issue = self.w.ledger.issue
         total = 0.0
-        spans = []
         for cat, ns, n in costs:
-            t = led.issue(cat, ns, n)
+            t = issue(cat, ns, n)
             if t > 0:
-                spans.append((cat, t0 + total, t))
                 total += t
         if total > 0:
+            t0 = self.env.now
             yield self.env.timeout(total)
             tr = self.w.trace
-            if tr.enabled:
-                for cat, a, t in spans:
-                    tr.span(self.proc, self.track, cat, a, t)
+            if tr.enabled:  # the spans again, from the ledger's scale (costs are pure)
+                acc = 0.0
+                scale = self.w.ledger.scale
+                for cat, ns, _n in costs:
+                    t = ns * scale.get(cat, 1.0)
+                    if t > 0:
+                        tr.span(self.proc, self.track, cat, t0 + acc, t)
+                        acc += t
 
     def _wait(self, cat: str, ev):
         t0 = self.env.now
@@ -150,8 +153,14 @@ class NativePort(WarpPort):
         if locked:
             yield from self._pay_all(costs)
             costs = []
-            req = self.qp.lock.request()
-            yield from self._wait("lock", req)
+            lock = self.qp.lock
+            req = lock.request()
+            t0 = self.env.now
+            yield req
+            dt = self.env.now - t0
+            led.waited("lock", dt)
+            if w.trace.enabled:
+                w.trace.span(self.proc, self.track, "lock", t0, dt)
             costs.append(("lock", g.atomic_ns, 1))
         costs.append(("doorbell", g.doorbell_ns, 1))
         led.counters["doorbells"] += 1
@@ -160,7 +169,7 @@ class NativePort(WarpPort):
         if nf > 1:  # the fence after the doorbell, still holding the turn
             yield from self._pay_all([("fence", g.fence_ns * (nf - 1), nf - 1)])
         if locked:
-            self.qp.lock.release(req)
+            lock.release(req)
 
     def finish(self):
         """End of this warp's puts: ring what is still un-rung (own or the QP's)."""

@@ -47,6 +47,7 @@ class World:
         self.ledger = ledger
         self.trace = trace
         self.routing = routing
+        self.rpn = self.workload.ranks_per_node  # a pydantic property: read once, used per token
         self.rng = np.random.default_rng([scn.seed, seed, OP_SALT[op]])
         key = (scn.seed, seed, OP_SALT[op])
         self.fabric = Fabric(self.env, self.platform.fabric, self.rng, ledger, seed_key=key)
@@ -101,7 +102,7 @@ class World:
 
     # -- mapping ----------------------------------------------------------------
     def node_of(self, rank: int) -> int:
-        return rank // self.workload.ranks_per_node
+        return rank // self.rpn
 
     def same_node(self, a: int, b: int) -> bool:
         return self.node_of(a) == self.node_of(b)

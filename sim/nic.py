@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 
 import simpy
 
-from sim.engine import Counter, Ledger, Trace
+from sim.engine import Counter, Ledger, Lock, Trace, call_later
 from sim.params import NicParams, ReceiverParams
 
 if TYPE_CHECKING:
@@ -43,7 +43,7 @@ class QueuePair:
         self.posted = 0
         self.completions = Counter(env)
         self.consumed = 0
-        self.lock = simpy.Resource(env, capacity=1)
+        self.lock = Lock(env)
         self.pending: list[Message] = []
         self.owners = 0
 
@@ -135,8 +135,7 @@ class Nic:
         if msg.landed == msg.npkts:
             # land times are monotone at one port: this packet lands last
             vis = t_land + self.ledger.cost("visibility", self.rp.visibility_ns)
-            ev = self.env.timeout(vis - now)
-            ev.callbacks.append(lambda _e: self._visible(msg))
+            call_later(self.env, vis - now, self._visible, msg)
 
     def _visible(self, msg: Message) -> None:
         msg.t_visible = self.env.now
@@ -151,8 +150,7 @@ class Nic:
             msg.t_complete = t_arrive
         if msg.acked == msg.npkts:
             t = msg.t_complete + self.ledger.cost("nic", self.p.completion_ns)
-            ev = self.env.timeout(t - self.env.now)
-            ev.callbacks.append(lambda _e: self._complete(msg))
+            call_later(self.env, t - self.env.now, self._complete, msg)
 
     def _complete(self, msg: Message) -> None:
         msg.t_complete = self.env.now

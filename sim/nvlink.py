@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from sim.engine import call_later
+
 if TYPE_CHECKING:
     from sim.model import World
 
@@ -37,8 +39,7 @@ class Nvlink:
         led.counters["nvlink_bytes"] += nbytes
         lat = led.cost("forward", w.platform.nvlink.flag_latency_ns)
         if on_visible is not None:
-            ev = self.env.timeout(busy + lat)
-            ev.callbacks.append(lambda _e: on_visible())
+            call_later(self.env, busy + lat, on_visible)
         if busy > 0:
             yield self.env.timeout(busy)
             if w.trace.enabled:

@@ -17,7 +17,7 @@ from __future__ import annotations
 from collections import deque
 from typing import TYPE_CHECKING
 
-from sim.engine import Counter
+from sim.engine import Counter, call_later
 from sim.issuer import WarpPort
 
 if TYPE_CHECKING:
@@ -140,8 +140,7 @@ class ProxyThread:
             freed += 1
         port: ProxyPort = msg.port
         lat = self.w.ledger.cost("proxy_queue", self.w.platform.proxy.host_to_gpu_ns)
-        ev = self.env.timeout(lat)
-        ev.callbacks.append(lambda _e: (ring.freed.add(freed), port.done.add(1)))
+        call_later(self.env, lat, _host_reported, ring, freed, port)
 
 
 class ProxyPort(WarpPort):
@@ -169,8 +168,7 @@ class ProxyPort(WarpPort):
         ring.posted += 1
         self.posted += 1
         w.ledger.counters["descriptors"] += 1
-        ev = self.env.timeout(w.ledger.cost("proxy_queue", pp.gpu_to_host_ns))
-        ev.callbacks.append(lambda _e: (ring.visible.append(msg), ring.thread.kick()))
+        call_later(self.env, w.ledger.cost("proxy_queue", pp.gpu_to_host_ns), _descriptor_seen, ring, msg)
 
     def finish(self):
         return
@@ -182,3 +180,14 @@ class ProxyPort(WarpPort):
             yield from self._wait(cat, self.done.reach(self.posted))
         yield from self._pay(cat, self.w.platform.gpu.pcie_read_ns)
 
+
+def _host_reported(ring: Ring, freed: int, port: ProxyPort) -> None:
+    """The host's completion report reached GPU memory: ring slots free, the warp's count moves."""
+    ring.freed.add(freed)
+    port.done.add(1)
+
+
+def _descriptor_seen(ring: Ring, msg: Message) -> None:
+    """The descriptor crossed PCIe: the host thread may pick it up."""
+    ring.visible.append(msg)
+    ring.thread.kick()

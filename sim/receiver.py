@@ -27,7 +27,7 @@ from __future__ import annotations
 from collections import defaultdict
 from typing import TYPE_CHECKING
 
-from sim.engine import Counter
+from sim.engine import Counter, call_later
 
 if TYPE_CHECKING:
     from sim.message import Message
@@ -87,8 +87,10 @@ class Receiver:
         self.flags[tag].add(1)
 
     def _later(self, dt: float, tag, n: int) -> None:
-        ev = self.env.timeout(dt)
-        ev.callbacks.append(lambda _e: self.known[tag].add(n))
+        call_later(self.env, dt, self._know, tag, n)
+
+    def _know(self, tag, n: int) -> None:
+        self.known[tag].add(n)
 
     def _advance_prefix(self, tag) -> None:
         seen = self._prefix[tag]
@@ -109,16 +111,14 @@ class Receiver:
         start = max(now, self._host_busy_until)
         self._host_busy_until = start + led.cost("proxy_post", pp.host_cq_poll_ns)
         done = self._host_busy_until + led.cost("proxy_queue", pp.host_to_gpu_ns)
-        ev = self.env.timeout(done - now)
         tag = msg.tag
         if msg.kind == "stripe":  # one rail's part of a striped put: count until all arrived
-            parent = msg.parent
-            ev.callbacks.append(lambda _e: self._host_stripe(parent))
+            call_later(self.env, done - now, self._host_stripe, msg.parent)
         elif msg.kind == "data":
             self.data[tag].add(1)
-            ev.callbacks.append(lambda _e: self._host_data(tag))
+            call_later(self.env, done - now, self._host_data, tag)
         else:
-            ev.callbacks.append(lambda _e: self._host_signal(tag, msg.value))
+            call_later(self.env, done - now, self._host_signal, tag, msg.value)
 
     def _host_stripe(self, parent: Message) -> None:
         """The receiving host counts stripes per (peer, sequence); the put is there with the last."""

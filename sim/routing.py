@@ -57,6 +57,20 @@ class Routing:
         return [[tuple(sorted({int(e) // self.epr for e in row})) for row in t] for t in self.topk]
 
     @cached_property
+    def hits(self) -> list[list[dict[int, int]]]:
+        """Per source rank, per token: how many of its experts each destination rank hosts."""
+        out = []
+        for t in self.topk:
+            rows = []
+            for row in (t // self.epr).tolist():
+                h: dict[int, int] = {}
+                for d in row:
+                    h[d] = h.get(d, 0) + 1
+                rows.append(h)
+            out.append(rows)
+        return out
+
+    @cached_property
     def dst_nodes(self) -> list[list[tuple[int, ...]]]:
         return [[tuple(sorted({r // self.rpn for r in row})) for row in d] for d in self.dst_ranks]
 

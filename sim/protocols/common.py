@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from sim.engine import Counter
+from sim.engine import Counter, call_later
 
 if TYPE_CHECKING:
     from sim.model import World
@@ -85,14 +85,13 @@ def nvlink_flag(w: World, src: int, dst: int, tag, value: int):
     lat = max(0.0, w.nvlink.port_free[src] - w.env.now) + w.ledger.cost(
         "forward", w.platform.nvlink.flag_latency_ns)
 
-    def land(_e):
+    def land():
         k = rcv.known[tag]
         if value > k.value:
             k.add(value - k.value)
         rcv.flags[tag].add(1)
 
-    ev = w.env.timeout(lat)
-    ev.callbacks.append(land)
+    call_later(w.env, lat, land)
 
 
 def notify_exchange(w: World, rank: int, peers: list[int]):

@@ -193,7 +193,7 @@ def _combine_rank(w: World, r: int, sh: _Shared):
     def expert_side(c: int):
         track = f"cmb{c}"
         for s, t in held[c::C]:
-            ns = g.reduce_ns_per_kib * kib * sum(1 for e in rt.topk[s][t] if rt.rank_of(int(e)) == r)
+            ns = g.reduce_ns_per_kib * kib * rt.hits[s][t][r]
             yield env.timeout(w.ledger.issue("compute", ns))
             fwd = sh.rank(n, s % sh.rpn)  # forwarder for s on this node
             if w.node_of(s) == n:

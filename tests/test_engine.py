@@ -60,13 +60,14 @@ def _call_trace(use_call_later: bool) -> list[tuple]:
 
     def proc():
         for k in range(30):
+            step = env.timeout(0.5)  # queued first: a tie at 0.5 goes to it
             d = [0.0, 1.0, 0.5][k % 3]
             if use_call_later:
                 call_later(env, d, note, ("cb", k))
             else:
                 ev = env.timeout(d)
                 ev.callbacks.append(lambda _e, k=k: note(("cb", k)))
-            yield env.timeout(0.5)
+            yield step
             note(("proc", k))
 
     env.process(proc())

@@ -27,26 +27,36 @@ class Counter:
     def __init__(self, env: simpy.Environment, value: int = 0) -> None:
         self.env = env
         self.value = value
-        self._waiters: list[tuple[int, int, simpy.Event]] = []
+        # both made on first use: most counters (one per tag per rank) never get a waiter
+        self._waiters: list[tuple[int, int, simpy.Event]] | None = None
         self._seq = 0
-        self.watchers: list[Counter] = []  # bumped on every change (a poller of many words)
+        self.watchers: list[Counter] | None = None  # bumped on every change (a poller of many words)
 
     def add(self, n: int = 1) -> None:
         self.value += n
         w = self._waiters
         while w and w[0][0] <= self.value:
             heapq.heappop(w)[2].succeed()
-        for c in self.watchers:
-            c.add(1)
+        if self.watchers:
+            for c in self.watchers:
+                c.add(1)
 
     def reach(self, n: int) -> simpy.Event:
-        ev = self.env.event()
+        ev = Event(self.env)
         if self.value >= n:
             ev.succeed()
         else:
             self._seq += 1
+            if self._waiters is None:
+                self._waiters = []
             heapq.heappush(self._waiters, (n, self._seq, ev))
         return ev
+
+    def watch(self, other: Counter) -> None:
+        """Bump ``other`` by one on every change of this counter."""
+        if self.watchers is None:
+            self.watchers = []
+        self.watchers.append(other)
 
 
 def _fire(call: _Call) -> None:

@@ -41,7 +41,7 @@ class Message:
         self.npkts = 0
         self.landed = 0
         self.acked = 0
-        self.seen_pkts: set[int] | None = None
+        self.seen_pkts = 0  # bit k: packet k landed (a retransmitted duplicate is dropped)
         self.t_post = 0.0
         self.t_visible = -1.0
         self.t_complete = -1.0

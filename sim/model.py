@@ -204,11 +204,16 @@ class OpResult:
     events: int
     trace: Trace | None = None
     counters: dict[str, int] = field(default_factory=dict)
+    mean_pending: float | None = None  # mean length of SimPy's event queue (with ``depth=True``)
 
 
 def simulate_op(scn: Scenario, op: str, seed: int, scale: dict[str, float] | None = None,
-                trace: bool = False) -> OpResult:
-    """Run one op for one seed; ``scale`` zeroes or scales cost categories."""
+                trace: bool = False, depth: bool = False) -> OpResult:
+    """Run one op for one seed; ``scale`` zeroes or scales cost categories.
+
+    ``depth`` also samples how many events are pending (the heap SimPy pops
+    from), for the speed benchmark: SimPy's own cost per event grows with it.
+    """
     from sim.protocols import run_protocol
 
     ledger = Ledger(scale=dict(scale or {}))
@@ -217,13 +222,18 @@ def simulate_op(scn: Scenario, op: str, seed: int, scale: dict[str, float] | Non
     world = World(scn, op, seed, ledger, tr, routing)
     done = run_protocol(world)
     env = world.env
-    n_events = _run_counting(env)
+    mean_pending = None
+    if depth:
+        n_events, mean_pending = _run_sampling_depth(env)
+    else:
+        n_events = _run_counting(env)
     lat = []
     for r, ev in enumerate(done):
         if not ev.triggered:
             raise ModelError(f"{op}: rank {r} never completed (deadlock in the model)")
         lat.append(float(ev.value) / 1e3)
-    return OpResult(op, seed, lat, ledger, n_events, tr if trace else None, dict(ledger.counters))
+    return OpResult(op, seed, lat, ledger, n_events, tr if trace else None, dict(ledger.counters),
+                    mean_pending)
 
 
 def _run_counting(env: simpy.Environment) -> int:
@@ -247,3 +257,28 @@ def _run_counting(env: simpy.Environment) -> int:
         if was_enabled:
             gc.enable()
     return n
+
+
+def _run_sampling_depth(env: simpy.Environment, every: int = 64) -> tuple[int, float]:
+    """:func:`_run_counting` plus the queue length every ``every`` events (a separate
+    loop so the plain one pays nothing for it); the same events, the same order."""
+    n = 0
+    total = 0
+    samples = 0
+    step = env.step
+    queue = env._queue  # SimPy keeps one heap list for the environment's life
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        while True:
+            step()
+            n += 1
+            if n % every == 0:
+                total += len(queue)
+                samples += 1
+    except simpy.core.EmptySchedule:
+        pass
+    finally:
+        if was_enabled:
+            gc.enable()
+    return n, total / max(1, samples)

@@ -115,14 +115,13 @@ class Nic:
     def ingress(self, msg: Message, k: int, ack_ok: bool) -> None:
         """Packet ``k`` arrived at this (target) NIC: drop duplicates, land it, ACK it."""
         now = self.env.now
-        if msg.seen_pkts is None:
-            msg.seen_pkts = set()
-        if k in msg.seen_pkts:
+        bit = 1 << k
+        if msg.seen_pkts & bit:
             self.ledger.counters["duplicates_dropped"] += 1
             if ack_ok:
                 msg.qp.nic.ack(msg, now + self.fabric.flight(self.index))
             return
-        msg.seen_pkts.add(k)
+        msg.seen_pkts |= bit
         size = min(self.p.mtu_bytes, msg.nbytes - k * self.p.mtu_bytes)
         self.rx_free = max(self.rx_free, now) + self.ledger.cost("wire", (size + 64) * self.ns_per_byte)
         t_land = self.rx_free + self.ledger.cost("nic", self.rp.land_ns)

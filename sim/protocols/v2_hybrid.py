@@ -107,7 +107,7 @@ def _dispatch_rank(w: World, r: int, sh: _Shared):
         want = [len(sh.stream.get((s, c, n), ())) for s, c in pairs]
         wake = Counter(env)  # bumped whenever any polled tail moves
         for s, c in pairs:
-            rcv.known[("h", s, c)].watchers.append(wake)
+            rcv.known[("h", s, c)].watch(wake)
         while any(done[i] < want[i] for i in range(len(pairs))):
             mark = wake.value
             progressed = False

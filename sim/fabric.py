@@ -39,7 +39,7 @@ class Draws:
 
     def uniform(self) -> float:
         if not self._u:
-            self._u = array("d", self.rng.random(_BATCH))
+            self._u = array("d", self.rng.random(_BATCH).tobytes())  # bytes: no per-item copy
         return self._u.pop()
 
     def jitter(self) -> float:
@@ -56,7 +56,7 @@ class Draws:
             else:  # gamma with mean m and coefficient of variation sigma
                 k = 1.0 / max(j.sigma, 1e-6) ** 2
                 arr = self.rng.gamma(k, m / k, _BATCH)
-            self._j = array("d", arr)
+            self._j = array("d", np.ascontiguousarray(arr, dtype=np.float64).tobytes())
         return self._j.pop()
 
 

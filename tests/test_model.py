@@ -103,6 +103,17 @@ def test_same_seed_same_result_different_seed_differs():
     assert a != c
 
 
+def test_depth_sampling_runs_the_same_events_and_reads_the_queue():
+    """The speed benchmark's queue-depth loop must not change the run it measures."""
+    scn = scenario.load("decode-ep16-efa-native", SMALL)
+    plain = simulate_op(scn, "dispatch", 0)
+    probed = simulate_op(scn, "dispatch", 0, depth=True)
+    assert probed.latency_us == plain.latency_us and probed.events == plain.events
+    assert plain.mean_pending is None
+    # packets, landings and completions overlap: well above one pending event, far below all
+    assert 10 < probed.mean_pending < probed.events / 10
+
+
 def test_parallel_simulate_equals_serial_and_the_what_if_reruns():
     """``workers`` spreads independent runs over processes: the JSON object is the same,
     and each critical-path entry is the p50 drop of its own zeroed rerun."""

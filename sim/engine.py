@@ -98,14 +98,14 @@ def call_later(env: simpy.Environment, delay: float, fn, *args) -> None:
 class Lock:
     """A capacity-1 lock (a shared QP's doorbell turn) that schedules exactly the
     events ``simpy.Resource(env, 1)`` schedules, in the same order, without its
-    put/get queue machinery (a fifth of the issuer's engine time at EP64).
+    put/get queue machinery (one lock cycle per doorbell of a shared QP).
 
     The grant is an event processed in turn: a request finding the lock free is
     granted at once; ``release`` frees it at once and schedules a hand-off event
     whose processing grants the oldest waiter, and a request arriving while a
     waiter is queued and the lock is free grants that waiter first (FIFO).
     Keeping SimPy's exact sequence keeps every result bit for bit
-    (``tests/test_model.py`` runs both side by side).
+    (``tests/test_engine.py`` runs both side by side).
     """
 
     __slots__ = ("env", "holder", "_queue")

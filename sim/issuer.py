@@ -61,9 +61,9 @@ class WarpPort:
             tr = self.w.trace
             if tr.enabled:  # the spans again, from the ledger's scale (costs are pure)
                 acc = 0.0
-                scale = self.w.ledger.scale
+                cost = self.w.ledger.cost
                 for cat, ns, _n in costs:
-                    t = ns * scale.get(cat, 1.0)
+                    t = cost(cat, ns)
                     if t > 0:
                         tr.span(self.proc, self.track, cat, t0 + acc, t)
                         acc += t
@@ -155,12 +155,7 @@ class NativePort(WarpPort):
             costs = []
             lock = self.qp.lock
             req = lock.request()
-            t0 = self.env.now
-            yield req
-            dt = self.env.now - t0
-            led.waited("lock", dt)
-            if w.trace.enabled:
-                w.trace.span(self.proc, self.track, "lock", t0, dt)
+            yield from self._wait("lock", req)
             costs.append(("lock", g.atomic_ns, 1))
         costs.append(("doorbell", g.doorbell_ns, 1))
         led.counters["doorbells"] += 1

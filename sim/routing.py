@@ -8,6 +8,7 @@ combine of one seed see the same tokens.
 from __future__ import annotations
 
 import json
+from collections import Counter
 from functools import cached_property
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -52,23 +53,14 @@ class Routing:
         return rank // self.rpn
 
     @cached_property
-    def dst_ranks(self) -> list[list[tuple[int, ...]]]:
-        """Per source rank, per token: the distinct ranks hosting its experts."""
-        return [[tuple(sorted({int(e) // self.epr for e in row})) for row in t] for t in self.topk]
+    def hits(self) -> list[list[Counter[int]]]:
+        """Per source rank, per token: how many of its experts each destination rank hosts."""
+        return [[Counter(row) for row in (t // self.epr).tolist()] for t in self.topk]
 
     @cached_property
-    def hits(self) -> list[list[dict[int, int]]]:
-        """Per source rank, per token: how many of its experts each destination rank hosts."""
-        out = []
-        for t in self.topk:
-            rows = []
-            for row in (t // self.epr).tolist():
-                h: dict[int, int] = {}
-                for d in row:
-                    h[d] = h.get(d, 0) + 1
-                rows.append(h)
-            out.append(rows)
-        return out
+    def dst_ranks(self) -> list[list[tuple[int, ...]]]:
+        """Per source rank, per token: the distinct ranks hosting its experts."""
+        return [[tuple(sorted(h)) for h in rows] for rows in self.hits]
 
     @cached_property
     def dst_nodes(self) -> list[list[tuple[int, ...]]]:

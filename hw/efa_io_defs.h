@@ -83,3 +83,6 @@ constexpr uint8_t EFA_IO_TX_META_DESC_FIRST = 1u << 2;
 constexpr uint8_t EFA_IO_TX_META_DESC_LAST = 1u << 3;
 constexpr uint8_t EFA_IO_TX_META_DESC_COMP_REQ = 1u << 4;
 constexpr uint8_t EFA_IO_CDESC_COMMON_PHASE = 1u << 0;
+constexpr uint8_t EFA_IO_CDESC_COMMON_Q_TYPE_SHIFT = 1;
+constexpr uint8_t EFA_IO_CDESC_COMMON_HAS_IMM = 1u << 3;
+constexpr uint8_t EFA_IO_CDESC_COMMON_OP_TYPE_SHIFT = 4;

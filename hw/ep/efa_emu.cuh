@@ -37,21 +37,22 @@ using ::EFA_IO_SEND;
 using ::EFA_IO_SEND_QUEUE;
 using ::EFA_IO_RECV_QUEUE;
 
+// short names for the kernels; the values live once, in hw/efa_io_defs.h
 // meta.ctrl1
-constexpr uint8_t META_OP_TYPE_MASK = 0x0f;
-constexpr uint8_t META_HAS_IMM = 1u << 4;
-constexpr uint8_t META_INLINE_MSG = 1u << 5;
-constexpr uint8_t META_META_DESC = 1u << 7;
+constexpr uint8_t META_OP_TYPE_MASK = ::EFA_IO_TX_META_DESC_OP_TYPE_MASK;
+constexpr uint8_t META_HAS_IMM = ::EFA_IO_TX_META_DESC_HAS_IMM;
+constexpr uint8_t META_INLINE_MSG = ::EFA_IO_TX_META_DESC_INLINE_MSG;
+constexpr uint8_t META_META_DESC = ::EFA_IO_TX_META_DESC_META_DESC;
 // meta.ctrl2
-constexpr uint8_t META_PHASE = 1u << 0;
-constexpr uint8_t META_FIRST = 1u << 2;
-constexpr uint8_t META_LAST = 1u << 3;
-constexpr uint8_t META_COMP_REQ = 1u << 4;
+constexpr uint8_t META_PHASE = ::EFA_IO_TX_META_DESC_PHASE;
+constexpr uint8_t META_FIRST = ::EFA_IO_TX_META_DESC_FIRST;
+constexpr uint8_t META_LAST = ::EFA_IO_TX_META_DESC_LAST;
+constexpr uint8_t META_COMP_REQ = ::EFA_IO_TX_META_DESC_COMP_REQ;
 // cdesc flags
-constexpr uint8_t CDESC_PHASE = 1u << 0;
-constexpr uint8_t CDESC_Q_TYPE_SHIFT = 1;
-constexpr uint8_t CDESC_HAS_IMM = 1u << 3;
-constexpr uint8_t CDESC_OP_TYPE_SHIFT = 4;
+constexpr uint8_t CDESC_PHASE = ::EFA_IO_CDESC_COMMON_PHASE;
+constexpr uint8_t CDESC_Q_TYPE_SHIFT = ::EFA_IO_CDESC_COMMON_Q_TYPE_SHIFT;
+constexpr uint8_t CDESC_HAS_IMM = ::EFA_IO_CDESC_COMMON_HAS_IMM;
+constexpr uint8_t CDESC_OP_TYPE_SHIFT = ::EFA_IO_CDESC_COMMON_OP_TYPE_SHIFT;
 
 constexpr uint32_t RKEY_BASE = 0x52000000u;  // rkey = RKEY_BASE | rank (checked by the NIC)
 constexpr uint32_t LKEY_BASE = 0x4c000000u;

@@ -16,8 +16,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from calibration.cli import load_records, resolve_platform, shipped_records  # noqa: E402
-from calibration.fit import fit  # noqa: E402
+from lever.calibration.fit import fit  # noqa: E402
+
+from lever.commands.calibrate import load_records, resolve_platform, shipped_records  # noqa: E402
 
 
 def main() -> int:

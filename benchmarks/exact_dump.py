@@ -35,8 +35,8 @@ CASES: list[tuple[str, list[str], dict[str, float] | None]] = [
 
 
 def dump() -> dict[str, dict]:
-    from sim import scenario
-    from sim.model import simulate_op
+    from lever.sim import scenario
+    from lever.sim.model import simulate_op
 
     out: dict[str, dict] = {}
     for name, sets, scale in CASES:

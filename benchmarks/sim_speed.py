@@ -66,8 +66,8 @@ def bare_simpy_rate_at_depth(pending: int, n: int = 400_000, seed: int = 1) -> f
 
 def _one(args: tuple[str, int, str]) -> dict:
     scenario, ep, q = args
-    from sim import scenario as scn_mod
-    from sim.model import simulate_op
+    from lever.sim import scenario as scn_mod
+    from lever.sim.model import simulate_op
 
     sets = [f"workload.ep_ranks={ep}"]
     if ep < 8:

@@ -1,13 +1,13 @@
 """Judge a preregistered lever prediction against measured run records.
 
-Pure functions (the CLI in ``sim.predict_cli`` reads files and prints):
+Pure functions (the CLI in ``lever.commands.predict`` reads files and prints):
 
 - :func:`check_prereg`: the preregistration is intact (its sha256 matches its
   content) and was made on the platform file that is current now.
 - :func:`measured_delta`: lever minus baseline median latency with a 90% noise
   band, from samples when both records carry them (bootstrap of the median
   difference), else from p10/p90/n (``Distribution.median_se``).
-- :func:`verdict`: the preregistered rule (``sim.predict.VERDICT_RULE``).
+- :func:`verdict`: the preregistered rule (``lever.calibration.predict.VERDICT_RULE``).
 """
 
 from __future__ import annotations
@@ -16,16 +16,15 @@ import math
 from typing import Any
 
 import numpy as np
-
-from calibration.records import Distribution, RunRecord
-from lever.cli import UserError
+from lever.calibration.records import Distribution, RunRecord
+from lever.sim.errors import UserError
 
 Z90 = 1.6448536269514722  # two-sided 90%
 BAND_LEVEL = 0.90
 
 
 def content_sha256(obj: dict[str, Any]) -> str:
-    from sim.scenario import digest
+    from lever.sim.scenario import digest
 
     return digest({k: v for k, v in obj.items() if k != "sha256"})
 

@@ -39,9 +39,8 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-
-from calibration.records import OPS, RecordError, RunRecord, SimLink
-from sim.params import FreeParam, Platform
+from lever.calibration.records import OPS, RecordError, RunRecord, SimLink
+from lever.sim.params import FreeParam, Platform
 
 REL_SIGMA = 0.02
 DELTA_FLOOR_US = 10.0
@@ -78,7 +77,7 @@ class Job:
 
 
 def _literal(v: Any) -> str:
-    from sim.levers import _toml_literal
+    from lever.sim.levers import _toml_literal
 
     return _toml_literal(v)
 
@@ -125,8 +124,8 @@ def flatten_platform(plat: dict, prefix: str = "platform") -> list[str]:
 
 def run_job(job: Job, base_sets: tuple[str, ...], values: dict[str, float], seeds: int) -> dict:
     """Simulate one job (in a worker): per op the p50 and the two share tables."""
-    from sim.levers import load_with_levers
-    from sim.results import simulate
+    from lever.sim.levers import load_with_levers
+    from lever.sim.results import simulate
 
     sets = [*base_sets, *job.sets, *(f"platform.{k}={v!r}" for k, v in values.items()),
             "ops=[" + ",".join(f'"{o}"' for o in job.ops) + "]"]

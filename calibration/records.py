@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from importlib import resources
 from pathlib import Path
 from typing import Any, Literal
 
@@ -288,4 +289,4 @@ def check_nic(records: list[RunRecord], want: NicKind) -> None:
             raise RecordError(f"record {r.id}: nic is '{r.nic}', this use needs '{want}'")
 
 
-DATA_DIR = Path(__file__).resolve().parent / "data"
+DATA_DIR = Path(str(resources.files("lever.calibration.data")))  # shipped records (package data)

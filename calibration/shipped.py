@@ -6,7 +6,7 @@ the fitter reads, this module only documents where each number came from.
 
 from __future__ import annotations
 
-from calibration.records import DATA_DIR, SCHEMA_VERSION, dump_record, parse_record
+from lever.calibration.records import DATA_DIR, SCHEMA_VERSION, dump_record, parse_record
 
 CAMPAIGN = "DESIGN §5, EFA campaign (DeepEP V2 kernels through NCCL GIN, decode shape, EP16 over two 8-GPU nodes)"
 IB_REF = "DESIGN §5, InfiniBand reference (DeepEP LL on H800 + ConnectX-7 400 Gb/s, same decode shape)"

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 def require_cuda():
     """Return the imported ``torch`` module when a CUDA device is usable; else raise UserError."""
-    from lever.cli import UserError
+    from lever.sim.errors import UserError
 
     try:
         import torch

@@ -30,9 +30,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from hw.profiler import attribution as prof_attribution
-from hw.profiler import decode as prof_decode
-from hw.reference import Shape
+from lever.hw.profiler import attribution as prof_attribution
+from lever.hw.profiler import decode as prof_decode
+from lever.hw.reference import Shape
 
 HERE = Path(__file__).resolve().parent
 PLATFORM = "platforms/emulated-nvlink"
@@ -127,8 +127,8 @@ def lever_sets(levers: list[str]) -> list[str]:
     for name in levers:
         f = HERE.parent / "scenarios" / "levers" / f"{name}.toml"
         if f.is_file():
-            from sim.levers import lever_sets as _ls
-            from sim.levers import load_lever
+            from lever.sim.levers import lever_sets as _ls
+            from lever.sim.levers import load_lever
             out += _ls(load_lever(str(f)))
         elif name in LEVER_FALLBACK:
             out += LEVER_FALLBACK[name]
@@ -138,7 +138,7 @@ def lever_sets(levers: list[str]) -> list[str]:
 
 
 def load_scenario(ranks: int, faults: bool, extra: list[str], levers: list[str], path: str = "native"):
-    from sim.scenario import load
+    from lever.sim.scenario import load
 
     return load(PLATFORM, [*scenario_sets(ranks, faults, extra, path), *lever_sets(levers)])
 
@@ -220,11 +220,11 @@ def build_record(*, rid: str, path: str, ranks: int, gpus: int, levers: list[str
                  samples: int | None, metrics: dict[str, dict], how: dict[str, Any],
                  platform_info: dict[str, str], command: str) -> dict[str, Any]:
     """Assemble and validate a run record (calibration/records.py)."""
-    from calibration.records import SCHEMA_VERSION, parse_record
+    from lever.calibration.records import SCHEMA_VERSION, parse_record
 
     wl = scn.workload
     set_map: dict[str, Any] = {}
-    from sim.scenario import parse_value
+    from lever.sim.scenario import parse_value
 
     for s in sets:
         k, v = s.split("=", 1)
@@ -293,8 +293,8 @@ class Runner:
         self.rx_depth = 1 << (need - 1).bit_length()
         self.prof_cap = 1 << 17
         self.timeout_ns = int(timeout_ms * 1e6)
-        self.inputs = __import__("hw.reference", fromlist=["make_inputs"]).make_inputs(shape, seed)
-        ref = __import__("hw.reference", fromlist=["x"])
+        self.inputs = __import__("lever.hw.reference", fromlist=["make_inputs"]).make_inputs(shape, seed)
+        ref = __import__("lever.hw.reference", fromlist=["x"])
         self.layouts = ref.dispatch_layout(shape, self.inputs)
         self.y = ref.make_expert_outputs(shape, self.layouts, seed + 1)
         self.ref_comb = ref.combine(shape, self.inputs, self.layouts, self.y)
@@ -488,7 +488,7 @@ class Runner:
         """Compare every rank's outputs with the reference; returns failure strings (empty: pass)."""
         t, s = self.t, self.shape
         El, R, T, H = s.experts_per_rank, self.R, s.tokens, s.hidden
-        from hw.reference import dispatch_payload
+        from lever.hw.reference import dispatch_payload
 
         fails = []
         for r in range(R):
@@ -537,7 +537,7 @@ def _platform_info(torch) -> dict[str, str]:
 
 
 def load_ext():
-    from hw.build import load_extension
+    from lever.hw.build import load_extension
 
     return load_extension("lever_hw_ep", [HERE / "ep" / "ep_kernels.cu", HERE / "ep" / "binding.cpp"])
 
@@ -663,9 +663,9 @@ def _run_variant(runner: Runner, scn, args, levers: list[str], sets: list[str], 
 
 
 def main(args: argparse.Namespace) -> int:
-    from calibration.records import RecordError, dump_record, parse_record
-    from hw.device import require_cuda
-    from lever.cli import UserError
+    from lever.calibration.records import RecordError, dump_record, parse_record
+    from lever.hw.device import require_cuda
+    from lever.sim.errors import UserError
 
     torch = require_cuda()
     if args.iters < 1 or args.warmup < 0:

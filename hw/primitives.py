@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from calibration.records import (
+from lever.calibration.records import (
     SCHEMA_VERSION,
     Distribution,
     RecordError,
@@ -269,13 +269,13 @@ def add_args(p: argparse.ArgumentParser) -> None:
 
 def load_primitives() -> Any:
     """Build (or reuse from the cache) and import the primitives extension."""
-    from hw.build import load_extension
+    from lever.hw.build import load_extension
 
     return load_extension(EXTENSION, sources())
 
 
 def _families(args: argparse.Namespace) -> tuple[str, ...]:
-    from lever.cli import UserError
+    from lever.sim.errors import UserError
 
     allowed = FAMILIES_1GPU if args.gpus == 1 else FAMILIES_2GPU
     if not args.only:
@@ -290,8 +290,8 @@ def _families(args: argparse.Namespace) -> tuple[str, ...]:
 
 
 def main(args: argparse.Namespace) -> int:
-    from hw.device import require_cuda
-    from lever.cli import UserError
+    from lever.hw.device import require_cuda
+    from lever.sim.errors import UserError
 
     if not 20 <= args.reps <= 100000:
         raise UserError(f"--reps: {args.reps} is outside [20, 100000]")
@@ -355,7 +355,7 @@ def main(args: argparse.Namespace) -> int:
 def _standalone(argv: list[str] | None = None) -> int:
     """``python3 -m hw.primitives ...``: the same as ``lever hw primitives`` without the
     rest of the CLI (the GPU machine lacks the simulator's dependencies)."""
-    from lever.cli import UserError
+    from lever.sim.errors import UserError
 
     p = argparse.ArgumentParser(
         prog="python3 -m hw.primitives", description=__doc__.splitlines()[0]

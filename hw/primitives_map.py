@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from calibration.records import RunRecord
+from lever.calibration.records import RunRecord
 
 Metric = Callable[[str], float]
 

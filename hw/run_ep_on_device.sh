@@ -29,7 +29,7 @@ step() {  # name, timeout, args...
 }
 has() { [[ ",$STEPS," == *",$1,"* ]]; }
 # build once (first use compiles)
-timeout 300 python3 -c 'from hw.ep import load_ext; m = load_ext(); print("built", m.layout_sizes())' 2>&1 | tail -20 | tee -a "$LOG"
+timeout 300 python3 -c 'from lever.hw.ep import load_ext; m = load_ext(); print("built", m.layout_sizes())' 2>&1 | tail -20 | tee -a "$LOG"
 LEVERS="lazy-completion-dispatch;lazy-completion-combine;batched-doorbells;qp-fanout-fix;qp17-ownership;write-imm-counting;put-many;deferred-doorbell-aggregation;provider-batched-tail;cached-dispatch;lazy-completion-dispatch,deferred-doorbell-aggregation"
 C="--ranks 2 --gpus 2 --iters $ITERS --out-dir $REC --id-prefix emu-ep"
 has base && step base 90 $C --variants ";"

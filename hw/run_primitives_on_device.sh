@@ -29,15 +29,15 @@ NGPU=$(python3 -c 'import torch; print(torch.cuda.device_count())')
 python3 -c 'import torch; print("torch", torch.__version__, "cuda", torch.version.cuda, "gpus", torch.cuda.device_count())'
 
 t0=$(date +%s)
-timeout 300 python3 -c 'from hw.primitives import load_primitives; load_primitives()' \
+timeout 300 python3 -c 'from lever.hw.primitives import load_primitives; load_primitives()' \
   >"$OUT/build.log" 2>&1 || { tail -40 "$OUT/build.log"; exit 3; }
 echo "build: $(( $(date +%s) - t0 )) s"
 
 rc=0
-timeout 240 python3 -m hw.primitives --gpus 1 --reps "$REPS" --out "$OUT/h200-primitives-1gpu.json" \
+timeout 240 python3 -m lever.hw.primitives --gpus 1 --reps "$REPS" --out "$OUT/h200-primitives-1gpu.json" \
   2>&1 | tee "$OUT/log-1gpu.txt" || rc=1
 if [ "$NGPU" -ge 2 ]; then
-  timeout 120 python3 -m hw.primitives --gpus 2 --reps "$REPS" --out "$OUT/h200-primitives-2gpu.json" \
+  timeout 120 python3 -m lever.hw.primitives --gpus 2 --reps "$REPS" --out "$OUT/h200-primitives-2gpu.json" \
     2>&1 | tee "$OUT/log-2gpu.txt" || rc=1
 else
   echo "only $NGPU GPU: NVLink family skipped"

@@ -11,15 +11,15 @@ import argparse
 import importlib
 import sys
 
-from lever.errors import UserError  # re-exported: subcommands raise lever.cli.UserError
+from lever.sim.errors import UserError  # re-exported: subcommands raise lever.cli.UserError
 
 # Modules that contribute subcommands, in help order.
 REGISTRARS = [
-    "sim.cli",
-    "hw.cli",
-    "calibration.cli",
-    "sim.predict_cli",
-    "sim.sweep_cli",
+    "lever.commands.simulate",
+    "lever.commands.hw",
+    "lever.commands.calibrate",
+    "lever.commands.predict",
+    "lever.commands.sweep",
 ]
 
 
@@ -32,8 +32,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from calibration.records import RecordError
-    from sim.scenario import ScenarioError
+    from lever.calibration.records import RecordError
+    from lever.sim.scenario import ScenarioError
 
     args = build_parser().parse_args(argv)
     try:

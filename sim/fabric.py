@@ -17,12 +17,11 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 import simpy
-
-from sim.engine import Ledger, call_later
-from sim.params import FabricParams
+from lever.sim.engine import Ledger, call_later
+from lever.sim.params import FabricParams
 
 if TYPE_CHECKING:
-    from sim.message import Message
+    from lever.sim.message import Message
 
 _BATCH = 4096
 

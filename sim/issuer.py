@@ -18,12 +18,12 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from sim.engine import Counter
+from lever.sim.engine import Counter
 
 if TYPE_CHECKING:
-    from sim.message import Message
-    from sim.model import World
-    from sim.nic import QueuePair
+    from lever.sim.message import Message
+    from lever.sim.model import World
+    from lever.sim.nic import QueuePair
 
 
 class WarpPort:

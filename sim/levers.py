@@ -17,10 +17,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from lever.sim import scenario as scn_mod
+from lever.sim.params import Scenario
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
-
-from sim import scenario as scn_mod
-from sim.params import Scenario
 
 LEVER_DIR = scn_mod.SCENARIO_DIR / "levers"
 

@@ -15,17 +15,16 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import simpy
-
-from sim.engine import Ledger, Trace
-from sim.fabric import Draws, Fabric
-from sim.issuer import NativePort
-from sim.message import Message
-from sim.nic import Nic, QueuePair
-from sim.nvlink import Nvlink
-from sim.params import Scenario
-from sim.proxy import ProxyPort, ProxyThread, Ring
-from sim.receiver import Receiver
-from sim.routing import Routing
+from lever.sim.engine import Ledger, Trace
+from lever.sim.fabric import Draws, Fabric
+from lever.sim.issuer import NativePort
+from lever.sim.message import Message
+from lever.sim.nic import Nic, QueuePair
+from lever.sim.nvlink import Nvlink
+from lever.sim.params import Scenario
+from lever.sim.proxy import ProxyPort, ProxyThread, Ring
+from lever.sim.receiver import Receiver
+from lever.sim.routing import Routing
 
 OP_SALT = {"dispatch": 1, "combine": 2}
 
@@ -215,7 +214,7 @@ def simulate_op(scn: Scenario, op: str, seed: int, scale: dict[str, float] | Non
     ``depth`` also samples how many events are pending (the heap SimPy pops
     from), for the speed benchmark: SimPy's own cost per event grows with it.
     """
-    from sim.protocols import run_protocol
+    from lever.sim.protocols import run_protocol
 
     ledger = Ledger(scale=dict(scale or {}))
     tr = Trace(enabled=trace)

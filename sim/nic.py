@@ -15,13 +15,12 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 import simpy
-
-from sim.engine import Counter, Ledger, Lock, Trace, call_later
-from sim.params import NicParams, ReceiverParams
+from lever.sim.engine import Counter, Ledger, Lock, Trace, call_later
+from lever.sim.params import NicParams, ReceiverParams
 
 if TYPE_CHECKING:
-    from sim.fabric import Fabric
-    from sim.message import Message
+    from lever.sim.fabric import Fabric
+    from lever.sim.message import Message
 
 
 class QueuePair:

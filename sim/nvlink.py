@@ -9,10 +9,10 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from sim.engine import call_later
+from lever.sim.engine import call_later
 
 if TYPE_CHECKING:
-    from sim.model import World
+    from lever.sim.model import World
 
 
 class Nvlink:

@@ -17,13 +17,13 @@ from __future__ import annotations
 from collections import deque
 from typing import TYPE_CHECKING
 
-from sim.engine import Counter, call_later
-from sim.issuer import WarpPort
+from lever.sim.engine import Counter, call_later
+from lever.sim.issuer import WarpPort
 
 if TYPE_CHECKING:
-    from sim.message import Message
-    from sim.model import World
-    from sim.nic import QueuePair
+    from lever.sim.message import Message
+    from lever.sim.model import World
+    from lever.sim.nic import QueuePair
 
 
 class Ring:

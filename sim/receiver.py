@@ -27,11 +27,11 @@ from __future__ import annotations
 from collections import defaultdict
 from typing import TYPE_CHECKING
 
-from sim.engine import Counter, call_later
+from lever.sim.engine import Counter, call_later
 
 if TYPE_CHECKING:
-    from sim.message import Message
-    from sim.model import World
+    from lever.sim.message import Message
+    from lever.sim.model import World
 
 
 class Receiver:

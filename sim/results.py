@@ -18,9 +18,8 @@ import time
 from typing import Any
 
 import numpy as np
-
-from sim.model import OpResult, simulate_op
-from sim.params import CATEGORIES, Scenario
+from lever.sim.model import OpResult, simulate_op
+from lever.sim.params import CATEGORIES, Scenario
 
 # Time inside the put call itself (what a profiler scoped to the put function sees):
 # not the token packing before it, nor the flush/signal waits after it.

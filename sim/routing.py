@@ -14,11 +14,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import numpy as np
-
-from sim.params import Scenario
+from lever.sim.params import Scenario
 
 if TYPE_CHECKING:
-    from sim.model import World
+    from lever.sim.model import World
 
 
 class Routing:

@@ -14,14 +14,16 @@ import copy
 import hashlib
 import json
 import tomllib
+from importlib import resources
 from pathlib import Path
 from typing import Any
 
+from lever.sim.params import Scenario
 from pydantic import ValidationError
 
-from sim.params import Scenario
-
-SCENARIO_DIR = Path(__file__).resolve().parents[1] / "scenarios"
+# Shipped scenarios are package data (lever.scenarios): found the same way from a checkout,
+# an editable install or a wheel, whatever the working directory.
+SCENARIO_DIR = Path(str(resources.files("lever.scenarios")))
 
 
 class ScenarioError(ValueError):

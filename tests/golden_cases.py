@@ -34,15 +34,15 @@ CASES: dict[str, tuple[str, list[str]]] = {
 
 
 def freeze() -> dict:
-    from sim import scenario
+    from lever.sim import scenario
 
     return {name: scenario.load(scn, sets).model_dump(mode="json")
             for name, (scn, sets) in CASES.items()}
 
 
 def compute(frozen: dict | None = None) -> dict:
-    from sim.model import simulate_op
-    from sim.params import Scenario
+    from lever.sim.model import simulate_op
+    from lever.sim.params import Scenario
 
     frozen = frozen if frozen is not None else json.loads(FROZEN.read_text())
     out = {}

@@ -8,12 +8,12 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from lever.calibration.fit import FitError, fit, predict
+from lever.calibration.records import DATA_DIR, RecordError, load_record, parse_record
+from lever.sim.levers import load_with_levers
+from lever.sim.params import FreeParam, Prior
 
-from calibration.fit import FitError, fit, predict
-from calibration.records import DATA_DIR, RecordError, load_record, parse_record
 from lever.cli import main as lever_main
-from sim.levers import load_with_levers
-from sim.params import FreeParam, Prior
 
 TINY = {"workload.ep_ranks": 2, "workload.gpus_per_node": 1, "workload.num_experts": 8, "workload.top_k": 2,
         "workload.tokens_per_rank": 8, "design.num_sms": 2, "design.qps_per_call": 3}

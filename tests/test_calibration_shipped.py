@@ -7,10 +7,10 @@ itself by a stochastic model); absolute medians in % of themselves. Slow: ~1 min
 from __future__ import annotations
 
 import pytest
+from lever.calibration.fit import predict
+from lever.sim.levers import load_with_levers
 
-from calibration.cli import load_records, shipped_records
-from calibration.fit import predict
-from sim.levers import load_with_levers
+from lever.commands.calibrate import load_records, shipped_records
 
 pytestmark = pytest.mark.slow
 

@@ -8,8 +8,7 @@ import sys
 from pathlib import Path
 
 import pytest
-
-from sim.params import CATEGORIES
+from lever.sim.params import CATEGORIES
 
 ROOT = Path(__file__).resolve().parents[1]
 SMALL = ["--set", "workload.tokens_per_rank=16"]

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import json
 
-from calibration.records import DATA_DIR
-from sim import scenario
-from sim.levers import load_with_levers
+from lever.calibration.records import DATA_DIR
+from lever.sim import scenario
+from lever.sim.levers import load_with_levers
 
 
 def test_emu_scenario_matches_the_records_sim_link():
@@ -39,9 +39,8 @@ def test_one_shared_qp_heavy_sharing_fanout_held_out():
     that spread one QP over several engines, or lost the turn, fails here.
     """
     import numpy as np
-
-    from sim.model import simulate_op
-    from sim.results import profiler_shares
+    from lever.sim.model import simulate_op
+    from lever.sim.results import profiler_shares
 
     for q in (2, 3):
         for levers, tag in (([], "baseline"), (["qp-fanout-fix"], "qp-fanout-fix")):

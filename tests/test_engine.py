@@ -6,8 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import simpy
-
-from sim.engine import Lock, call_later
+from lever.sim.engine import Lock, call_later
 
 
 def _lock_trace(make_lock, seed: int) -> list[tuple]:

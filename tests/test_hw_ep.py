@@ -57,8 +57,8 @@ def test_header_mirrors_efa_layout():
 
 torch = pytest.importorskip("torch")
 
-from hw import reference as ref  # noqa: E402
-from hw.profiler import attribution, decode  # noqa: E402
+from lever.hw import reference as ref  # noqa: E402
+from lever.hw.profiler import attribution, decode  # noqa: E402
 
 
 def small(R=2):
@@ -164,7 +164,7 @@ def test_lazy_completion_shows_zero_credit_wait_share():
 
 
 def _record(**over):
-    from hw.ep import build_record, load_scenario, scenario_sets
+    from lever.hw.ep import build_record, load_scenario, scenario_sets
 
     scn = load_scenario(2, False, [], ["lazy-completion-dispatch"])
     kw = dict(rid="emu-test", path="native", ranks=2, gpus=2, levers=["lazy-completion-dispatch"],
@@ -178,8 +178,8 @@ def _record(**over):
 
 
 def test_record_conversion_validates_and_links_the_model():
-    from calibration.records import parse_record
-    from sim.scenario import load
+    from lever.calibration.records import parse_record
+    from lever.sim.scenario import load
 
     rec = _record()
     r = parse_record(rec)
@@ -196,14 +196,14 @@ def test_record_conversion_validates_and_links_the_model():
 
 
 def test_record_conversion_refuses_bad_shares():
-    from calibration.records import RecordError
+    from lever.calibration.records import RecordError
 
     with pytest.raises(RecordError, match="share"):
         _record(attribution={"dispatch": {"wqe": 1.5}})
 
 
 def test_kernel_flags_from_levers():
-    from hw.ep import EpError, kernel_flags, lever_sets, load_scenario
+    from lever.hw.ep import EpError, kernel_flags, lever_sets, load_scenario
 
     base = kernel_flags(load_scenario(2, False, [], []), "dispatch", "native", 0, False)
     assert base["lazy"] == 0 and base["notify_qp"] == 1 and base["imm_counting"] == 0
@@ -228,7 +228,7 @@ def test_cli_registers_and_imports_without_torch_or_simpy():
 
 
 def test_committed_emulated_records_pass_their_gate():
-    from calibration.records import load_record
+    from lever.calibration.records import load_record
 
     recs = sorted((ROOT / "calibration" / "data").glob("emu-*.json"))
     for p in recs:
@@ -249,7 +249,7 @@ def test_proxy_put_rows_attribute_ring_wait_to_proxy_queue():
 
 
 def test_cached_dispatch_and_proxy_flags():
-    from hw.ep import kernel_flags, load_scenario, scenario_sets
+    from lever.hw.ep import kernel_flags, load_scenario, scenario_sets
 
     c = load_scenario(2, False, [], ["cached-dispatch"])
     assert kernel_flags(c, "dispatch", "native", 0, False)["cached"] == 1
@@ -271,7 +271,7 @@ def test_proxy_descriptor_and_issuer_layouts_in_header():
 
 
 def test_committed_records_cover_native_proxy_and_levers():
-    from calibration.records import load_record
+    from lever.calibration.records import load_record
 
     recs = {p.stem: load_record(p) for p in (ROOT / "calibration" / "data").glob("emu-ep2-*.json")}
     assert "emu-ep2-native-baseline" in recs and "emu-ep2-proxy-baseline" in recs

@@ -8,11 +8,10 @@ exact, and each path must exist in sim.params.Platform and pass its validation.
 from __future__ import annotations
 
 import pytest
-
-from calibration.records import DATA_DIR, load_record
-from hw.primitives import Check, build_record
-from hw.primitives_map import MAPPING_NOTES, platform_params_from_record
-from sim.params import Platform
+from lever.calibration.records import DATA_DIR, load_record
+from lever.hw.primitives import Check, build_record
+from lever.hw.primitives_map import MAPPING_NOTES, platform_params_from_record
+from lever.sim.params import Platform
 
 MEDIANS = {
     "wqe_store_host_ns": 50.0,

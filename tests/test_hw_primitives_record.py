@@ -15,9 +15,8 @@ import sys
 from pathlib import Path
 
 import pytest
-
-from calibration.records import DATA_DIR, RecordError, dump_record, load_record
-from hw.primitives import (
+from lever.calibration.records import DATA_DIR, RecordError, dump_record, load_record
+from lever.hw.primitives import (
     DESIGN_S5,
     FAMILIES_1GPU,
     Check,
@@ -138,7 +137,7 @@ def _no_cuda() -> bool:
         # what the `lever` console script runs (python -m lever.cli would load lever.cli twice:
         # as __main__ and as lever.cli, with two different UserError classes)
         ["-c", "import sys; from lever.cli import main; sys.exit(main())", "hw", "primitives"],
-        ["-m", "hw.primitives"],
+        ["-m", "lever.hw.primitives"],
     ],
 )
 def test_without_gpu_one_line_and_nonzero_exit(tmp_path, entry):

@@ -5,14 +5,14 @@ from __future__ import annotations
 import json
 
 import pytest
+from lever.calibration import compare as cmp
+from lever.calibration import predict as pr
+from lever.calibration.records import parse_record
+from lever.sim import levers as levers_mod
+from lever.sim import scenario as scn_mod
+from lever.sim.errors import UserError
 
-from calibration import compare as cmp
-from calibration.records import parse_record
-from lever.cli import UserError
 from lever.cli import main as lever_main
-from sim import levers as levers_mod
-from sim import predict as pr
-from sim import scenario as scn_mod
 
 LEVER = "lazy-completion-dispatch"
 BASE = "decode-ep16-efa-native"
@@ -144,7 +144,7 @@ def test_cli_compare_ok_and_refusals(tmp_path, capsys):
 
 
 def test_emulated_records_never_judge_an_efa_prediction(tmp_path, capsys):
-    from calibration.records import DATA_DIR, load_record
+    from lever.calibration.records import DATA_DIR, load_record
 
     emu = [load_record(DATA_DIR / "emu-ep2-native-baseline.json"),
            load_record(DATA_DIR / f"emu-ep2-native-{LEVER}.json")]

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import json
 
+from lever.calibration import predict as pr
+from lever.sim import levers as levers_mod
+from lever.sim.model import simulate_op
+from lever.sim.results import PUT_PATH, critical_path, profiler_shares, run_seeds, stats
+
 from lever.cli import main as lever_main
-from sim import levers as levers_mod
-from sim import predict as pr
-from sim.model import simulate_op
-from sim.results import PUT_PATH, critical_path, profiler_shares, run_seeds, stats
 
 BASE = "decode-ep16-efa-native"
 SMALL = ["workload.tokens_per_rank=32"]

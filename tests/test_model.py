@@ -4,10 +4,9 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-
-from sim import scenario
-from sim.model import simulate_op
-from sim.results import simulate
+from lever.sim import scenario
+from lever.sim.model import simulate_op
+from lever.sim.results import simulate
 
 SMALL = ["workload.tokens_per_rank=32"]
 
@@ -47,7 +46,7 @@ def test_lazy_completion_zeroes_credit_wait_in_both_attributions():
     rl = simulate(lazy, seeds=1, with_critical_path=False)
     assert rb["attribution"]["dispatch"]["put_path"].get("credit_wait", 0) > 0.02
     assert rl["attribution"]["dispatch"]["put_path"].get("credit_wait", 0) == 0
-    from sim.results import critical_path
+    from lever.sim.results import critical_path
 
     cp = critical_path(lazy, "dispatch", rl["ops"]["dispatch"]["p50_us"], 1, ("credit_wait",))
     assert cp["credit_wait"] == 0.0
@@ -70,7 +69,7 @@ def test_issue_work_dominates_profiler_yet_cutting_it_leaves_latency_flat():
     cut = p50(scn, seeds=2, scale={"fence": 0.0, "doorbell": 0.0})
     assert abs(base - cut) / base < 0.03, (base, cut)
     # the critical path says why: the wire carries the latency, not the fences
-    from sim.results import critical_path
+    from lever.sim.results import critical_path
 
     cp = critical_path(scn, "dispatch", p50(scn), 1, ("fence", "wire"))
     assert cp["wire"] > 10 * max(cp["fence"], 0.1), cp
@@ -117,7 +116,7 @@ def test_depth_sampling_runs_the_same_events_and_reads_the_queue():
 def test_parallel_simulate_equals_serial_and_the_what_if_reruns():
     """``workers`` spreads independent runs over processes: the JSON object is the same,
     and each critical-path entry is the p50 drop of its own zeroed rerun."""
-    from sim.results import critical_path
+    from lever.sim.results import critical_path
 
     scn = scenario.load("decode-ep16-efa-native", ["workload.tokens_per_rank=8"])
     a = simulate(scn, seeds=2, cp_seeds=2, workers=1)

@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 import pytest
-
-from sim import scenario
-from sim.model import simulate_op
-from sim.results import critical_path, simulate
-from sim.routing import Routing
+from lever.sim import scenario
+from lever.sim.model import simulate_op
+from lever.sim.results import critical_path, simulate
+from lever.sim.routing import Routing
 
 EP16 = "decode-ep16-efa-native"
 
@@ -49,9 +48,9 @@ def test_strong_signal_never_waits_flush_signal_waits_for_completions():
 def test_each_flushed_signal_is_posted_after_its_data_completed():
     scn = scenario.load(EP16, ["workload.tokens_per_rank=64", 'design.signal_mode="flush"',
                                "design.cached=true"])
-    from sim.engine import Ledger, Trace
-    from sim.model import World
-    from sim.protocols import run_protocol
+    from lever.sim.engine import Ledger, Trace
+    from lever.sim.model import World
+    from lever.sim.protocols import run_protocol
 
     w = World(scn, "dispatch", 0, Ledger(), Trace(), Routing.for_scenario(scn, 0))
     posts: list = []

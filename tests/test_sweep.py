@@ -10,10 +10,10 @@ import sys
 from pathlib import Path
 
 import pytest
+from lever.sim.levers import load_with_levers
+from lever.sim.results import simulate
 
-from sim import sweep as sw
-from sim.levers import load_with_levers
-from sim.results import simulate
+from lever.reports import sweep as sw
 
 ROOT = Path(__file__).resolve().parents[1]
 SCN = "decode-ep16-efa-native"
@@ -176,7 +176,7 @@ def test_cli_sweep_json_resume_and_plot(tmp_path):
 # -- sensitivity --------------------------------------------------------------------
 
 def test_sensitivity_ranks_an_untouched_parameter_at_zero():
-    from sim.sensitivity import sensitivity
+    from lever.calibration.sensitivity import sensitivity
 
     # the host proxy's post cost next to parameters the native put path does read
     res = sensitivity("lazy-completion-dispatch", "morris", n=2, seeds=1, sets=TINY, workers=1,
@@ -198,8 +198,8 @@ def test_sensitivity_ranks_an_untouched_parameter_at_zero():
 
 
 def test_parameter_space_calibrated_and_free():
-    from sim.params import Calibrated
-    from sim.sensitivity import parameter_space
+    from lever.calibration.sensitivity import parameter_space
+    from lever.sim.params import Calibrated
 
     scn = load_with_levers(SCN, [], TINY)
     scn.platform.calibrated = None  # bounds from [platform.free] when uncalibrated

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from sim import sweep as sw
+from lever.reports import sweep as sw
 
 ray = pytest.importorskip("ray")
 

@@ -10,10 +10,10 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from sim.protocols import v1_ll, v2_direct, v2_hybrid
+from lever.sim.protocols import v1_ll, v2_direct, v2_hybrid
 
 if TYPE_CHECKING:
-    from sim.model import World
+    from lever.sim.model import World
 
 PROTOCOLS = {"v1-ll": v1_ll.run, "v2-direct": v2_direct.run, "v2-hybrid": v2_hybrid.run}
 

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from sim.engine import Counter, call_later
+from lever.sim.engine import Counter, call_later
 
 if TYPE_CHECKING:
-    from sim.model import World
+    from lever.sim.model import World
 
 
 def put(w: World, port, src: int, dst: int, nbytes: int, tag, seq: int = 0):

@@ -12,10 +12,17 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from sim.protocols.common import Barrier, notify_exchange, nvlink_flag, nvlink_put, publish, put
+from lever.sim.protocols.common import (
+    Barrier,
+    notify_exchange,
+    nvlink_flag,
+    nvlink_put,
+    publish,
+    put,
+)
 
 if TYPE_CHECKING:
-    from sim.model import World
+    from lever.sim.model import World
 
 
 def run(w: World) -> list:

@@ -24,11 +24,18 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from sim.engine import Counter
-from sim.protocols.common import Barrier, notify_exchange, nvlink_flag, nvlink_put, publish, put
+from lever.sim.engine import Counter
+from lever.sim.protocols.common import (
+    Barrier,
+    notify_exchange,
+    nvlink_flag,
+    nvlink_put,
+    publish,
+    put,
+)
 
 if TYPE_CHECKING:
-    from sim.model import World
+    from lever.sim.model import World
 
 
 def run(w: World) -> list:

@@ -59,7 +59,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def main_sweep(args: argparse.Namespace) -> int:
-    from sim import sweep as sw
+    from lever.reports import sweep as sw
 
     if args.seeds < 1:
         raise sw.SweepError("--seeds: must be >= 1")
@@ -87,9 +87,9 @@ def main_sweep(args: argparse.Namespace) -> int:
 
 
 def main_sensitivity(args: argparse.Namespace) -> int:
-    from sim import sensitivity as sa
-    from sim.model import ModelError
-    from sim.sweep import SweepError
+    from lever.calibration import sensitivity as sa
+    from lever.reports.sweep import SweepError
+    from lever.sim.model import ModelError
 
     try:
         res = sa.sensitivity(args.lever, args.method, args.n, args.seeds, args.set, args.sigmas,

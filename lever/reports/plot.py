@@ -9,7 +9,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
-from sim.params import CATEGORIES  # noqa: E402
+from lever.sim.params import CATEGORIES  # noqa: E402
 
 COLORS = {c: plt.cm.tab20(i / len(CATEGORIES)) for i, c in enumerate(CATEGORIES)}
 

@@ -42,9 +42,9 @@ def register(sub: argparse._SubParsersAction) -> None:
 def main_predict(args: argparse.Namespace) -> int:
     import os
 
-    from lever.cli import UserError
-    from sim import predict as pr
-    from sim.model import ModelError
+    from lever.calibration import predict as pr
+    from lever.sim.errors import UserError
+    from lever.sim.model import ModelError
 
     if args.all == bool(args.lever):
         raise UserError("predict: give a LEVER or --all (not both)")
@@ -149,11 +149,11 @@ def print_all(rows: list[dict], seeds: int, wall: float) -> None:
 
 
 def main_compare(args: argparse.Namespace) -> int:
-    from calibration import compare as cmp
-    from calibration.records import load_record
-    from lever.cli import UserError
-    from sim import levers as levers_mod
-    from sim import scenario as scn_mod
+    from lever.calibration import compare as cmp
+    from lever.calibration.records import load_record
+    from lever.sim import levers as levers_mod
+    from lever.sim import scenario as scn_mod
+    from lever.sim.errors import UserError
 
     try:
         prereg = json.loads(Path(args.prereg).read_text())

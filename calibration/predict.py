@@ -29,11 +29,10 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-
-from sim import levers as levers_mod
-from sim import scenario as scn_mod
-from sim.params import Scenario
-from sim.results import PUT_PATH, critical_path, profiler_shares, run_seeds, stats
+from lever.sim import levers as levers_mod
+from lever.sim import scenario as scn_mod
+from lever.sim.params import Scenario
+from lever.sim.results import PUT_PATH, critical_path, profiler_shares, run_seeds, stats
 
 BAND_LEVEL = 0.90
 PREREG_KIND = "lever-preregistration"
@@ -55,7 +54,7 @@ def t_quantile(level: float, dof: int) -> float:
 
 def _side(scn: Scenario, seeds: list[int], with_cp: bool, cp_seeds: int) -> dict[str, Any]:
     """Run one scenario on the given seeds; a picklable summary per op."""
-    from sim.model import simulate_op
+    from lever.sim.model import simulate_op
 
     out: dict[str, Any] = {}
     for op in scn.ops:
@@ -142,7 +141,7 @@ def attribution_shift(base: dict, lev: dict, op: str) -> dict[str, dict[str, flo
     """Per category: profiler share, put-path share and critical path (us), baseline vs lever."""
     cats = sorted(set(base[op]["profiler"]) | set(lev[op]["profiler"])
                   | set(base[op].get("critical_path", {})) | set(lev[op].get("critical_path", {})))
-    from sim.params import CATEGORIES
+    from lever.sim.params import CATEGORIES
 
     order = {c: i for i, c in enumerate(CATEGORIES)}
     cats.sort(key=lambda c: order.get(c, 99))

@@ -8,7 +8,7 @@ import os
 import sys
 from pathlib import Path
 
-from sim import scenario as scenario_mod
+from lever.sim import scenario as scenario_mod
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -29,9 +29,9 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    from lever.cli import UserError
-    from sim.model import ModelError
-    from sim.results import simulate
+    from lever.sim.errors import UserError
+    from lever.sim.model import ModelError
+    from lever.sim.results import simulate
 
     if args.seeds < 1:
         raise UserError("--seeds: must be >= 1")
@@ -48,7 +48,7 @@ def main(args: argparse.Namespace) -> int:
     if args.trace:
         write_trace(traces, Path(args.trace))
     if args.plot:
-        from sim.plot import plot_simulation
+        from lever.reports.plot import plot_simulation
 
         plot_simulation(res, traces, Path(args.plot))
     if args.json:

@@ -9,8 +9,8 @@ import argparse
 import importlib
 
 SUBCOMMANDS = {
-    "primitives": ("hw.primitives", "microbenchmarks of the GPU-initiated networking primitives"),
-    "ep": ("hw.ep", "native/proxy dispatch+combine kernels over the emulated SRD NIC"),
+    "primitives": ("lever.hw.primitives", "microbenchmarks of the GPU-initiated networking primitives"),
+    "ep": ("lever.hw.ep", "native/proxy dispatch+combine kernels over the emulated SRD NIC"),
 }
 
 

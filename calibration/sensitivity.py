@@ -25,11 +25,11 @@ from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
+from lever.calibration import predict as pr
+from lever.sim import levers as levers_mod
+from lever.sim.params import Scenario
 
-from sim import levers as levers_mod
-from sim import predict as pr
-from sim.params import Scenario
-from sim.sweep import SweepError, imap_unordered, parse_random
+from lever.reports.sweep import SweepError, imap_unordered, parse_random
 
 
 def parameter_space(scn: Scenario, sigmas: float = 2.0, extra: Sequence[str] = (),
@@ -133,7 +133,7 @@ def sensitivity(lever: str, method: str = "morris", n: int | None = None, seeds:
 
     t0 = time.perf_counter()
     results: list[dict[str, float] | None] = [None] * len(jobs)
-    from sim.sweep import _progress
+    from lever.reports.sweep import _progress
 
     with _progress(progress, len(jobs)) as bar:
         task = bar.add_task(f"sensitivity {lever}", total=len(jobs))

@@ -39,8 +39,8 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from sim import levers as levers_mod
-from sim import scenario as scn_mod
+from lever.sim import levers as levers_mod
+from lever.sim import scenario as scn_mod
 
 BASELINE = "none"
 STAT_COLS = ("p50_us", "p99_us", "mean_us")
@@ -219,8 +219,8 @@ def validate_points(points: Sequence[Point]) -> dict[str, list[str]]:
 
 def run_point(point: Point) -> list[dict[str, Any]]:
     """Simulate one point: one row per op (a single error row if the model refuses it)."""
-    from sim.model import ModelError
-    from sim.results import simulate
+    from lever.sim.model import ModelError
+    from lever.sim.results import simulate
 
     t0 = time.perf_counter()
     base = {"key": point.key, "scenario": point.scenario, "lever": point.lever, "seeds": point.seeds,
@@ -283,14 +283,17 @@ def ray_init(workers: int | None = None, address: str | None = None):
     except ImportError:
         raise SweepError("--executor ray: ray is not installed (pip install -e '.[dist]')") from None
     if not ray.is_initialized():
-        root = Path(__file__).resolve().parents[1]
-        if address:
+        root = Path(__file__).resolve().parents[2]
+        checkout = (root / "pyproject.toml").is_file()  # else an installed wheel: workers import it
+        if address and checkout:
             ray.init(address=address, log_to_driver=False, runtime_env={
                 "working_dir": str(root),
                 "excludes": [".git", "**/build", "**/*.png", "**/*.csv", "**/__pycache__"]})
+        elif address:
+            ray.init(address=address, log_to_driver=False)
         else:
             env = {"env_vars": {"PYTHONPATH": os.pathsep.join(
-                [str(root), *filter(None, [os.environ.get("PYTHONPATH")])])}}
+                [str(root), *filter(None, [os.environ.get("PYTHONPATH")])])}} if checkout else {}
             ray.init(num_cpus=workers or os.cpu_count() or 1, include_dashboard=False,
                      log_to_driver=False, runtime_env=env, configure_logging=False)
     return ray

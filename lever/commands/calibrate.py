@@ -8,7 +8,7 @@ import sys
 import time
 from pathlib import Path
 
-from calibration.records import DATA_DIR, RecordError, RunRecord, load_record
+from lever.calibration.records import DATA_DIR, RecordError, RunRecord, load_record
 
 BASE_PLATFORM = {"efa": "platforms/efa-p5.toml", "ib": "platforms/ib-cx7.toml"}
 
@@ -67,10 +67,10 @@ def check_platform_nic(records: list[RunRecord], paths: list[str], plat) -> None
 
 def resolve_platform(records: list[RunRecord], platform: str | None):
     """(Platform, base_sets): the platform fitted and the overrides that install it everywhere."""
-    from calibration.fit import flatten_platform
-    from sim import scenario as scn_mod
-    from sim.levers import load_with_levers
-    from sim.params import Platform
+    from lever.calibration.fit import flatten_platform
+    from lever.sim import scenario as scn_mod
+    from lever.sim.levers import load_with_levers
+    from lever.sim.params import Platform
 
     if platform is None:
         link = records[0].sim
@@ -105,8 +105,14 @@ def _bar(quiet: bool):
 
 
 def main_calibrate(args: argparse.Namespace) -> int:
-    from calibration.fit import FitError, calibrated_platform, fit, platform_toml, write_atomic
-    from lever.cli import UserError
+    from lever.calibration.fit import (
+        FitError,
+        calibrated_platform,
+        fit,
+        platform_toml,
+        write_atomic,
+    )
+    from lever.sim.errors import UserError
 
     if args.seeds < 1:
         raise UserError("--seeds: must be >= 1")
@@ -188,8 +194,8 @@ def main_validate(args: argparse.Namespace) -> int:
     """Leave-one-out: fit on all records but one (from the uncalibrated platform), predict it."""
     import numpy as np
 
-    from calibration.fit import FitError, fit, predict
-    from lever.cli import UserError
+    from lever.calibration.fit import FitError, fit, predict
+    from lever.sim.errors import UserError
 
     paths = args.records or shipped_records(args.nic)
     if len(paths) < 2:

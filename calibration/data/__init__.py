@@ -1,0 +1,1 @@
+"""Shipped run records (JSON) as package data."""

@@ -1,0 +1,1 @@
+"""Shipped scenarios as package data: platforms, workloads, designs, levers and their compositions."""

@@ -40,7 +40,7 @@ def dump() -> dict[str, dict]:
 
     out: dict[str, dict] = {}
     for name, sets, scale in CASES:
-        scn = scenario.load(name, sets)
+        scn = scenario.load(name, scenario.parse_sets(sets))
         for op in ("dispatch", "combine"):
             for seed in (0, 1):
                 r = simulate_op(scn, op, seed, scale=scale)

@@ -69,7 +69,7 @@ def _one(args: tuple[str, int, str]) -> dict:
     from lever.sim import scenario as scn_mod
     from lever.sim.model import simulate_op
 
-    sets = [f"workload.ep_ranks={ep}"]
+    sets = {"workload.ep_ranks": ep}
     if ep < 8:
         sets.append(f"workload.gpus_per_node={ep}")
     scn = scn_mod.load(scenario, sets)

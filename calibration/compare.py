@@ -105,17 +105,6 @@ def _pick(records: list[RunRecord], lever: str, op: str) -> tuple[RunRecord | No
     return (base[0] if base else None), (lev[0] if lev else None)
 
 
-def check_nic(nic_kind: str, records: list[RunRecord], label: str = "records") -> None:
-    """A prediction made for one kind of NIC is judged only by records of that kind:
-    an emulated-NIC record never validates (or refutes) an EFA prediction."""
-    if nic_kind == "any":
-        return
-    for r in records:
-        if r.nic != nic_kind:
-            raise UserError(f"{label}: record {r.id} is nic '{r.nic}', the prediction's platform is "
-                            f"nic_kind '{nic_kind}': compare like with like")
-
-
 def compare(prereg: dict[str, Any], records: list[RunRecord]) -> dict[str, Any]:
     """Per preregistered op: predicted band, measured delta and band, verdict."""
     lever = prereg["lever"]
@@ -147,33 +136,3 @@ def compare(prereg: dict[str, Any], records: list[RunRecord]) -> dict[str, Any]:
     if not out["ops"]:
         raise UserError(f"no record measures a preregistered op of lever '{lever}'")
     return out
-
-
-def plot_compare(res: dict[str, Any], path: str) -> None:
-    """Predicted band vs measured delta with its band, one row per op."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    ops = list(res["ops"])
-    fig, ax = plt.subplots(figsize=(7, 1.2 + 0.9 * len(ops)))
-    colors = {"validated": "tab:green", "refuted": "tab:red", "inconclusive": "tab:gray"}
-    for i, op in enumerate(ops):
-        r = res["ops"][op]
-        plo, phi = r["predicted_band_us"]
-        ax.barh(i, phi - plo, left=plo, height=0.5, color="tab:blue", alpha=0.3,
-                label="predicted band" if i == 0 else None)
-        ax.plot([r["predicted_delta_us"]], [i], "|", color="tab:blue", ms=18)
-        mlo, mhi = r["measured_band_us"]
-        xerr = None if mlo is None else [[r["measured_delta_us"] - mlo], [mhi - r["measured_delta_us"]]]
-        ax.errorbar([r["measured_delta_us"]], [i], xerr=xerr, fmt="o", color=colors[r["verdict"]],
-                    capsize=4, label=f"measured ({r['verdict']})")
-    ax.axvline(0, color="k", lw=0.5)
-    ax.set_yticks(range(len(ops)), ops)
-    ax.set_xlabel("delta p50 (us), lever - baseline")
-    ax.set_title(f"{res['lever']} on {res['baseline']}")
-    ax.legend(loc="best", fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)

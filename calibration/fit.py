@@ -27,11 +27,12 @@ Residuals (each divided by its scale, so one unit is "one typical miss"):
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import subprocess
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -69,22 +70,19 @@ class Job:
 
     scenario: str
     levers: tuple[str, ...]
-    sets: tuple[str, ...]
+    sets: tuple[tuple[str, Any], ...]
     ops: tuple[str, ...]
 
     def key(self) -> tuple:
-        return (self.scenario, self.levers, self.sets)
+        return (self.scenario, self.levers, _canonical(self.sets))
 
 
-def _literal(v: Any) -> str:
-    from lever.sim.levers import _toml_literal
-
-    return _toml_literal(v)
+def _canonical(sets: Any) -> str:
+    return json.dumps(sets, sort_keys=True, separators=(",", ":"))
 
 
 def link_key(link: SimLink) -> tuple:
-    sets = tuple(f"{k}={_literal(v)}" for k, v in sorted(link.set.items()))
-    return (link.scenario, tuple(link.levers), sets)
+    return (link.scenario, tuple(link.levers), _canonical(sorted(link.set.items())))
 
 
 def _needs(rec: RunRecord) -> list[tuple[SimLink, set[str]]]:
@@ -106,30 +104,36 @@ def plan_jobs(records: list[RunRecord]) -> list[Job]:
     for r in records:
         for link, need in _needs(r):
             ops.setdefault(link_key(link), set()).update(need)
-    return [Job(k[0], k[1], k[2], tuple(o for o in OPS if o in v)) for k, v in ops.items()]
+    links: dict[tuple, SimLink] = {}
+    for r in records:
+        for link, _ in _needs(r):
+            links.setdefault(link_key(link), link)
+    return [Job(k[0], k[1], tuple(sorted(links[k].set.items())), tuple(o for o in OPS if o in v))
+            for k, v in ops.items()]
 
 
-def flatten_platform(plat: dict, prefix: str = "platform") -> list[str]:
-    """A platform table as ``--set`` strings (``free`` and ``calibrated`` are not model inputs)."""
-    out = []
+def flatten_platform(plat: dict, prefix: str = "platform") -> dict[str, Any]:
+    """A platform table as overrides (``free`` and ``calibrated`` are not model inputs)."""
+    out: dict[str, Any] = {}
     for k, v in plat.items():
         if prefix == "platform" and k in ("free", "calibrated"):
             continue
         if isinstance(v, dict):
-            out += flatten_platform(v, f"{prefix}.{k}")
+            out.update(flatten_platform(v, f"{prefix}.{k}"))
         elif v is not None:
-            out.append(f"{prefix}.{k}={_literal(v)}")
+            out[f"{prefix}.{k}"] = v
     return out
 
 
-def run_job(job: Job, base_sets: tuple[str, ...], values: dict[str, float], seeds: int) -> dict:
+def run_job(job: Job, base_sets: Mapping[str, Any], values: dict[str, float], seeds: int) -> dict:
     """Simulate one job (in a worker): per op the p50 and the two share tables."""
     from lever.sim.levers import load_with_levers
     from lever.sim.results import simulate
 
-    sets = [*base_sets, *job.sets, *(f"platform.{k}={v!r}" for k, v in values.items()),
-            "ops=[" + ",".join(f'"{o}"' for o in job.ops) + "]"]
-    scn = load_with_levers(job.scenario, list(job.levers), sets)
+    # the record's run configuration before its levers, the fitted values after everything
+    scn = load_with_levers(job.scenario, list(job.levers),
+                           {**{f"platform.{k}": v for k, v in values.items()}, "ops": list(job.ops)},
+                           base={**base_sets, **dict(job.sets)}, base_source="record sim.set")
     res = simulate(scn, seeds=seeds, with_critical_path=False)
     out = {}
     for op in job.ops:
@@ -256,7 +260,7 @@ def _get(plat: Platform, path: str) -> float:
 class Evaluator:
     """Evaluates simulations of many parameter vectors, in parallel, with a cache."""
 
-    def __init__(self, jobs: list[Job], base_sets: tuple[str, ...], names: list[str], seeds: int,
+    def __init__(self, jobs: list[Job], base_sets: Mapping[str, Any], names: list[str], seeds: int,
                  workers: int | None, progress: Callable[[int], None] | None = None):
         self.jobs, self.base_sets, self.names, self.seeds = jobs, base_sets, names, seeds
         self.workers = max(1, workers or os.cpu_count() or 1)
@@ -293,7 +297,7 @@ class Evaluator:
         return [self.cache[k] for k in keys]
 
 
-def fit(records: list[RunRecord], platform: Platform, base_sets: tuple[str, ...] = (),
+def fit(records: list[RunRecord], platform: Platform, base_sets: Mapping[str, Any] | None = None,
         free: dict[str, FreeParam] | None = None, seeds: int = 1, max_nfev: int = 10,
         workers: int | None = None, progress: Callable[[int, int], None] | None = None,
         starts: int = 1) -> FitResult:
@@ -325,7 +329,7 @@ def fit(records: list[RunRecord], platform: Platform, base_sets: tuple[str, ...]
         if progress:
             progress(done[0], max(total, done[0]))
 
-    ev = Evaluator(jobs, tuple(base_sets), names, seeds, workers, tick)
+    ev = Evaluator(jobs, dict(base_sets or {}), names, seeds, workers, tick)
 
     def resid_from(sims: dict, z: np.ndarray) -> np.ndarray:
         r = [row.residual for rec in records for row in record_rows(rec, sims)]
@@ -403,13 +407,13 @@ def fit(records: list[RunRecord], platform: Platform, base_sets: tuple[str, ...]
                      status=str(res.message), priors=free)
 
 
-def predict(records: list[RunRecord], base_sets: tuple[str, ...] = (), values: dict[str, float] | None = None,
+def predict(records: list[RunRecord], base_sets: Mapping[str, Any] | None = None, values: dict[str, float] | None = None,
             seeds: int = 1, workers: int | None = None) -> list[Row]:
     """Simulate the records at given parameter values (default: the scenarios' own)."""
     values = values or {}
     jobs = plan_jobs(records)
     names = sorted(values)
-    ev = Evaluator(jobs, tuple(base_sets), names, seeds, min(workers or os.cpu_count() or 1, len(jobs)))
+    ev = Evaluator(jobs, dict(base_sets or {}), names, seeds, min(workers or os.cpu_count() or 1, len(jobs)))
     try:
         sims = ev.many([np.array([values[n] for n in names])])[0]
     finally:

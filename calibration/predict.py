@@ -33,6 +33,7 @@ from lever.sim import levers as levers_mod
 from lever.sim import scenario as scn_mod
 from lever.sim.params import Scenario
 from lever.sim.results import PUT_PATH, critical_path, profiler_shares, run_seeds, stats
+from lever.sim.scenario import Overrides
 
 BAND_LEVEL = 0.90
 PREREG_KIND = "lever-preregistration"
@@ -110,8 +111,8 @@ def _welch_band(a: np.ndarray, b: np.ndarray, level: float = BAND_LEVEL) -> floa
     return t_quantile(level, max(1, int(dof))) * math.sqrt(se2)
 
 
-def param_sets(scn: Scenario, k: int, rng_seed: int = 12345) -> list[list[str]]:
-    """K draws of the calibrated parameters as ``--set`` strings ([] when uncalibrated)."""
+def param_sets(scn: Scenario, k: int, rng_seed: int = 12345) -> list[dict[str, float]]:
+    """K draws of the calibrated parameters as overrides ([] when uncalibrated)."""
     cal = scn.platform.calibrated
     if cal is None or k <= 0 or not cal.names:
         return []
@@ -119,11 +120,11 @@ def param_sets(scn: Scenario, k: int, rng_seed: int = 12345) -> list[list[str]]:
     draws = rng.multivariate_normal(np.asarray(cal.log_mean), np.asarray(cal.log_cov), size=k)
     out = []
     for row in draws:
-        sets = []
+        draw = {}
         for name, v in zip(cal.names, np.exp(row), strict=True):
             path = name if name.startswith("platform.") else f"platform.{name}"
-            sets.append(f"{path}={float(v)!r}")
-        out.append(sets)
+            draw[path] = float(v)
+        out.append(draw)
     return out
 
 
@@ -177,17 +178,15 @@ def main_shift(shift: dict[str, dict[str, float]]) -> tuple[str, str]:
     return c, f"{c} {100 * r['profiler_base']:.1f}%->{100 * r['profiler_lever']:.1f}%"
 
 
-def split_sets(lev: levers_mod.Lever, sets: list[str] | tuple[str, ...]) -> tuple[list[str], list[str]]:
-    """(common, lever_only): a ``--set`` of a field the lever itself sets re-parameterises the
+def split_sets(lev: levers_mod.Lever, sets: Overrides) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(common, lever_only): an override of a field the lever itself sets re-parameterises the
     lever (e.g. ``design.doorbell_batch=4``) and applies to the lever side only; others to both."""
-    common, only = [], []
-    for s in sets:
-        key = s.split("=", 1)[0].strip()
-        (only if key in lev.set else common).append(s)
+    common = {k: v for k, v in sets.items() if k not in lev.set}
+    only = {k: v for k, v in sets.items() if k in lev.set}
     return common, only
 
 
-def predict(lever: str, seeds: int = 3, sets: list[str] | tuple[str, ...] = (), param_samples: int = 0,
+def predict(lever: str, seeds: int = 3, sets: Overrides | None = None, param_samples: int = 0,
             with_cp: bool = True, cp_seeds: int = 1, paired: bool = True, baseline: str | None = None,
             lever_names: list[str] | None = None, workers: int = 1) -> dict[str, Any]:
     """Baseline vs lever on common random numbers: the ``lever predict --json`` object.
@@ -198,19 +197,20 @@ def predict(lever: str, seeds: int = 3, sets: list[str] | tuple[str, ...] = (), 
     lev = levers_mod.load_lever(lever)
     base_name = baseline or lev.baseline
     names = [lever] if lever_names is None else list(lever_names)
-    common, lever_only = split_sets(lev, sets) if names else (list(sets), [])
+    sets = dict(sets or {})
+    common, lever_only = split_sets(lev, sets) if names else (sets, {})
     base_scn = levers_mod.load_with_levers(base_name, [], common)
-    lev_scn = levers_mod.load_with_levers(base_name, names, [*common, *lever_only])
+    lev_scn = levers_mod.load_with_levers(base_name, names, {**common, **lever_only})
     base_seeds = list(range(seeds))
     lev_seeds = base_seeds if paired else list(range(seeds, 2 * seeds))
 
     jobs = [(base_name, [], common, base_seeds, with_cp, cp_seeds),
-            (base_name, names, [*common, *lever_only], lev_seeds, with_cp, cp_seeds)]
+            (base_name, names, {**common, **lever_only}, lev_seeds, with_cp, cp_seeds)]
     psets = param_sets(base_scn, param_samples)
     p_seeds = base_seeds[: max(1, min(2, seeds))]
     for ps in psets:
-        jobs.append((base_name, [], [*common, *ps], p_seeds, False, 1))
-        jobs.append((base_name, names, [*common, *lever_only, *ps], p_seeds, False, 1))
+        jobs.append((base_name, [], {**common, **ps}, p_seeds, False, 1))
+        jobs.append((base_name, names, {**common, **lever_only, **ps}, p_seeds, False, 1))
     if workers > 1 and len(jobs) > 1:
         with ProcessPoolExecutor(max_workers=workers) as ex:
             sides = list(ex.map(_side_job, jobs))
@@ -270,15 +270,16 @@ def predict(lever: str, seeds: int = 3, sets: list[str] | tuple[str, ...] = (), 
 
 
 def predict_all(seeds: int = 2, with_cp: bool = False, cp_seeds: int = 1,
-                sets: list[str] | tuple[str, ...] = (), workers: int | None = None) -> list[dict[str, Any]]:
+                sets: Overrides | None = None, workers: int | None = None) -> list[dict[str, Any]]:
     """Every lever on its baseline; baselines shared; runs in a process pool. Sorted by gain."""
     workers = workers or os.cpu_count() or 1
     names = levers_mod.all_levers()
     levs = {n: levers_mod.load_lever(n) for n in names}
     seeds_l = list(range(seeds))
     baselines = sorted({lv.baseline for lv in levs.values()})
-    jobs = [(b, [], list(sets), seeds_l, with_cp, cp_seeds) for b in baselines]
-    jobs += [(levs[n].baseline, [n], list(sets), seeds_l, with_cp, cp_seeds) for n in names]
+    sets = dict(sets or {})
+    jobs = [(b, [], sets, seeds_l, with_cp, cp_seeds) for b in baselines]
+    jobs += [(levs[n].baseline, [n], sets, seeds_l, with_cp, cp_seeds) for n in names]
     errors: dict[str, str] = {}
     with ProcessPoolExecutor(max_workers=workers) as ex:
         futs = [ex.submit(_side_job, j) for j in jobs]

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Mapping
 from importlib import resources
 from pathlib import Path
 from typing import Any, Literal
@@ -149,11 +150,19 @@ class How(_Strict):
 
 
 class SimLink(_Strict):
-    """How to reproduce this record in the model: scenario, levers, overrides."""
+    """How to reproduce this record in the model: the scenario, then ``set`` (how the run
+    was configured), then ``levers`` (what the run changed on top of that)."""
 
     scenario: str
     levers: list[str] = Field(default_factory=list)
     set: dict[str, Any] = Field(default_factory=dict)
+
+    def load(self, overrides: Mapping[str, Any] | None = None):
+        """The model's scenario for this run (``overrides`` last, e.g. fitted values)."""
+        from lever.sim.levers import load_with_levers
+
+        return load_with_levers(self.scenario, self.levers, overrides, base=self.set,
+                                base_source="record sim.set")
 
 
 class Gate(_Strict):
@@ -282,11 +291,15 @@ def dump_record(rec: RunRecord, path: str | Path) -> None:
     tmp.replace(p)
 
 
-def check_nic(records: list[RunRecord], want: NicKind) -> None:
-    """Refuse records of another NIC kind (an emulated record never passes for EFA)."""
+def check_nic(nic_kind: str, records: list[RunRecord], label: str, use: str) -> None:
+    """Records serve only a platform of their own NIC kind (``any`` takes every kind but an
+    emulated one): an emulated-NIC record never calibrates or judges an EFA platform, nor an
+    EFA record an emulated one. ``use`` says what for ("calibrate", "judge")."""
     for r in records:
-        if r.nic != want:
-            raise RecordError(f"record {r.id}: nic is '{r.nic}', this use needs '{want}'")
+        ok = r.nic == nic_kind or (nic_kind == "any" and r.nic != "emulated-srd")
+        if not ok:
+            raise RecordError(f"{label}: record {r.id} is nic '{r.nic}', the platform is nic_kind "
+                              f"'{nic_kind}': records {use} only a platform of their own NIC kind")
 
 
 DATA_DIR = Path(str(resources.files("lever.calibration.data")))  # shipped records (package data)

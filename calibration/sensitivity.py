@@ -21,29 +21,35 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
 from lever.calibration import predict as pr
+from lever.calibration.pool import imap_unordered
 from lever.sim import levers as levers_mod
+from lever.sim.errors import UserError
 from lever.sim.params import Scenario
+from lever.sim.scenario import Overrides
 
-from lever.reports.sweep import SweepError, imap_unordered, parse_random
+
+class SensitivityError(UserError):
+    """A sensitivity analysis that can not be set up: one line for the user."""
 
 
-def parameter_space(scn: Scenario, sigmas: float = 2.0, extra: Sequence[str] = (),
+def parameter_space(scn: Scenario, sigmas: float = 2.0,
+                    extra: Sequence[tuple[str, float, float]] = (),
                     only_extra: bool = False) -> list[dict[str, Any]]:
     """``[{name, path, log_lo, log_hi, lo, hi, source, integer}]`` for the platform's parameters,
-    plus ``extra`` ranges ``PATH=LO:HI`` (log-uniform; replacing a parameter of the same name)."""
+    plus ``extra`` ranges ``(path, lo, hi)`` (log-uniform, lo > 0; replacing a parameter of the
+    same name)."""
     plat = scn.platform
     out = []
     added = []
-    for text in extra:
-        a = parse_random(text)
-        if a.lo <= 0:
-            raise SweepError(f"--param: '{text}': LO must be > 0 (log-uniform)")
-        added.append(_param(scn, a.path, math.log(a.lo), math.log(a.hi), "--param"))
+    for path, lo, hi in extra:
+        if not 0 < lo < hi:
+            raise SensitivityError(f"--param {path}: needs 0 < LO < HI (log-uniform), got {lo}:{hi}")
+        added.append(_param(scn, path, math.log(lo), math.log(hi), "--param"))
     if only_extra:
         plat = plat.model_copy(update={"calibrated": None, "free": {}})
     if plat.calibrated is not None and plat.calibrated.names:
@@ -59,7 +65,7 @@ def parameter_space(scn: Scenario, sigmas: float = 2.0, extra: Sequence[str] = (
     names = {p["name"] for p in added}
     out = [p for p in out if p["name"] not in names] + added
     if not out:
-        raise SweepError(f"platform {plat.name}: no calibrated or free parameters to vary (add --param)")
+        raise SensitivityError(f"platform {plat.name}: no calibrated or free parameters to vary (add --param)")
     return out
 
 
@@ -69,7 +75,7 @@ def _param(scn: Scenario, name: str, log_lo: float, log_hi: float, source: str) 
     for k in rel.split("."):
         obj = getattr(obj, k, None)
         if obj is None:
-            raise SweepError(f"platform parameter '{name}': no such field")
+            raise SensitivityError(f"platform parameter '{name}': no such field")
     if log_hi <= log_lo:  # zero variance: a sliver around the value so SALib accepts it
         log_lo, log_hi = log_lo - 1e-9, log_hi + 1e-9
     return {"name": rel, "path": f"platform.{rel}", "log_lo": log_lo, "log_hi": log_hi,
@@ -77,40 +83,42 @@ def _param(scn: Scenario, name: str, log_lo: float, log_hi: float, source: str) 
             "integer": isinstance(obj, int) and not isinstance(obj, bool)}
 
 
-def _sets(space: list[dict[str, Any]], row: np.ndarray) -> list[str]:
-    out = []
+def _sets(space: list[dict[str, Any]], row: np.ndarray) -> dict[str, Any]:
+    out: dict[str, Any] = {}
     for p, x in zip(space, row, strict=True):
         v = math.exp(float(x))
-        out.append(f"{p['path']}={max(1, round(v))}" if p["integer"] else f"{p['path']}={v!r}")
+        out[p["path"]] = max(1, round(v)) if p["integer"] else v
     return out
 
 
 def _eval(job: tuple) -> dict[str, float]:
     """One sample: baseline and lever on the same seeds; the mean paired p50 delta per op."""
     base_name, names, common, lever_only, ps, seeds = job
-    b = pr._side_job((base_name, [], [*common, *ps], seeds, False, 1))
-    x = pr._side_job((base_name, names, [*common, *lever_only, *ps], seeds, False, 1))
+    b = pr._side_job((base_name, [], {**common, **ps}, seeds, False, 1))
+    x = pr._side_job((base_name, names, {**common, **lever_only, **ps}, seeds, False, 1))
     return {op: pr.paired_delta(b, x, op)[0] for op in b}
 
 
 def sensitivity(lever: str, method: str = "morris", n: int | None = None, seeds: int = 1,
-                sets: Sequence[str] = (), sigmas: float = 2.0, num_levels: int = 4,
+                sets: Overrides | None = None, sigmas: float = 2.0, num_levels: int = 4,
                 executor: str = "local", workers: int | None = None, address: str | None = None,
-                rng_seed: int = 0, progress: bool = False, params: Sequence[str] = (),
-                params_only: bool = False) -> dict[str, Any]:
-    """Sensitivity of ``lever``'s predicted delta (per op) to the platform parameters."""
+                rng_seed: int = 0, params: Sequence[tuple[str, float, float]] = (),
+                params_only: bool = False,
+                progress: Callable[[int, int], None] | None = None) -> dict[str, Any]:
+    """Sensitivity of ``lever``'s predicted delta (per op) to the platform parameters;
+    ``progress(done, total)`` after each sample."""
     if method not in ("morris", "sobol"):
-        raise SweepError(f"--method: '{method}': expected morris or sobol")
+        raise SensitivityError(f"--method: '{method}': expected morris or sobol")
     if seeds < 1:
-        raise SweepError("--seeds: must be >= 1")
+        raise SensitivityError("--seeds: must be >= 1")
     try:
         import SALib  # noqa: F401
     except ImportError:
-        raise SweepError("sensitivity: SALib is not installed (pip install -e '.[dist]')") from None
+        raise SensitivityError("sensitivity: SALib is not installed (pip install -e '.[dist]')") from None
     lev = levers_mod.load_lever(lever)
-    common, lever_only = pr.split_sets(lev, list(sets))
+    common, lever_only = pr.split_sets(lev, dict(sets or {}))
     base_scn = levers_mod.load_with_levers(lev.baseline, [], common)
-    levers_mod.load_with_levers(lev.baseline, [lever], [*common, *lever_only])  # fail early
+    levers_mod.load_with_levers(lev.baseline, [lever], {**common, **lever_only})  # fail early
     space = parameter_space(base_scn, sigmas, params, params_only)
     problem = {"num_vars": len(space), "names": [p["name"] for p in space],
                "bounds": [[p["log_lo"], p["log_hi"]] for p in space]}
@@ -124,22 +132,19 @@ def sensitivity(lever: str, method: str = "morris", n: int | None = None, seeds:
 
         n = n or 8
         if n & (n - 1):
-            raise SweepError(f"--n: {n}: Sobol needs a power of two")
+            raise SensitivityError(f"--n: {n}: Sobol needs a power of two")
         X = sampler.sample(problem, n, calc_second_order=False, seed=rng_seed)
     seed_list = list(range(seeds))
     jobs = [(lev.baseline, [lever], common, lever_only, _sets(space, row), seed_list) for row in X]
     for j in jobs:  # validate every sample before the runs
-        levers_mod.load_with_levers(lev.baseline, [lever], [*common, *lever_only, *j[4]])
+        levers_mod.load_with_levers(lev.baseline, [lever], {**common, **lever_only, **j[4]})
 
     t0 = time.perf_counter()
     results: list[dict[str, float] | None] = [None] * len(jobs)
-    from lever.reports.sweep import _progress
-
-    with _progress(progress, len(jobs)) as bar:
-        task = bar.add_task(f"sensitivity {lever}", total=len(jobs))
-        for i, r in imap_unordered(_eval, jobs, executor, workers, address):
-            results[i] = r
-            bar.advance(task)
+    for k, (i, r) in enumerate(imap_unordered(_eval, jobs, executor, workers, address), 1):
+        results[i] = r
+        if progress is not None:
+            progress(k, len(jobs))
     ops = list(results[0]) if results and results[0] else []
     out_ops: dict[str, Any] = {}
     for op in ops:
@@ -154,7 +159,7 @@ def sensitivity(lever: str, method: str = "morris", n: int | None = None, seeds:
                        "ranking": rows}
     return {"lever": lever, "baseline": lev.baseline, "method": method, "n": n,
             "evaluations": len(jobs), "model_runs": 2 * len(jobs) * seeds, "seeds": seeds,
-            "sets": list(sets), "platform": base_scn.platform.name,
+            "sets": dict(sets or {}), "platform": base_scn.platform.name,
             "space": [{k: p[k] for k in ("name", "lo", "hi", "source")} for p in space],
             "score": "mu_star_us" if method == "morris" else "ST",
             "wall_s": round(time.perf_counter() - t0, 3), "ops": out_ops}
@@ -185,32 +190,3 @@ def _analyze(method, problem, X, Y, num_levels, rng_seed) -> list[dict[str, Any]
 def _f(v: Any) -> float:
     v = float(v)
     return round(v, 6) if math.isfinite(v) else 0.0
-
-
-def plot_sensitivity(res: dict[str, Any], out) -> None:
-    """One horizontal bar chart per op: the ranking score of every parameter."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    ops = list(res["ops"])
-    fig, axs = plt.subplots(1, max(1, len(ops)), figsize=(6 * max(1, len(ops)), 0.45 * len(res["space"]) + 1.5),
-                            squeeze=False)
-    for ax, op in zip(axs[0], ops, strict=False):
-        rows = list(reversed(res["ops"][op]["ranking"]))
-        err_key = "mu_star_conf_us" if res["method"] == "morris" else "ST_conf"
-        conf = [r.get(err_key, 0.0) for r in rows]
-        ax.barh([r["name"] for r in rows], [r["score"] for r in rows],
-                xerr=[[min(c, max(r["score"], 0.0)) for c, r in zip(conf, rows, strict=True)], conf],
-                color="tab:blue", alpha=0.8)
-        if all(r["score"] == 0.0 for r in rows):
-            ax.text(0.5, 0.5, "the delta does not move:\nevery effect is 0", ha="center", va="center",
-                    transform=ax.transAxes, color="0.4")
-        ax.set_title(f"{op}: delta {res['ops'][op]['delta_mean_us']:+.2f} us")
-        ax.set_xlabel("mu* (us)" if res["method"] == "morris" else "total Sobol index ST")
-        ax.grid(axis="x", alpha=0.3)
-    fig.suptitle(f"sensitivity of {res['lever']} ({res['method']}, {res['evaluations']} samples)")
-    fig.tight_layout()
-    fig.savefig(out, dpi=120)
-    plt.close(fig)

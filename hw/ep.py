@@ -27,6 +27,7 @@ import json
 import math
 import subprocess
 import sys
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -58,21 +59,6 @@ STAT_NAMES = ["stamp_bad_dispatch", "stamp_bad_combine", "packets", "retransmits
               "doorbells", "fences", "cqes", "rx_cqes", "locks", "credit_polls", "reordered", "turn_waits",
               "descriptors", "ring_polls", "nic_late_ns"]
 
-# Lever -> design overrides, used when scenarios/levers/NAME.toml does not exist (yet).
-LEVER_FALLBACK: dict[str, list[str]] = {
-    "qp-fanout-fix": ["design.notify_qp_reserved=false"],
-    "qp17-ownership": ["design.qps_allocated=17", "design.qps_per_call=17",
-                       'design.qp_ownership="owned"'],
-    "lazy-completion-dispatch": ["design.lazy_completion_dispatch=true"],
-    "lazy-completion-combine": ["design.lazy_completion_combine=true"],
-    "batched-doorbells": ["design.doorbell_batch=8"],
-    "write-imm-counting": ['design.signal_mode="imm-counting"'],
-    "provider-batched-tail": ["design.provider_batched_tail=true"],
-    "put-many": ["design.put_many_span=8"],
-    "deferred-doorbell-aggregation": ["design.deferred_doorbell_aggregation=8"],
-    "cached-dispatch": ["design.cached=true"],
-}
-SUPPORTED_LEVERS = sorted(LEVER_FALLBACK)
 
 
 class EpError(RuntimeError):
@@ -109,38 +95,30 @@ def add_args(p: argparse.ArgumentParser) -> None:
 
 
 # ----------------------------------------------------------------- configuration
-def scenario_sets(ranks: int, faults: bool, extra: list[str], path: str = "native") -> list[str]:
+def scenario_overrides(ranks: int, faults: bool, extra: Mapping[str, Any],
+                       path: str = "native") -> dict[str, Any]:
     """The model's view of this run: the emulated platform, V1 LL, every rank its own node."""
-    sets = [f"workload.ep_ranks={ranks}", "workload.gpus_per_node=1", 'workload.name="decode"',
-            'design.name="v1-ll-emulated"', 'design.protocol="v1-ll"', 'design.signal_mode="flush"',
-            "design.forward_warps_per_sm=0"]
+    ov: dict[str, Any] = {
+        "workload.ep_ranks": ranks, "workload.gpus_per_node": 1, "workload.name": "decode",
+        "design.name": "v1-ll-emulated", "design.protocol": "v1-ll", "design.signal_mode": "flush",
+        "design.forward_warps_per_sm": 0}
     if path == "proxy":
-        sets.append('design.path="proxy"')
+        ov["design.path"] = "proxy"
     if faults:
-        sets.append("platform.fabric.loss_prob=0.02")
-    return sets + list(extra)
+        ov["platform.fabric.loss_prob"] = 0.02
+    return {**ov, **extra}
 
 
-def lever_sets(levers: list[str]) -> list[str]:
-    """Design overrides of the levers: from their files when present, else the built-in table."""
-    out: list[str] = []
+def load_scenario(ranks: int, faults: bool, extra: Mapping[str, Any], levers: list[str],
+                  path: str = "native"):
+    """The scenario the model runs for this variant: the levers' files, then the run's overrides."""
+    from lever.sim.levers import all_levers, load_with_levers
+
     for name in levers:
-        f = HERE.parent / "scenarios" / "levers" / f"{name}.toml"
-        if f.is_file():
-            from lever.sim.levers import lever_sets as _ls
-            from lever.sim.levers import load_lever
-            out += _ls(load_lever(str(f)))
-        elif name in LEVER_FALLBACK:
-            out += LEVER_FALLBACK[name]
-        else:
-            raise EpError(f"--lever {name}: unknown lever (supported: {', '.join(SUPPORTED_LEVERS)})")
-    return out
-
-
-def load_scenario(ranks: int, faults: bool, extra: list[str], levers: list[str], path: str = "native"):
-    from lever.sim.scenario import load
-
-    return load(PLATFORM, [*scenario_sets(ranks, faults, extra, path), *lever_sets(levers)])
+        if name not in all_levers():
+            raise EpError(f"--lever {name}: unknown lever (shipped: {', '.join(all_levers())})")
+    return load_with_levers(PLATFORM, levers, base=scenario_overrides(ranks, faults, extra, path),
+                            base_source="lever hw ep")
 
 
 def kernel_flags(scn, op: str, path: str, prof_period: int, unsafe: bool) -> dict[str, int]:
@@ -215,20 +193,14 @@ def summarize(samples: list[float]) -> dict[str, Any]:
             "samples": [round(x, 3) for x in samples]}
 
 
-def build_record(*, rid: str, path: str, ranks: int, gpus: int, levers: list[str], sets: list[str],
-                 scn, lat: dict[str, list[float]], gate: dict[str, Any], attribution: dict | None,
+def build_record(*, rid: str, path: str, ranks: int, gpus: int, levers: list[str],
+                 sets: Mapping[str, Any], hidden: int, scn, lat: dict[str, list[float]], gate: dict[str, Any], attribution: dict | None,
                  samples: int | None, metrics: dict[str, dict], how: dict[str, Any],
                  platform_info: dict[str, str], command: str) -> dict[str, Any]:
     """Assemble and validate a run record (calibration/records.py)."""
     from lever.calibration.records import SCHEMA_VERSION, parse_record
 
     wl = scn.workload
-    set_map: dict[str, Any] = {}
-    from lever.sim.scenario import parse_value
-
-    for s in sets:
-        k, v = s.split("=", 1)
-        set_map[k.strip()] = parse_value(v.strip())
     rec = {
         "schema_version": SCHEMA_VERSION,
         "id": rid,
@@ -237,12 +209,12 @@ def build_record(*, rid: str, path: str, ranks: int, gpus: int, levers: list[str
             "design": f"v1-ll {path} (DeepEP-style LL) over emulated SRD",
             "path": path, "protocol": "v1-ll", "levers": levers,
             "workload": {"ep_ranks": ranks, "nodes": ranks, "tokens_per_rank": wl.tokens_per_rank,
-                         "hidden": wl.hidden, "top_k": wl.top_k, "num_experts": wl.num_experts},
+                         "hidden": hidden, "top_k": wl.top_k, "num_experts": wl.num_experts},
             "platform": platform_info,
             "emulated_fabric": emulated_fabric_record(scn) | {"gpus": gpus, "ranks_per_gpu": ranks // gpus},
         },
         "how": how,
-        "sim": {"scenario": PLATFORM, "levers": levers, "set": set_map},
+        "sim": {"scenario": PLATFORM, "levers": levers, "set": dict(sets)},
         "latency_us": {op: summarize(v) for op, v in lat.items()},
         "gate": gate,
         "metrics": metrics,
@@ -542,7 +514,7 @@ def load_ext():
     return load_extension("lever_hw_ep", [HERE / "ep" / "ep_kernels.cu", HERE / "ep" / "binding.cpp"])
 
 
-def run_variant(runner: Runner, scn, args, levers: list[str], sets: list[str], rid: str,
+def run_variant(runner: Runner, scn, args, levers: list[str], sets: Mapping[str, Any], rid: str,
                 platform_info: dict[str, str], unsafe: bool = False) -> dict[str, Any]:
     """Gate, warm-up, timed iterations, profiled pass; returns a validated record dict."""
     fd = kernel_flags(scn, "dispatch", args.path, 0, unsafe)
@@ -563,7 +535,7 @@ def run_variant(runner: Runner, scn, args, levers: list[str], sets: list[str], r
             runner.proxy_stop()
 
 
-def _run_variant(runner: Runner, scn, args, levers: list[str], sets: list[str], rid: str,
+def _run_variant(runner: Runner, scn, args, levers: list[str], sets: Mapping[str, Any], rid: str,
                  platform_info: dict[str, str], fd: dict, fc: dict, n_proxy: int) -> dict[str, Any]:
     checks = []
     if fd["cached"]:
@@ -656,7 +628,7 @@ def _run_variant(runner: Runner, scn, args, levers: list[str], sets: list[str], 
                     "per iteration the max over GPUs",
            "notes": f"{runner.nb} EP blocks x {runner.warps} warps per rank, {runner.nics} NIC blocks per rank; "
                     f"flags dispatch={json.dumps(fd)} combine={json.dumps(fc)}"}
-    return build_record(rid=rid, path=args.path, ranks=runner.R, gpus=runner.G, levers=levers, sets=sets,
+    return build_record(rid=rid, path=args.path, ranks=runner.R, gpus=runner.G, levers=levers, sets=sets, hidden=runner.shape.hidden,
                         scn=scn, lat=lat, gate=gate, attribution=attribution, samples=samples,
                         metrics=metrics, how=how, platform_info=platform_info,
                         command="lever hw ep " + " ".join(sys.argv[3:] if len(sys.argv) > 3 else []))
@@ -682,9 +654,12 @@ def main(args: argparse.Namespace) -> int:
         raise UserError("--variants needs --out-dir")
     if not args.variants and not args.out:
         raise UserError("--out RECORD is required")
+    from lever.sim.scenario import parse_sets
+
+    extra = parse_sets(args.set)
     try:
-        base = load_scenario(args.ranks, args.faults, args.set, [], args.path)
-        shape = Shape(num_ranks=args.ranks, tokens=base.workload.tokens_per_rank, hidden=base.workload.hidden,
+        base = load_scenario(args.ranks, args.faults, extra, [], args.path)
+        shape = Shape(num_ranks=args.ranks, tokens=base.workload.tokens_per_rank,
                       top_k=base.workload.top_k, num_experts=base.workload.num_experts)
         shape.check()
         ext = load_ext()
@@ -694,10 +669,10 @@ def main(args: argparse.Namespace) -> int:
         rc = 0
         for v in variants:
             levers = [x for x in v.split(",") if x]
-            scn = load_scenario(args.ranks, args.faults, args.set, levers, args.path)
+            scn = load_scenario(args.ranks, args.faults, extra, levers, args.path)
             runner.rebuild(scn, args.seed)
             runner.reset_state()
-            sets = scenario_sets(args.ranks, args.faults, args.set, args.path)
+            sets = scenario_overrides(args.ranks, args.faults, extra, args.path)
             tag = "-".join(levers) if levers else "baseline"
             rid = f"{args.id_prefix}{args.ranks}-{args.path}-{tag}{'-faults' if args.faults else ''}"
             try:

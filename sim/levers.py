@@ -14,11 +14,13 @@ lacks, the mechanism goes into the model, never a constant into the file.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from lever.sim import scenario as scn_mod
 from lever.sim.params import Scenario
+from lever.sim.scenario import Overrides
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 LEVER_DIR = scn_mod.SCENARIO_DIR / "levers"
@@ -46,26 +48,18 @@ def load_lever(name_or_path: str | Path) -> Lever:
     return lev
 
 
-def lever_sets(lev: Lever) -> list[str]:
-    """The lever's changes as ``--set`` strings (values in TOML literal form)."""
-    return [f"{k}={_toml_literal(v)}" for k, v in lev.set.items()]
+def load_with_levers(scenario: str | Path, levers: Sequence[str] = (),
+                     overrides: Overrides | None = None, *,
+                     base: Overrides | None = None, base_source: str = "run configuration") -> Scenario:
+    """The scenario, then ``base`` (how a run was configured before its levers, as a
+    record's ``sim.set``), then each lever's ``[set]`` in order, then ``overrides``.
 
-
-def _toml_literal(v: Any) -> str:
-    if isinstance(v, bool):
-        return "true" if v else "false"
-    if isinstance(v, str):
-        return '"' + v.replace('"', '\\"') + '"'
-    return repr(v)
-
-
-def load_with_levers(scenario: str | Path, levers: list[str] | tuple[str, ...] = (),
-                     sets: list[str] | tuple[str, ...] = ()) -> Scenario:
-    """The scenario with each lever's changes applied in order, then ``sets``."""
-    all_sets: list[str] = []
+    A bad value in a lever's ``[set]`` is reported against the lever file."""
+    layers: list[tuple[str, Overrides]] = [(base_source, base)] if base else []
     for name in levers:
-        all_sets += lever_sets(load_lever(name))
-    return scn_mod.load(scenario, [*all_sets, *sets])
+        lev = load_lever(name)
+        layers.append((lev.path, lev.set))
+    return scn_mod.load(scenario, overrides, layers)
 
 
 def all_levers() -> list[str]:

@@ -14,6 +14,7 @@ import copy
 import hashlib
 import json
 import tomllib
+from collections.abc import Iterable, Mapping
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -105,27 +106,53 @@ def _display(path: Path) -> str:
         return str(path)
 
 
+Overrides = Mapping[str, Any]
+"""Typed overrides: dotted path (``design.doorbell_batch``) -> value, applied to a scenario's
+data before validation. Inside the program overrides travel in this form; the text form
+``PATH=VALUE`` exists only on the command line (:func:`parse_set`)."""
+
+
 def parse_value(text: str) -> Any:
-    """A ``--set`` value: a TOML literal (number, bool, string, array) or a bare string."""
+    """The value of a ``PATH=VALUE`` override: a TOML literal (number, bool, string, array),
+    else the text itself as a bare string."""
     try:
         return tomllib.loads(f"v = {text}")["v"]
     except tomllib.TOMLDecodeError:
         return text
 
 
-def apply_set(data: dict, assignment: str, origin: dict, source: str = "--set") -> None:
-    """Apply ``a.b.c=VALUE`` to nested ``data``."""
-    if "=" not in assignment:
-        raise ScenarioError(f"{source}: '{assignment}': expected PATH=VALUE")
-    path, value = assignment.split("=", 1)
-    keys = path.strip().split(".")
-    cur = data
-    for k in keys[:-1]:
-        cur = cur.setdefault(k, {})
-        if not isinstance(cur, dict):
-            raise ScenarioError(f"{source}: {path}: {k} is not a table")
-    cur[keys[-1]] = parse_value(value.strip())
-    origin[tuple(keys)] = source
+def parse_set(text: str, source: str = "--set") -> tuple[str, Any]:
+    """One command-line override ``PATH=VALUE`` -> ``(path, value)``."""
+    if "=" not in text:
+        raise ScenarioError(f"{source}: '{text}': expected PATH=VALUE")
+    path, value = text.split("=", 1)
+    path = path.strip()
+    if not path or any(not k for k in path.split(".")):
+        raise ScenarioError(f"{source}: '{text}': expected PATH=VALUE with a dotted PATH")
+    return path, parse_value(value.strip())
+
+
+def parse_sets(texts: Iterable[str], source: str = "--set") -> dict[str, Any]:
+    """Command-line overrides in order (a later one for the same path wins)."""
+    out: dict[str, Any] = {}
+    for t in texts:
+        k, v = parse_set(t, source)
+        out.pop(k, None)
+        out[k] = v
+    return out
+
+
+def apply_overrides(data: dict, overrides: Overrides, origin: dict, source: str = "--set") -> None:
+    """Set each dotted path of ``overrides`` in nested ``data``; ``origin`` remembers ``source``."""
+    for path, value in overrides.items():
+        keys = path.split(".")
+        cur = data
+        for k in keys[:-1]:
+            cur = cur.setdefault(k, {})
+            if not isinstance(cur, dict):
+                raise ScenarioError(f"{source}: {path}: {k} is not a table")
+        cur[keys[-1]] = copy.deepcopy(value)
+        origin[tuple(keys)] = source
 
 
 def validate(data: dict, origin: dict, label: str) -> Scenario:
@@ -150,14 +177,20 @@ def validate(data: dict, origin: dict, label: str) -> Scenario:
         raise ScenarioError(f"{where}: {field}: {msg}{got}") from None
 
 
-def load(name_or_path: str | Path, sets: list[str] | tuple[str, ...] = ()) -> Scenario:
-    """Load, merge, override and validate a scenario."""
+def load(name_or_path: str | Path, overrides: Overrides | None = None,
+         layers: Iterable[tuple[str, Overrides]] = ()) -> Scenario:
+    """Load, merge, override and validate a scenario.
+
+    ``layers`` are ``(source, overrides)`` applied first, in order (a lever file's
+    ``[set]`` names that file as its source); ``overrides`` last, as ``--set``.
+    """
     path = resolve(name_or_path)
     origin: dict = {}
     data = load_fragment(path, origin)
     data.setdefault("name", path.stem)
-    for s in sets:
-        apply_set(data, s, origin)
+    for source, ov in layers:
+        apply_overrides(data, ov, origin, source)
+    apply_overrides(data, overrides or {}, origin)
     return validate(data, origin, _display(path))
 
 

@@ -18,18 +18,14 @@ GOLDEN = Path(__file__).resolve().parent / "data" / "golden_sim.json"
 # The cases' scenarios, frozen (full parameter sets), so recalibrating a shipped
 # platform does not move the golden numbers: only a change of the model does.
 FROZEN = Path(__file__).resolve().parent / "data" / "golden_scenarios.json"
-SMALL = ["workload.tokens_per_rank=16"]
+SMALL = {"workload.tokens_per_rank": 16}
 CASES: dict[str, tuple[str, list[str]]] = {
     "hybrid-native-flush": ("decode-ep16-efa-native", SMALL),
     "hybrid-proxy": ("decode-ep16-efa-proxy", SMALL),
-    "hybrid-native-unordered-loss": ("decode-ep16-efa-native", [
-        *SMALL, 'design.signal_mode="unordered-counting"', "platform.fabric.loss_prob=0.05"]),
-    "direct-native-imm": ("decode-ep16-efa-native", [
-        *SMALL, 'design.protocol="v2-direct"', 'design.signal_mode="imm-counting"']),
+    "hybrid-native-unordered-loss": ("decode-ep16-efa-native", {**SMALL, "design.signal_mode": "unordered-counting", "platform.fabric.loss_prob": 0.05}),
+    "direct-native-imm": ("decode-ep16-efa-native", {**SMALL, "design.protocol": "v2-direct", "design.signal_mode": "imm-counting"}),
     "v1-ll-ib": ("decode-ep16-ib", SMALL),
-    "v1-ll-native-lazy-b8": ("decode-ep16-efa-native", [
-        *SMALL, 'design.protocol="v1-ll"', "design.lazy_completion_dispatch=true",
-        "design.doorbell_batch=8"]),
+    "v1-ll-native-lazy-b8": ("decode-ep16-efa-native", {**SMALL, "design.protocol": "v1-ll", "design.lazy_completion_dispatch": True, "design.doorbell_batch": 8}),
 }
 
 

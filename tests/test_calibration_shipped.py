@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import pytest
 from lever.calibration.fit import predict
-from lever.sim.levers import load_with_levers
 
 from lever.commands.calibrate import load_records, shipped_records
 
@@ -30,7 +29,7 @@ KNOWN_MISSES = {
 def test_shipped_platform_reproduces_training_numbers(nic, platform):
     recs = load_records(shipped_records(nic))
     for r in recs:
-        scn = load_with_levers(r.sim.scenario, r.sim.levers)
+        scn = r.sim.load()
         assert scn.platform.name == platform, (r.id, scn.platform.name)
         assert scn.platform.calibrated is not None and r.id in scn.platform.calibrated.records
     rows = [row for row in predict(recs, workers=2) if row.unit == "us"]

@@ -14,7 +14,7 @@ def test_emu_scenario_matches_the_records_sim_link():
     rec = json.loads((DATA_DIR / "emu-ep2-native-baseline.json").read_text())
     link = rec["sim"]
     from_record = load_with_levers(link["scenario"], link["levers"],
-                                   [f"{k}={json.dumps(v)}" for k, v in link["set"].items()])
+                                   link["set"])
     shipped = scenario.load("emu-ep2-native")
     # same workload and design as the runs; the platform is the emulated one, calibrated on
     # the native baseline record: the emulated fabric itself is not a free parameter
@@ -46,7 +46,7 @@ def test_one_shared_qp_heavy_sharing_fanout_held_out():
         for levers, tag in (([], "baseline"), (["qp-fanout-fix"], "qp-fanout-fix")):
             rec = json.loads((DATA_DIR / f"emu-q{q}-ep2-native-{tag}.json").read_text())
             assert rec["gate"]["passed"] and rec["sim"]["set"]["design.qps_per_call"] == q
-            scn = load_with_levers("emu-ep2-native", levers, [f"design.qps_per_call={q}"])
+            scn = load_with_levers("emu-ep2-native", levers, {"design.qps_per_call": q})
             res = [simulate_op(scn, "dispatch", s) for s in range(2)]
             p50 = float(np.median([x for r in res for x in r.latency_us]))
             meas = rec["latency_us"]["dispatch"]["median"]

@@ -164,11 +164,11 @@ def test_lazy_completion_shows_zero_credit_wait_share():
 
 
 def _record(**over):
-    from lever.hw.ep import build_record, load_scenario, scenario_sets
+    from lever.hw.ep import build_record, load_scenario, scenario_overrides
 
-    scn = load_scenario(2, False, [], ["lazy-completion-dispatch"])
+    scn = load_scenario(2, False, {}, ["lazy-completion-dispatch"])
     kw = dict(rid="emu-test", path="native", ranks=2, gpus=2, levers=["lazy-completion-dispatch"],
-              sets=scenario_sets(2, False, []), scn=scn,
+              sets=scenario_overrides(2, False, {}), hidden=7168, scn=scn,
               lat={"dispatch": [100.0 + i for i in range(60)], "combine": [200.0 + i for i in range(60)]},
               gate={"passed": True, "checks": ["x"], "detail": ""}, attribution={"dispatch": {"wqe": 0.5, "fence": 0.5}},
               samples=10, metrics={"packets_per_iteration_count": {"median": 3.0}},
@@ -179,7 +179,6 @@ def _record(**over):
 
 def test_record_conversion_validates_and_links_the_model():
     from lever.calibration.records import parse_record
-    from lever.sim.scenario import load
 
     rec = _record()
     r = parse_record(rec)
@@ -189,9 +188,7 @@ def test_record_conversion_validates_and_links_the_model():
     assert r.latency_us["dispatch"].n == 60 and len(r.latency_us["dispatch"].samples) == 60
     assert r.latency_us["dispatch"].p10 <= r.latency_us["dispatch"].median <= r.latency_us["dispatch"].p90
     # the model can load exactly what ran
-    sets = [f"{k}={v if not isinstance(v, str) else repr(v).replace(chr(39), chr(34))}"
-            for k, v in r.sim.set.items()]
-    scn = load(r.sim.scenario, sets)
+    scn = r.sim.load()
     assert scn.workload.ep_ranks == 2 and scn.design.protocol == "v1-ll"
 
 
@@ -203,23 +200,23 @@ def test_record_conversion_refuses_bad_shares():
 
 
 def test_kernel_flags_from_levers():
-    from lever.hw.ep import EpError, kernel_flags, lever_sets, load_scenario
+    from lever.hw.ep import EpError, kernel_flags, load_scenario
 
-    base = kernel_flags(load_scenario(2, False, [], []), "dispatch", "native", 0, False)
+    base = kernel_flags(load_scenario(2, False, {}, []), "dispatch", "native", 0, False)
     assert base["lazy"] == 0 and base["notify_qp"] == 1 and base["imm_counting"] == 0
-    f = kernel_flags(load_scenario(2, True, [], ["qp-fanout-fix", "write-imm-counting", "batched-doorbells"]),
+    f = kernel_flags(load_scenario(2, True, {}, ["qp-fanout-fix", "write-imm-counting", "batched-doorbells"]),
                      "combine", "native", 4, False)
     assert f["notify_qp"] == 0 and f["imm_counting"] == 1 and f["db_batch"] == 8 and f["prof_period"] == 4
-    lz = load_scenario(2, False, [], ["lazy-completion-combine"])
+    lz = load_scenario(2, False, {}, ["lazy-completion-combine"])
     assert kernel_flags(lz, "combine", "native", 0, False)["lazy"] == 1
     assert kernel_flags(lz, "dispatch", "native", 0, False)["lazy"] == 0
     with pytest.raises(EpError, match="unknown lever"):
-        lever_sets(["no-such-lever"])
+        load_scenario(2, False, {}, ["no-such-lever"])
 
 
 def test_cli_registers_and_imports_without_torch_or_simpy():
     code = ("import sys; sys.modules['simpy'] = None; sys.modules['torch'] = None\n"
-            "import hw.ep, hw.profiler, hw.reference\n"
+            "import lever.hw.ep, lever.hw.profiler, lever.hw.reference\n"
             "from lever.cli import build_parser\n"
             "a = build_parser().parse_args(['hw', 'ep', '--ranks', '2', '--faults', '--out', 'x.json'])\n"
             "assert a.faults and a.ranks == 2\n")
@@ -249,14 +246,14 @@ def test_proxy_put_rows_attribute_ring_wait_to_proxy_queue():
 
 
 def test_cached_dispatch_and_proxy_flags():
-    from lever.hw.ep import kernel_flags, load_scenario, scenario_sets
+    from lever.hw.ep import kernel_flags, load_scenario, scenario_overrides
 
-    c = load_scenario(2, False, [], ["cached-dispatch"])
+    c = load_scenario(2, False, {}, ["cached-dispatch"])
     assert kernel_flags(c, "dispatch", "native", 0, False)["cached"] == 1
     assert kernel_flags(c, "combine", "native", 0, False)["cached"] == 0  # combine has no layout
-    p = load_scenario(2, False, [], [], "proxy")
+    p = load_scenario(2, False, {}, [], "proxy")
     assert p.design.path == "proxy" and kernel_flags(p, "dispatch", "proxy", 0, False)["proxy"] == 1
-    assert 'design.path="proxy"' in scenario_sets(2, False, [], "proxy")
+    assert scenario_overrides(2, False, {}, "proxy")["design.path"] == "proxy"
     assert p.platform.proxy.ring_depth == 32
 
 

@@ -7,7 +7,7 @@ import json
 import pytest
 from lever.calibration import compare as cmp
 from lever.calibration import predict as pr
-from lever.calibration.records import parse_record
+from lever.calibration.records import RecordError, check_nic, parse_record
 from lever.sim import levers as levers_mod
 from lever.sim import scenario as scn_mod
 from lever.sim.errors import UserError
@@ -133,7 +133,7 @@ def test_cli_compare_ok_and_refusals(tmp_path, capsys):
     err = capsys.readouterr().err.strip()
     assert "sha256" in err and "\n" not in err
     # made on another platform file (an older efa-p5): intact seal, other digest
-    scn = levers_mod.load_with_levers(BASE, [], ["platform.gpu.fence_ns=999.0"])
+    scn = levers_mod.load_with_levers(BASE, [], {"platform.gpu.fence_ns": 999.0})
     other = _prereg()
     other["platform_digest"] = scn_mod.platform_digest(scn)
     other["sha256"] = pr.content_sha256(other)
@@ -152,6 +152,8 @@ def test_emulated_records_never_judge_an_efa_prediction(tmp_path, capsys):
     assert lever_main(["compare", pp, *paths]) == 2
     err = capsys.readouterr().err.strip()
     assert "emulated-srd" in err and "nic_kind 'efa'" in err and "\n" not in err
-    with pytest.raises(UserError, match="compare like with like"):
-        cmp.check_nic("efa", emu)
-    cmp.check_nic("emulated-srd", emu)  # like with like passes
+    with pytest.raises(RecordError, match="only a platform of their own NIC kind"):
+        check_nic("efa", emu, "prereg", "judge")
+    with pytest.raises(RecordError, match="only a platform of their own NIC kind"):
+        check_nic("any", emu, "prereg", "judge")  # an emulated record never passes for a real NIC
+    check_nic("emulated-srd", emu, "prereg", "judge")  # like with like passes

@@ -12,7 +12,7 @@ from lever.sim.results import PUT_PATH, critical_path, profiler_shares, run_seed
 from lever.cli import main as lever_main
 
 BASE = "decode-ep16-efa-native"
-SMALL = ["workload.tokens_per_rank=32"]
+SMALL = {"workload.tokens_per_rank": 32}
 
 
 def test_every_lever_file_loads_on_its_baseline():
@@ -46,7 +46,7 @@ def test_lazy_completion_removes_credit_wait():
 
 
 def test_batched_doorbells_changes_dispatch_by_a_few_us_at_most():
-    base = levers_mod.load_with_levers(BASE, [], ["design.scaleout_update_interval=6"])
+    base = levers_mod.load_with_levers(BASE, [], {"design.scaleout_update_interval": 6})
     lev = levers_mod.load_with_levers(BASE, ["batched-doorbells"], [])
     assert lev.design.doorbell_batch == 8
     d = [stats(simulate_op(lev, "dispatch", s).latency_us)["p50_us"]
@@ -63,7 +63,7 @@ def test_deferred_doorbell_aggregation_cuts_doorbells_by_its_factor():
     f = lev.set["design.deferred_doorbell_aggregation"]
     # on the shipped shape, with no flush between tail signals (imm counting), so every QP's
     # WQEs of a call group into doorbells of f; a partial group is rung when a warp finishes
-    sets = ['design.signal_mode="imm-counting"']
+    sets = {"design.signal_mode": "imm-counting"}
     b = simulate_op(levers_mod.load_with_levers(BASE, [], sets), "dispatch", 0)
     x = simulate_op(levers_mod.load_with_levers(BASE, [lev.name], sets), "dispatch", 0)
     nb, nx = _data_doorbells(b.counters), _data_doorbells(x.counters)
@@ -98,11 +98,11 @@ def test_common_random_numbers_narrow_the_band():
 
 def test_cli_predict_lever_parameter_and_prereg(tmp_path, capsys):
     out = tmp_path / "p.json"
-    rc = lever_main(["predict", "batched-doorbells", "--seeds", "2", "--set", SMALL[0],
+    rc = lever_main(["predict", "batched-doorbells", "--seeds", "2", "--set", "workload.tokens_per_rank=32",
                      "--set", "design.doorbell_batch=4", "--no-critical-path", "--json", "--out", str(out)])
     assert rc == 0
     res = json.loads(capsys.readouterr().out)
-    assert res["lever_only_sets"] == ["design.doorbell_batch=4"] and res["sets"] == SMALL
+    assert res["lever_only_sets"] == {"design.doorbell_batch": 4} and res["sets"] == SMALL
     assert res["band_kind"] == "noise-only"
     pre = json.loads(out.read_text())
     assert pre["sha256"] == pr.content_sha256(pre)
@@ -114,8 +114,7 @@ def test_cli_predict_lever_parameter_and_prereg(tmp_path, capsys):
 def test_param_samples_widen_band_when_calibrated():
     scn = levers_mod.load_with_levers(BASE, [], SMALL)
     assert pr.param_sets(scn, 3) == [] or scn.platform.calibrated is not None
-    cal = ["platform.calibrated.names=[\"gpu.fence_ns\"]", "platform.calibrated.log_mean=[7.24]",
-           "platform.calibrated.log_cov=[[0.25]]"]
-    scn2 = levers_mod.load_with_levers(BASE, [], [*SMALL, *cal])
+    cal = {"platform.calibrated.names": ["gpu.fence_ns"], "platform.calibrated.log_mean": [7.24], "platform.calibrated.log_cov": [[0.25]]}
+    scn2 = levers_mod.load_with_levers(BASE, [], {**SMALL, **cal})
     draws = pr.param_sets(scn2, 3)
-    assert len(draws) == 3 and all(d[0].startswith("platform.gpu.fence_ns=") for d in draws)
+    assert len(draws) == 3 and all(list(d) == ["platform.gpu.fence_ns"] and d["platform.gpu.fence_ns"] > 0 for d in draws)

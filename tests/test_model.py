@@ -8,7 +8,7 @@ from lever.sim import scenario
 from lever.sim.model import simulate_op
 from lever.sim.results import simulate
 
-SMALL = ["workload.tokens_per_rank=32"]
+SMALL = {"workload.tokens_per_rank": 32}
 
 
 def p50(scn, op="dispatch", seeds=1, scale=None):
@@ -18,13 +18,7 @@ def p50(scn, op="dispatch", seeds=1, scale=None):
 
 def two_rank(mode: str, fabric: str, base_ns: float = 50_000.0):
     """EP2 over two nodes, one token, V1 LL: one data write and one count per expert pair."""
-    return scenario.load("decode-ep16-efa-native", [
-        "workload.ep_ranks=2", "workload.gpus_per_node=1", "workload.tokens_per_rank=1",
-        "workload.num_experts=2", "workload.top_k=1", "design.protocol=\"v1-ll\"",
-        f"design.signal_mode=\"{mode}\"", f"platform.fabric.mode=\"{fabric}\"",
-        f"platform.fabric.base_latency_ns={base_ns}", "platform.fabric.path_spread_ns=0",
-        "platform.fabric.jitter.distribution=\"none\"", "design.num_sms=1", "design.warps_per_sm=1",
-    ])
+    return scenario.load("decode-ep16-efa-native", {"workload.ep_ranks": 2, "workload.gpus_per_node": 1, "workload.tokens_per_rank": 1, "workload.num_experts": 2, "workload.top_k": 1, "design.protocol": "v1-ll", "design.signal_mode": mode, "platform.fabric.mode": fabric, "platform.fabric.base_latency_ns": base_ns, "platform.fabric.path_spread_ns": 0, "platform.fabric.jitter.distribution": "none", "design.num_sms": 1, "design.warps_per_sm": 1})
 
 
 def test_rc_flag_after_data_costs_no_round_trip_srd_flush_costs_one():
@@ -41,7 +35,7 @@ def test_rc_flag_after_data_costs_no_round_trip_srd_flush_costs_one():
 
 def test_lazy_completion_zeroes_credit_wait_in_both_attributions():
     base = scenario.load("decode-ep16-efa-native", SMALL)
-    lazy = scenario.load("decode-ep16-efa-native", [*SMALL, "design.lazy_completion_dispatch=true"])
+    lazy = scenario.load("decode-ep16-efa-native", {**SMALL, "design.lazy_completion_dispatch": True})
     rb = simulate(base, seeds=1, with_critical_path=False)
     rl = simulate(lazy, seeds=1, with_critical_path=False)
     assert rb["attribution"]["dispatch"]["put_path"].get("credit_wait", 0) > 0.02
@@ -55,12 +49,8 @@ def test_lazy_completion_zeroes_credit_wait_in_both_attributions():
 
 def test_issue_work_dominates_profiler_yet_cutting_it_leaves_latency_flat():
     # the wire is the bottleneck (one 25 Gb/s port): fences/doorbells overlap serialisation
-    sets = ["workload.tokens_per_rank=64", "design.signal_mode=\"ordered\"", "design.cached=true",
-            "platform.gpu.completion_counter_in_device_memory=true",
-            "design.lazy_completion_dispatch=true", "design.qp_ownership=\"owned\"",
-            "design.qps_per_call=17", "design.num_sms=8", "design.warps_per_sm=2",
-            "platform.nic.nics_per_gpu=1"]
-    slow_wire = [*sets, "platform.nic.line_rate_gbps=25"]
+    sets = {"workload.tokens_per_rank": 64, "design.signal_mode": "ordered", "design.cached": True, "platform.gpu.completion_counter_in_device_memory": True, "design.lazy_completion_dispatch": True, "design.qp_ownership": "owned", "design.qps_per_call": 17, "design.num_sms": 8, "design.warps_per_sm": 2, "platform.nic.nics_per_gpu": 1}
+    slow_wire = {**sets, "platform.nic.line_rate_gbps": 25}
     scn = scenario.load("decode-ep16-efa-native", slow_wire)
     res = simulate(scn, seeds=2, with_critical_path=False)
     pp = res["attribution"]["dispatch"]["put_path"]
@@ -74,16 +64,13 @@ def test_issue_work_dominates_profiler_yet_cutting_it_leaves_latency_flat():
     cp = critical_path(scn, "dispatch", p50(scn), 1, ("fence", "wire"))
     assert cp["wire"] > 10 * max(cp["fence"], 0.1), cp
     # ...and with a fast wire the same cut is visible: the test can fail
-    fast = scenario.load("decode-ep16-efa-native", [*sets, "platform.nic.line_rate_gbps=400",
-                                                    "platform.fabric.base_latency_ns=1000"])
+    fast = scenario.load("decode-ep16-efa-native", {**sets, "platform.nic.line_rate_gbps": 400, "platform.fabric.base_latency_ns": 1000})
     assert p50(fast, scale={"fence": 0.0, "doorbell": 0.0}) < 0.97 * p50(fast)
 
 
 @pytest.mark.parametrize("protocol", ["v1-ll", "v2-hybrid"])
 def test_conservation_under_loss(protocol):
-    scn = scenario.load("decode-ep16-efa-native", [
-        *SMALL, f"design.protocol=\"{protocol}\"", "platform.fabric.loss_prob=0.1",
-        "platform.fabric.retransmit_timeout_ns=20000"])
+    scn = scenario.load("decode-ep16-efa-native", {**SMALL, "design.protocol": protocol, "platform.fabric.loss_prob": 0.1, "platform.fabric.retransmit_timeout_ns": 20000})
     for op in ("dispatch", "combine"):
         r = simulate_op(scn, op, 0)
         c = r.counters
@@ -118,7 +105,7 @@ def test_parallel_simulate_equals_serial_and_the_what_if_reruns():
     and each critical-path entry is the p50 drop of its own zeroed rerun."""
     from lever.sim.results import critical_path
 
-    scn = scenario.load("decode-ep16-efa-native", ["workload.tokens_per_rank=8"])
+    scn = scenario.load("decode-ep16-efa-native", {"workload.tokens_per_rank": 8})
     a = simulate(scn, seeds=2, cp_seeds=2, workers=1)
     b = simulate(scn, seeds=2, cp_seeds=2, workers=2)
     a.pop("wall_s")
@@ -148,19 +135,19 @@ def test_put_many_span_is_one_post_group_and_doorbell_work_amortises():
     """A put_many span is reserved, credit-checked and rung once (as GIN's put path and
     hw/ep do); the NIC's per-doorbell work is paid once per doorbell, so it costs the
     one-WQE-per-doorbell baseline more than a batched design."""
-    base = ["workload.tokens_per_rank=32"]
+    base = {"workload.tokens_per_rank": 32}
     # two channels with long put streams (no tail signals to ring a span early)
-    long = [*base, 'design.signal_mode="imm-counting"', "design.num_sms=1"]
+    long = {**base, "design.signal_mode": "imm-counting", "design.num_sms": 1}
     one = simulate_op(scenario.load("decode-ep16-efa-native", long), "dispatch", 0)
-    span = simulate_op(scenario.load("decode-ep16-efa-native", [*long, "design.put_many_span=8"]),
+    span = simulate_op(scenario.load("decode-ep16-efa-native", {**long, "design.put_many_span": 8}),
                        "dispatch", 0)
     assert one.counters["doorbells"] > 4 * span.counters["doorbells"]
     assert one.ledger.events["credit_wait"] > 4 * span.ledger.events["credit_wait"]
 
-    def cost(extra: list[str]) -> float:  # full decode shape, no tail signals: NIC-bound
-        sets = ['design.signal_mode="imm-counting"', *extra]
+    def cost(extra: dict) -> float:  # full decode shape, no tail signals: NIC-bound
+        sets = {"design.signal_mode": "imm-counting", **extra}
         lo = p50(scenario.load("decode-ep16-efa-native", sets))
-        hi = p50(scenario.load("decode-ep16-efa-native", [*sets, "platform.nic.doorbell_process_ns=2000"]))
+        hi = p50(scenario.load("decode-ep16-efa-native", {**sets, "platform.nic.doorbell_process_ns": 2000}))
         return hi - lo
 
-    assert cost([]) > 3 * cost(["design.doorbell_batch=8"]) > 0
+    assert cost({}) > 3 * cost({"design.doorbell_batch": 8}) > 0

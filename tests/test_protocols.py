@@ -13,7 +13,7 @@ EP16 = "decode-ep16-efa-native"
 
 def test_hybrid_puts_one_per_token_per_remote_node_v1_per_remote_token_expert():
     hyb = scenario.load(EP16)
-    v1 = scenario.load(EP16, ['design.protocol="v1-ll"'])
+    v1 = scenario.load(EP16, {"design.protocol": "v1-ll"})
     rt = Routing.for_scenario(hyb, 0)
     rpn = hyb.workload.ranks_per_node
     want_hyb = sum(
@@ -29,9 +29,8 @@ def test_hybrid_puts_one_per_token_per_remote_node_v1_per_remote_token_expert():
     assert 400 * 16 <= got_v1 <= 600 * 16
 
 
-def _signal_wait(mode: str, fabric: str = "srd", extra: tuple[str, ...] = ()):
-    scn = scenario.load(EP16, ["workload.tokens_per_rank=64", f'design.signal_mode="{mode}"',
-                               f'platform.fabric.mode="{fabric}"', "design.cached=true", *extra])
+def _signal_wait(mode: str, fabric: str = "srd", extra: dict | None = None):
+    scn = scenario.load(EP16, {"workload.tokens_per_rank": 64, "design.signal_mode": mode, "platform.fabric.mode": fabric, "design.cached": True, **(extra or {})})
     r = simulate_op(scn, "dispatch", 0)
     return r.ledger.busy.get("signal", 0.0), r.counters
 
@@ -46,8 +45,7 @@ def test_strong_signal_never_waits_flush_signal_waits_for_completions():
 
 
 def test_each_flushed_signal_is_posted_after_its_data_completed():
-    scn = scenario.load(EP16, ["workload.tokens_per_rank=64", 'design.signal_mode="flush"',
-                               "design.cached=true"])
+    scn = scenario.load(EP16, {"workload.tokens_per_rank": 64, "design.signal_mode": "flush", "design.cached": True})
     from lever.sim.engine import Ledger, Trace
     from lever.sim.model import World
     from lever.sim.protocols import run_protocol
@@ -81,8 +79,7 @@ def test_each_flushed_signal_is_posted_after_its_data_completed():
     assert checked > 0
     # with 'ordered' signalling the same check fails: signals leave before completions
     early = 0
-    scn_o = scenario.load(EP16, ["workload.tokens_per_rank=64", 'design.signal_mode="ordered"',
-                                 "design.cached=true"])
+    scn_o = scenario.load(EP16, {"workload.tokens_per_rank": 64, "design.signal_mode": "ordered", "design.cached": True})
     w = World(scn_o, "dispatch", 0, Ledger(), Trace(), Routing.for_scenario(scn_o, 0))
     posts.clear()
     orig = w.message
@@ -98,11 +95,9 @@ def test_each_flushed_signal_is_posted_after_its_data_completed():
 
 @pytest.mark.parametrize("seed", [0, 1])
 def test_unordered_counting_never_accepts_before_landing_ordered_on_srd_does(seed):
-    chaos = ["platform.fabric.jitter.mean_ns=20000", "platform.fabric.jitter.sigma=1.5",
-             "platform.fabric.loss_prob=0.05", "platform.fabric.retransmit_timeout_ns=30000",
-             "design.scaleout_update_interval=2"]
-    unordered = scenario.load(EP16, ["workload.tokens_per_rank=64", 'design.signal_mode="unordered-counting"', *chaos])
-    ordered = scenario.load(EP16, ["workload.tokens_per_rank=64", 'design.signal_mode="ordered"', *chaos])
+    chaos = {"platform.fabric.jitter.mean_ns": 20000, "platform.fabric.jitter.sigma": 1.5, "platform.fabric.loss_prob": 0.05, "platform.fabric.retransmit_timeout_ns": 30000, "design.scaleout_update_interval": 2}
+    unordered = scenario.load(EP16, {"workload.tokens_per_rank": 64, "design.signal_mode": "unordered-counting", **chaos})
+    ordered = scenario.load(EP16, {"workload.tokens_per_rank": 64, "design.signal_mode": "ordered", **chaos})
     for op in ("dispatch", "combine"):
         assert simulate_op(unordered, op, seed).counters.get("ordering_violations", 0) == 0
     # the same chaos makes an unflushed flag overtake its data: the check can fail
@@ -110,8 +105,8 @@ def test_unordered_counting_never_accepts_before_landing_ordered_on_srd_does(see
 
 
 def test_cached_dispatch_skips_count_exchange_and_waits_are_forwarder_poll_waits():
-    base = scenario.load(EP16, ["workload.tokens_per_rank=64"])
-    cached = scenario.load(EP16, ["workload.tokens_per_rank=64", "design.cached=true"])
+    base = scenario.load(EP16, {"workload.tokens_per_rank": 64})
+    cached = scenario.load(EP16, {"workload.tokens_per_rank": 64, "design.cached": True})
     assert simulate_op(base, "dispatch", 0).counters.get("messages_notify", 0) > 0
     assert simulate_op(cached, "dispatch", 0).counters.get("messages_notify", 0) == 0
     res = simulate(cached, seeds=1, with_critical_path=False)
@@ -140,7 +135,7 @@ def _expected_tail_signals(scn, interval: int) -> int:
 def test_fewer_tail_signals_by_the_expected_factor():
     counts = {}
     for interval in (3, 6, 16):
-        scn = scenario.load(EP16, ["design.cached=true", f"design.scaleout_update_interval={interval}"])
+        scn = scenario.load(EP16, {"design.cached": True, "design.scaleout_update_interval": interval})
         got = simulate_op(scn, "dispatch", 0).counters["messages_signal"]
         assert got == _expected_tail_signals(scn, interval)
         counts[interval] = got
@@ -148,9 +143,9 @@ def test_fewer_tail_signals_by_the_expected_factor():
 
 
 def test_v1_cached_dispatch_sends_no_counts_and_counts_immediates():
-    sets = ["workload.tokens_per_rank=32", 'design.protocol="v1-ll"']
+    sets = {"workload.tokens_per_rank": 32, "design.protocol": "v1-ll"}
     base = simulate_op(scenario.load(EP16, sets), "dispatch", 0)
-    cached = simulate_op(scenario.load(EP16, [*sets, "design.cached=true"]), "dispatch", 0)
+    cached = simulate_op(scenario.load(EP16, {**sets, "design.cached": True}), "dispatch", 0)
     assert base.counters["messages_signal"] > 0
     assert cached.counters.get("messages_signal", 0) == 0
     assert cached.counters["messages_data"] == base.counters["messages_data"]
@@ -158,5 +153,5 @@ def test_v1_cached_dispatch_sends_no_counts_and_counts_immediates():
     # without the count round trip (and its flush) the cached dispatch is faster on every rank
     assert max(cached.latency_us) < min(base.latency_us)
     # combine is not cached: counts still flow
-    comb = simulate_op(scenario.load(EP16, [*sets, "design.cached=true"]), "combine", 0)
+    comb = simulate_op(scenario.load(EP16, {**sets, "design.cached": True}), "combine", 0)
     assert comb.counters["messages_signal"] > 0

@@ -17,7 +17,7 @@ from lever.reports import sweep as sw
 
 ROOT = Path(__file__).resolve().parents[1]
 SCN = "decode-ep16-efa-native"
-TINY = ("workload.tokens_per_rank=8",)
+TINY = {"workload.tokens_per_rank": 8}
 
 
 def points(**kw):
@@ -104,7 +104,7 @@ def test_sweep_equals_points_run_one_by_one(tmp_path):
     one_by_one = [r for p in pts for r in sw.run_point(p)]
     assert norm(table) == norm(one_by_one)
     # and a point's row is what `lever simulate` computes for that scenario
-    scn = load_with_levers(SCN, ["batched-doorbells"], [*TINY, "workload.ep_ranks=16"])
+    scn = load_with_levers(SCN, ["batched-doorbells"], {**TINY, "workload.ep_ranks": 16})
     ref = simulate(scn, seeds=1, with_critical_path=False)
     lev16 = [r for r in table if r["lever"] == "batched-doorbells" and r["workload.ep_ranks"] == "16"]
     for r in lev16:
@@ -161,7 +161,7 @@ def test_resume_skips_finished_points_and_survives_a_crash(tmp_path):
 def test_cli_sweep_json_resume_and_plot(tmp_path):
     out, png = tmp_path / "r.csv", tmp_path / "r.png"
     args = [sys.executable, "-m", "lever.cli", "sweep", SCN, "--grid", "workload.ep_ranks=8,16",
-            "--lever", "lazy-completion-dispatch", "--set", TINY[0], "--workers", "1",
+            "--lever", "lazy-completion-dispatch", "--set", "workload.tokens_per_rank=16", "--workers", "1",
             "--out", str(out), "--json"]
     r = subprocess.run([*args, "--plot", str(png)], capture_output=True, text=True, cwd=ROOT, timeout=300)
     assert r.returncode == 0, r.stderr
@@ -180,8 +180,8 @@ def test_sensitivity_ranks_an_untouched_parameter_at_zero():
 
     # the host proxy's post cost next to parameters the native put path does read
     res = sensitivity("lazy-completion-dispatch", "morris", n=2, seeds=1, sets=TINY, workers=1,
-                      params=["proxy.host_post_ns=100:50000", "gpu.pcie_read_ns=300:20000",
-                              "gpu.fence_ns=100:20000", "fabric.base_latency_ns=1000:50000"],
+                      params=[("proxy.host_post_ns", 100.0, 50000.0), ("gpu.pcie_read_ns", 300.0, 20000.0),
+                              ("gpu.fence_ns", 100.0, 20000.0), ("fabric.base_latency_ns", 1000.0, 50000.0)],
                       params_only=True)
     assert res["evaluations"] == 2 * (4 + 1)
     rank = {r["name"]: r for r in res["ops"]["dispatch"]["ranking"]}
@@ -198,7 +198,7 @@ def test_sensitivity_ranks_an_untouched_parameter_at_zero():
 
 
 def test_parameter_space_calibrated_and_free():
-    from lever.calibration.sensitivity import parameter_space
+    from lever.calibration.sensitivity import SensitivityError, parameter_space
     from lever.sim.params import Calibrated
 
     scn = load_with_levers(SCN, [], TINY)
@@ -215,7 +215,7 @@ def test_parameter_space_calibrated_and_free():
     assert (cal["gpu.fence_ns"]["lo"], cal["gpu.fence_ns"]["hi"]) == pytest.approx(
         (math.exp(7.0 - 0.4), math.exp(7.0 + 0.4)))
     assert cal["nic.max_batch"]["integer"] and not cal["gpu.fence_ns"]["integer"]
-    only = parameter_space(scn, extra=["proxy.host_post_ns=100:1000"], only_extra=True)
+    only = parameter_space(scn, extra=[("proxy.host_post_ns", 100.0, 1000.0)], only_extra=True)
     assert [p["name"] for p in only] == ["proxy.host_post_ns"]
-    with pytest.raises(sw.SweepError):
-        parameter_space(scn, extra=["gpu.no_such_ns=1:10"])
+    with pytest.raises(SensitivityError):
+        parameter_space(scn, extra=[("gpu.no_such_ns", 1.0, 10.0)])

@@ -15,7 +15,7 @@ from lever.reports import sweep as sw
 ray = pytest.importorskip("ray")
 
 SCN = "decode-ep16-efa-native"
-TINY = ("workload.tokens_per_rank=8",)
+TINY = {"workload.tokens_per_rank": 8}
 
 
 @pytest.fixture(scope="module")

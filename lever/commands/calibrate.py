@@ -8,7 +8,7 @@ import sys
 import time
 from pathlib import Path
 
-from lever.calibration.records import DATA_DIR, RecordError, RunRecord, load_record
+from lever.calibration.records import DATA_DIR, RecordError, RunRecord, check_nic, load_record
 
 BASE_PLATFORM = {"efa": "platforms/efa-p5.toml", "ib": "platforms/ib-cx7.toml"}
 
@@ -52,32 +52,18 @@ def load_records(paths: list[str]) -> list[RunRecord]:
     return recs
 
 
-def check_platform_nic(records: list[RunRecord], paths: list[str], plat) -> None:
-    """Records calibrate only a platform of their own NIC kind: an emulated-NIC record never
-    moves an EFA platform, and an EFA record never an emulated one."""
-    nic = records[0].nic
-    kind = plat.nic_kind
-    if nic == "emulated-srd" and kind != "emulated-srd":
-        raise RecordError(f"{paths[0]}: nic: emulated-NIC records can not calibrate a real platform "
-                          f"(platform '{plat.name}' has nic_kind '{kind}')")
-    if kind not in ("any", nic):
-        raise RecordError(f"{paths[0]}: nic: '{nic}' records can not calibrate platform '{plat.name}' "
-                          f"(nic_kind '{kind}')")
-
-
 def resolve_platform(records: list[RunRecord], platform: str | None):
     """(Platform, base_sets): the platform fitted and the overrides that install it everywhere."""
     from lever.calibration.fit import flatten_platform
     from lever.sim import scenario as scn_mod
-    from lever.sim.levers import load_with_levers
     from lever.sim.params import Platform
 
     if platform is None:
         link = records[0].sim
         if link is None:
             raise RecordError(f"record {records[0].id}: sim: missing")
-        plat = load_with_levers(link.scenario, link.levers).platform
-        return plat, ()
+        plat = link.load().platform
+        return plat, {}
     path = scn_mod.resolve(platform, kind="")
     origin: dict = {}
     data = scn_mod.load_fragment(path, origin)
@@ -92,7 +78,7 @@ def resolve_platform(records: list[RunRecord], platform: str | None):
             raise scn_mod.ScenarioError(
                 f"{path}: platform.{'.'.join(str(x) for x in err['loc'])}: {err['msg']}") from None
         raise
-    return plat, tuple(flatten_platform(plat.model_dump(mode="json")))
+    return plat, flatten_platform(plat.model_dump(mode="json"))
 
 
 def _bar(quiet: bool):
@@ -125,7 +111,7 @@ def main_calibrate(args: argparse.Namespace) -> int:
         raise UserError(f"--out {out}: a platform file ends in .toml")
     recs = load_records(args.records)
     plat, base_sets = resolve_platform(recs, args.platform)
-    check_platform_nic(recs, args.records, plat)
+    check_nic(plat.nic_kind, recs, f"platform '{plat.name}'", "calibrate")
     t0 = time.perf_counter()
     with _bar(not sys.stderr.isatty()) as bar:
         task = bar.add_task(f"calibrating {plat.name}", total=None)
@@ -202,7 +188,7 @@ def main_validate(args: argparse.Namespace) -> int:
         raise UserError(f"validate: needs at least 2 records of nic '{args.nic}', found {len(paths)}")
     recs = load_records(paths)
     plat, base_sets = resolve_platform(recs, args.platform or BASE_PLATFORM[recs[0].nic])
-    check_platform_nic(recs, paths, plat)
+    check_nic(plat.nic_kind, recs, f"platform '{plat.name}'", "calibrate")
     t0 = time.perf_counter()
     rows = []
     with _bar(not sys.stderr.isatty()) as bar:

@@ -8,6 +8,9 @@ import math
 import sys
 import time
 from pathlib import Path
+from typing import Any
+
+from lever.sim.scenario import parse_sets
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -56,7 +59,7 @@ def main_predict(args: argparse.Namespace) -> int:
     if args.all:
         if args.out:
             raise UserError("--out: preregister one lever at a time")
-        rows = pr.predict_all(seeds=seeds, with_cp=bool(args.cp), cp_seeds=args.cp_seeds, sets=args.set,
+        rows = pr.predict_all(seeds=seeds, with_cp=bool(args.cp), cp_seeds=args.cp_seeds, sets=parse_sets(args.set),
                               workers=workers)
         wall = round(time.perf_counter() - t0, 2)
         if args.json:
@@ -66,7 +69,7 @@ def main_predict(args: argparse.Namespace) -> int:
             print_all(rows, seeds, wall)
         return 0
     try:
-        res = pr.predict(args.lever, seeds=seeds, sets=args.set, param_samples=args.param_samples,
+        res = pr.predict(args.lever, seeds=seeds, sets=parse_sets(args.set), param_samples=args.param_samples,
                          with_cp=args.cp is not False, cp_seeds=args.cp_seeds, paired=not args.unpaired,
                          baseline=args.baseline, workers=workers)
     except ModelError as e:
@@ -150,7 +153,7 @@ def print_all(rows: list[dict], seeds: int, wall: float) -> None:
 
 def main_compare(args: argparse.Namespace) -> int:
     from lever.calibration import compare as cmp
-    from lever.calibration.records import load_record
+    from lever.calibration.records import check_nic, load_record
     from lever.sim import levers as levers_mod
     from lever.sim import scenario as scn_mod
     from lever.sim.errors import UserError
@@ -162,13 +165,15 @@ def main_compare(args: argparse.Namespace) -> int:
     except json.JSONDecodeError as e:
         raise UserError(f"{args.prereg}: not valid JSON: {e.msg} at line {e.lineno}") from None
     cmp.check_prereg(prereg, None, args.prereg)
-    scn = levers_mod.load_with_levers(prereg["baseline"], [], prereg.get("sets", []))
+    scn = levers_mod.load_with_levers(prereg["baseline"], [], prereg_sets(prereg, args.prereg))
     cmp.check_prereg(prereg, scn_mod.platform_digest(scn), args.prereg)
     records = [load_record(p) for p in args.records]
-    cmp.check_nic(scn.platform.nic_kind, records, args.prereg)
+    check_nic(scn.platform.nic_kind, records, args.prereg, "judge")
     res = cmp.compare(prereg, records)
     if args.plot:
-        cmp.plot_compare(res, args.plot)
+        from lever.reports.plot import plot_compare
+
+        plot_compare(res, args.plot)
     if args.json:
         json.dump(res, sys.stdout, default=lambda v: None if isinstance(v, float) and math.isnan(v) else v)
         sys.stdout.write("\n")
@@ -191,3 +196,16 @@ def print_compare(res: dict) -> None:
                   f"{r['measured_delta_us']:+.2f}", _band(r["measured_band_us"]),
                   f"[{style[r['verdict']]}]{v}[/]", r["reason"])
     Console().print(t)
+
+
+def prereg_sets(prereg: dict, label: str) -> dict[str, Any]:
+    """The overrides a preregistration was made with: a table, or (files written before
+    overrides were typed) a list of ``PATH=VALUE`` texts."""
+    sets = prereg.get("sets", {})
+    if isinstance(sets, list):
+        return parse_sets(sets, f"{label}: sets")
+    if not isinstance(sets, dict):
+        from lever.sim.errors import UserError
+
+        raise UserError(f"{label}: sets: expected a table of overrides")
+    return sets

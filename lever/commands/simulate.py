@@ -37,7 +37,7 @@ def main(args: argparse.Namespace) -> int:
         raise UserError("--seeds: must be >= 1")
     if args.workers is not None and args.workers < 1:
         raise UserError("--workers: must be >= 1")
-    scn = scenario_mod.load(args.scenario, args.set)
+    scn = scenario_mod.load(args.scenario, scenario_mod.parse_sets(args.set))
     try:
         res = simulate(scn, seeds=args.seeds, with_critical_path=not args.no_critical_path,
                        cp_seeds=args.cp_seeds, trace=bool(args.trace or args.plot),

@@ -7,6 +7,8 @@ import json
 import sys
 from pathlib import Path
 
+from lever.sim.scenario import parse_sets
+
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("sweep", help="grid/random sweep over scenario paths, levers and workloads")
@@ -68,10 +70,10 @@ def main_sweep(args: argparse.Namespace) -> int:
     if not grid and not rnd:
         raise sw.SweepError("sweep: give at least one --grid or --random axis")
     points = sw.enumerate_points(args.scenario, grid, rnd, args.samples, args.lever, args.seeds,
-                                 args.set, args.sample_seed)
+                                 parse_sets(args.set), args.sample_seed)
     if args.dry_run:
         for p in points:
-            print(p.key, p.lever, " ".join(p.applied_sets()))
+            print(p.key, p.lever, " ".join(f"{k}={v!r}" for k, v in p.applied_sets().items()))
         return 0
     summary = sw.run_sweep(points, Path(args.out), args.executor, args.workers, args.address,
                            progress=not args.no_progress and not args.json)
@@ -88,16 +90,27 @@ def main_sweep(args: argparse.Namespace) -> int:
 
 def main_sensitivity(args: argparse.Namespace) -> int:
     from lever.calibration import sensitivity as sa
-    from lever.reports.sweep import SweepError
+    from lever.reports.plot import plot_sensitivity
+    from lever.reports.progress import progress_bar
+    from lever.reports.sweep import SweepError, parse_random
     from lever.sim.model import ModelError
 
+    ranges = []
+    for text in args.param:
+        a = parse_random(text)
+        if a.lo <= 0:
+            raise SweepError(f"--param: '{text}': LO must be > 0 (log-uniform)")
+        ranges.append((a.path, a.lo, a.hi))
     try:
-        res = sa.sensitivity(args.lever, args.method, args.n, args.seeds, args.set, args.sigmas,
-                             args.levels, args.executor, args.workers, args.address,
-                             progress=not args.no_progress and not args.json, params=args.param,
-                             params_only=args.params_only)
+        with progress_bar(not args.no_progress and not args.json) as bar:
+            task = bar.add_task(f"sensitivity {args.lever}", total=None)
+            res = sa.sensitivity(args.lever, args.method, args.n, args.seeds, parse_sets(args.set),
+                                 args.sigmas, args.levels, args.executor, args.workers, args.address,
+                                 params=ranges, params_only=args.params_only,
+                                 progress=lambda done, total: bar.update(task, completed=done,
+                                                                         total=total))
         if args.plot:
-            sa.plot_sensitivity(res, Path(args.plot))
+            plot_sensitivity(res, Path(args.plot))
     except ModelError as e:
         raise SweepError(f"{args.lever}: {e}") from None
     if args.json:

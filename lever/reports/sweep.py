@@ -30,28 +30,27 @@ from __future__ import annotations
 
 import csv
 import itertools
-import json
 import math
-import os
 import time
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from lever.calibration.pool import imap_unordered, ray_init
+from lever.reports.progress import progress_bar
 from lever.sim import levers as levers_mod
 from lever.sim import scenario as scn_mod
+from lever.sim.errors import UserError
+from lever.sim.scenario import Overrides
 
 BASELINE = "none"
 STAT_COLS = ("p50_us", "p99_us", "mean_us")
 TAIL_COLS = ("events", "wall_s", "error")
 
 
-class SweepError(scn_mod.ScenarioError):
-    """Bad sweep input or an unusable results table; ``str()`` is the one-line message.
-
-    A ``ScenarioError`` so ``lever`` reports it as one line with exit 2 however it is started
-    (``python -m lever.cli`` makes a second ``UserError`` class)."""
+class SweepError(UserError):
+    """Bad sweep input or an unusable results table; ``str()`` is the one-line message."""
 
 
 # -- axes ---------------------------------------------------------------------------
@@ -114,35 +113,22 @@ class Point:
     values: tuple[tuple[str, Any], ...]
     lever: str = BASELINE
     seeds: int = 1
-    sets: tuple[str, ...] = ()          # fixed --set strings, applied before the swept values
+    sets: tuple[tuple[str, Any], ...] = ()  # fixed overrides, applied before the swept values
     skip: tuple[str, ...] = field(default=(), compare=False)  # swept paths not applied (lever params)
 
     @property
     def key(self) -> str:
         blob = {"scenario": self.scenario, "values": [[p, v] for p, v in self.values],
-                "lever": self.lever, "seeds": self.seeds, "sets": list(self.sets)}
+                "lever": self.lever, "seeds": self.seeds, "sets": [[p, v] for p, v in self.sets]}
         return scn_mod.digest(blob)[:16]
 
-    def applied_sets(self) -> list[str]:
-        swept = [f"{p}={literal(v)}" for p, v in self.values if p not in self.skip]
-        return [*self.sets, *swept]
+    def applied_sets(self) -> dict[str, Any]:
+        """The overrides this point runs with: the fixed ones, then the swept values."""
+        return {**dict(self.sets), **{p: v for p, v in self.values if p not in self.skip}}
 
     def load(self):
         lev = [] if self.lever == BASELINE else [self.lever]
         return levers_mod.load_with_levers(self.scenario, lev, self.applied_sets())
-
-
-def literal(v: Any) -> str:
-    """A value as a ``--set`` TOML literal that parses back to the same value."""
-    if isinstance(v, bool):
-        return "true" if v else "false"
-    if isinstance(v, str):
-        return json.dumps(v)
-    if isinstance(v, float):
-        if math.isfinite(v) and v == int(v) and abs(v) < 1e15:
-            return f"{v:.1f}"
-        return repr(v)
-    return repr(v)
 
 
 def random_values(axes: Sequence[RandomAxis], samples: int, seed: int = 0) -> list[tuple[Any, ...]]:
@@ -168,7 +154,7 @@ def random_values(axes: Sequence[RandomAxis], samples: int, seed: int = 0) -> li
 
 def enumerate_points(scenario: str, grid: Sequence[GridAxis] = (), random: Sequence[RandomAxis] = (),
                      samples: int = 0, levers: Sequence[str] = (), seeds: int = 1,
-                     sets: Sequence[str] = (), sample_seed: int = 0) -> list[Point]:
+                     sets: Overrides | None = None, sample_seed: int = 0) -> list[Point]:
     """Every point of the sweep, in a stable order (random samples x grid x levers)."""
     paths = [a.path for a in random] + [a.path for a in grid]
     if len(set(paths)) != len(paths):
@@ -176,7 +162,7 @@ def enumerate_points(scenario: str, grid: Sequence[GridAxis] = (), random: Seque
     if random and samples < 1:
         raise SweepError("--random needs --samples N (N >= 1)")
     if random:  # integer draws only where the field itself is an integer
-        base = levers_mod.load_with_levers(scenario, [], list(sets)).model_dump(mode="python")
+        base = levers_mod.load_with_levers(scenario, [], sets).model_dump(mode="python")
         random = [replace(a, integer=a.integer and _is_int(_lookup(base, a.path))) for a in random]
     lev_list = [BASELINE] + [lv for lv in dict.fromkeys(levers) if lv != BASELINE]
     lever_fields = {lv: set(levers_mod.load_lever(lv).set) for lv in lev_list if lv != BASELINE}
@@ -187,7 +173,7 @@ def enumerate_points(scenario: str, grid: Sequence[GridAxis] = (), random: Seque
             values = tuple(zip(paths, (*rrow, *grow), strict=True))
             for lv in lev_list:
                 skip = tuple(p for p in paths if p in any_lever_field and lv == BASELINE)
-                out.append(Point(scenario, values, lv, seeds, tuple(sets), skip))
+                out.append(Point(scenario, values, lv, seeds, tuple((sets or {}).items()), skip))
     return out
 
 
@@ -235,89 +221,6 @@ def run_point(point: Point) -> list[dict[str, Any]]:
         rows.append({**base, "op": op, **{c: s[c] for c in STAT_COLS}, "events": res["events"],
                      "wall_s": res["wall_s"], "error": ""})
     return rows
-
-
-# -- executors ----------------------------------------------------------------------
-
-def imap_unordered(fn: Callable[[Any], Any], items: Sequence[Any], executor: str = "local",
-                   workers: int | None = None, address: str | None = None,
-                   max_retries: int = 3) -> Iterator[tuple[int, Any]]:
-    """``(index, fn(item))`` as each finishes. ``fn`` must be a picklable module-level function."""
-    if not items:
-        return
-    if executor == "local":
-        yield from _local(fn, items, workers or os.cpu_count() or 1)
-    elif executor == "ray":
-        yield from _ray(fn, items, workers, address, max_retries)
-    else:
-        raise SweepError(f"--executor: '{executor}': expected local or ray")
-
-
-def _local(fn, items, workers):
-    if workers <= 1 or len(items) == 1:
-        for i, it in enumerate(items):
-            yield i, fn(it)
-        return
-    import multiprocessing as mp
-    from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
-
-    with ProcessPoolExecutor(max_workers=min(workers, len(items)),
-                             mp_context=mp.get_context("spawn")) as ex:
-        pending = {ex.submit(fn, it): i for i, it in enumerate(items)}
-        try:
-            while pending:
-                done, _ = wait(pending, return_when=FIRST_COMPLETED)
-                for f in done:
-                    i = pending.pop(f)
-                    yield i, f.result()
-        finally:
-            for f in pending:
-                f.cancel()
-
-
-def ray_init(workers: int | None = None, address: str | None = None):
-    """Connect to ``address`` (a running cluster, shipping this repo as the working dir) or start a
-    local Ray with ``workers`` CPUs. Ray is imported here only, so the project runs without it."""
-    try:
-        import ray
-    except ImportError:
-        raise SweepError("--executor ray: ray is not installed (pip install -e '.[dist]')") from None
-    if not ray.is_initialized():
-        root = Path(__file__).resolve().parents[2]
-        checkout = (root / "pyproject.toml").is_file()  # else an installed wheel: workers import it
-        if address and checkout:
-            ray.init(address=address, log_to_driver=False, runtime_env={
-                "working_dir": str(root),
-                "excludes": [".git", "**/build", "**/*.png", "**/*.csv", "**/__pycache__"]})
-        elif address:
-            ray.init(address=address, log_to_driver=False)
-        else:
-            env = {"env_vars": {"PYTHONPATH": os.pathsep.join(
-                [str(root), *filter(None, [os.environ.get("PYTHONPATH")])])}} if checkout else {}
-            ray.init(num_cpus=workers or os.cpu_count() or 1, include_dashboard=False,
-                     log_to_driver=False, runtime_env=env, configure_logging=False)
-    return ray
-
-
-def _call(fn, item):
-    """The Ray task: any picklable callable (a function, a ``functools.partial``) on one item."""
-    return fn(item)
-
-
-def _ray(fn, items, workers, address, max_retries):
-    ray = ray_init(workers, address)
-    task = ray.remote(max_retries=max_retries, num_cpus=1)(_call)
-    fn_ref = ray.put(fn)
-    refs = {task.remote(fn_ref, it): i for i, it in enumerate(items)}
-    try:
-        while refs:
-            done, _ = ray.wait(list(refs), num_returns=1)
-            for r in done:
-                i = refs.pop(r)
-                yield i, ray.get(r)
-    finally:
-        for r in refs:
-            ray.cancel(r, force=True)
 
 
 # -- the results table --------------------------------------------------------------
@@ -410,8 +313,7 @@ def run_sweep(points: Sequence[Point], out: Path, executor: str = "local", worke
     t0 = time.perf_counter()
     n = 0
     try:
-        bar = _progress(progress, len(todo))
-        with bar as pr:
+        with progress_bar(progress) as pr:
             task = pr.add_task("sweep", total=len(todo))
             for i, rows in imap_unordered(runner, todo, executor, workers, address):
                 table.write(rows)
@@ -422,21 +324,6 @@ def run_sweep(points: Sequence[Point], out: Path, executor: str = "local", worke
         table.close()
     return {"points": len(points), "skipped": len(points) - len(todo), "ran": n,
             "wall_s": round(time.perf_counter() - t0, 3), "out": str(out)}
-
-
-def _progress(enabled: bool, total: int):
-    from rich.console import Console
-    from rich.progress import (
-        BarColumn,
-        MofNCompleteColumn,
-        Progress,
-        TextColumn,
-        TimeRemainingColumn,
-    )
-
-    return Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
-                    TimeRemainingColumn(), console=Console(stderr=True), disable=not enabled,
-                    transient=False)
 
 
 # -- plot ---------------------------------------------------------------------------

@@ -95,6 +95,23 @@ def call_later(env: simpy.Environment, delay: float, fn, *args) -> None:
     env.schedule(_Call(fn, args), NORMAL, delay)
 
 
+def call_at(env: simpy.Environment, t: float, fn, *args) -> None:
+    """Run ``fn(*args)`` at the absolute time ``t`` (not before now), in the queue slot a
+    ``Timeout`` due at ``t`` would take.
+
+    A time computed as an absolute instant (an arrival clamped to the connection's last
+    arrival, a landing, a completion) must be scheduled as that instant: as a delay,
+    ``now + (t - now)`` can round one ulp away from ``t`` and let a later arrival overtake
+    an earlier one. SimPy's ``Environment.schedule`` takes a delay only, so this pushes the
+    same ``(time, priority, id, event)`` entry it would push (SimPy 4.x queue layout,
+    ``tests/test_engine.py`` checks the order against SimPy's own).
+    """
+    now = env._now
+    if t < now:
+        raise ValueError(f"time {t} is before now ({now})")
+    heapq.heappush(env._queue, (t, NORMAL, next(env._eid), _Call(fn, args)))
+
+
 class Lock:
     """A capacity-1 lock (a shared QP's doorbell turn) that schedules exactly the
     events ``simpy.Resource(env, 1)`` schedules, in the same order, without its

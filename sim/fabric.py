@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 import simpy
-from lever.sim.engine import Ledger, call_later
+from lever.sim.engine import Ledger, call_at
 from lever.sim.params import FabricParams
 
 if TYPE_CHECKING:
@@ -109,7 +109,7 @@ class Fabric:
             # no ACK within the timeout: the sender's SRD layer sends the packet again
             self.ledger.counters["retransmits"] += 1
             t_rt = depart + self.ledger.cost("wire", self.fp.retransmit_timeout_ns)
-            call_later(env, max(0.0, t_rt - env.now), self._resend, msg, k, src_nic, dst_nic, deliver)
+            call_at(env, max(env.now, t_rt), self._resend, msg, k, src_nic, dst_nic, deliver)
             if data_lost:
                 return
         arrive = depart + self.flight(src_nic)
@@ -118,7 +118,7 @@ class Fabric:
             arrive = max(arrive, self._rc_last.get(key, 0.0))
             self._rc_last[key] = arrive
         ack_ok = not ack_lost
-        call_later(env, max(0.0, arrive - env.now), deliver, msg, k, ack_ok)
+        call_at(env, max(env.now, arrive), deliver, msg, k, ack_ok)
 
     def _resend(self, msg: Message, k: int, src_nic: int, dst_nic: int, deliver) -> None:
         self.launch(msg, k, self.env.now, src_nic, dst_nic, deliver)

@@ -18,7 +18,7 @@ class Message:
 
     __slots__ = (
         "src", "dst", "nbytes", "tag", "kind", "value", "qp", "npkts",
-        "landed", "acked", "seen_pkts", "t_post", "t_visible", "on_complete", "on_visible", "seq",
+        "landed", "acked", "seen_pkts", "t_post", "on_complete", "on_visible", "seq",
         "ring", "port", "host_done", "t_complete", "parent", "parts", "parts_done",
     )
 
@@ -43,7 +43,6 @@ class Message:
         self.acked = 0
         self.seen_pkts = 0  # bit k: packet k landed (a retransmitted duplicate is dropped)
         self.t_post = 0.0
-        self.t_visible = -1.0
         self.t_complete = -1.0
         self.on_complete: Callable[[Message], None] | None = None
         self.on_visible: Callable[[Message], None] | None = None

@@ -15,7 +15,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 import simpy
-from lever.sim.engine import Counter, Ledger, Lock, Trace, call_later
+from lever.sim.engine import Counter, Ledger, Lock, Trace, call_at
 from lever.sim.params import NicParams, ReceiverParams
 
 if TYPE_CHECKING:
@@ -101,12 +101,13 @@ class Nic:
         # same-index NIC on the target GPU (rails are matched, as on p5)
         dst_nic = self.peers[msg.dst * self.per_gpu + self.index % self.per_gpu]
         left = msg.nbytes
+        hdr = p.header_bytes
         for k in range(n):
             size = min(mtu, left) if left > 0 else 0
             left -= size
             if not inline:
                 t_ready += led.cost("nic", size * self.dma_ns_per_byte)
-            depart = max(self.tx_free, t_ready) + led.cost("wire", (size + 64) * self.ns_per_byte)
+            depart = max(self.tx_free, t_ready) + led.cost("wire", (size + hdr) * self.ns_per_byte)
             self.tx_free = depart
             self.fabric.launch(msg, k, depart, self.index, dst_nic.index, dst_nic.ingress)
 
@@ -122,7 +123,8 @@ class Nic:
             return
         msg.seen_pkts |= bit
         size = min(self.p.mtu_bytes, msg.nbytes - k * self.p.mtu_bytes)
-        self.rx_free = max(self.rx_free, now) + self.ledger.cost("wire", (size + 64) * self.ns_per_byte)
+        self.rx_free = max(self.rx_free, now) + self.ledger.cost(
+            "wire", (size + self.p.header_bytes) * self.ns_per_byte)
         t_land = self.rx_free + self.ledger.cost("nic", self.rp.land_ns)
         cnt = self.ledger.counters
         cnt["bytes_landed"] += size
@@ -133,10 +135,9 @@ class Nic:
         if msg.landed == msg.npkts:
             # land times are monotone at one port: this packet lands last
             vis = t_land + self.ledger.cost("visibility", self.rp.visibility_ns)
-            call_later(self.env, vis - now, self._visible, msg)
+            call_at(self.env, vis, self._visible, msg)
 
     def _visible(self, msg: Message) -> None:
-        msg.t_visible = self.env.now
         if msg.on_visible is not None:
             msg.on_visible(msg)
 
@@ -148,7 +149,7 @@ class Nic:
             msg.t_complete = t_arrive
         if msg.acked == msg.npkts:
             t = msg.t_complete + self.ledger.cost("nic", self.p.completion_ns)
-            call_later(self.env, t - self.env.now, self._complete, msg)
+            call_at(self.env, t, self._complete, msg)
 
     def _complete(self, msg: Message) -> None:
         msg.t_complete = self.env.now

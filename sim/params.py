@@ -79,6 +79,9 @@ class NicParams(Strict):
     max_batch: int = Field(16, ge=1, description="doorbell must be rung at least every max_batch WQEs")
     completion_ns: float = Field(300.0, ge=0, description="CQE/counter write after the last ACK")
     inline_bytes: int = Field(32, ge=0)
+    header_bytes: int = Field(
+        64, ge=0, description="per-packet wire overhead (SRD/transport headers and framing), "
+        "serialised with the payload at egress and ingress")
 
 
 class JitterParams(Strict):
@@ -99,7 +102,6 @@ class FabricParams(Strict):
     jitter: JitterParams = Field(default_factory=JitterParams)
     loss_prob: float = Field(0.0, ge=0, le=0.5)
     retransmit_timeout_ns: float = Field(50000.0, ge=0)
-    ack_bytes: int = Field(64, ge=0)
 
 
 class ReceiverParams(Strict):
@@ -201,7 +203,6 @@ class Workload(Strict):
     ep_ranks: int = Field(16, ge=2)
     gpus_per_node: int = Field(8, ge=1)
     tokens_per_rank: int = Field(128, ge=1)
-    hidden: int = Field(7168, ge=1)
     top_k: int = Field(8, ge=1)
     num_experts: int = Field(256, ge=1)
     dispatch_bytes_per_token: int = Field(
@@ -227,10 +228,6 @@ class Workload(Strict):
         if self.routing == "file" and not self.routing_file:
             raise ValueError("routing = 'file' needs routing_file")
         return self
-
-    @property
-    def nodes(self) -> int:
-        return max(1, self.ep_ranks // self.gpus_per_node)
 
     @property
     def ranks_per_node(self) -> int:
@@ -263,9 +260,6 @@ class Design(Strict):
     qps_per_call: int = Field(9, ge=1, description="data QPs used per call (min(num_sms, 9) in V2)")
     notify_qp_reserved: bool = Field(True, description="QP 0 kept for notify warps")
     qp_ownership: Literal["shared-lock", "owned"] = "shared-lock"
-    doorbell_order_across_ctas: bool = Field(
-        True, description="EFA-GDA: a shared QP's doorbells ring in slot order across CTAs"
-    )
     doorbell_batch: int = Field(1, ge=1, description="ring the doorbell every B WQEs")
     deferred_doorbell_aggregation: int = Field(
         1, ge=1, description="aggregate doorbells (and fences) across this many warps"

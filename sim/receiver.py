@@ -27,7 +27,7 @@ from __future__ import annotations
 from collections import defaultdict
 from typing import TYPE_CHECKING
 
-from lever.sim.engine import Counter, call_later
+from lever.sim.engine import Counter, call_at, call_later
 
 if TYPE_CHECKING:
     from lever.sim.message import Message
@@ -113,12 +113,12 @@ class Receiver:
         done = self._host_busy_until + led.cost("proxy_queue", pp.host_to_gpu_ns)
         tag = msg.tag
         if msg.kind == "stripe":  # one rail's part of a striped put: count until all arrived
-            call_later(self.env, done - now, self._host_stripe, msg.parent)
+            call_at(self.env, done, self._host_stripe, msg.parent)
         elif msg.kind == "data":
             self.data[tag].add(1)
-            call_later(self.env, done - now, self._host_data, tag)
+            call_at(self.env, done, self._host_data, tag)
         else:
-            call_later(self.env, done - now, self._host_signal, tag, msg.value)
+            call_at(self.env, done, self._host_signal, tag, msg.value)
 
     def _host_stripe(self, parent: Message) -> None:
         """The receiving host counts stripes per (peer, sequence); the put is there with the last."""

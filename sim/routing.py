@@ -48,9 +48,6 @@ class Routing:
     def rank_of(self, expert: int) -> int:
         return expert // self.epr
 
-    def node_of_rank(self, rank: int) -> int:
-        return rank // self.rpn
-
     @cached_property
     def hits(self) -> list[list[Counter[int]]]:
         """Per source rank, per token: how many of its experts each destination rank hosts."""

@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import simpy
-from lever.sim.engine import Lock, call_later
+from lever.sim.engine import Lock, call_at, call_later
 
 
 def _lock_trace(make_lock, seed: int) -> list[tuple]:
@@ -50,7 +50,7 @@ def test_lock_orders_like_a_simpy_resource(seed: int) -> None:
     assert sum(1 for e in mine if e[1] == "got") == 6 * 12
 
 
-def _call_trace(use_call_later: bool) -> list[tuple]:
+def _call_trace(use_call_later: bool, absolute: bool = False) -> list[tuple]:
     env = simpy.Environment()
     log: list[tuple] = []
 
@@ -61,7 +61,9 @@ def _call_trace(use_call_later: bool) -> list[tuple]:
         for k in range(30):
             step = env.timeout(0.5)  # queued first: a tie at 0.5 goes to it
             d = [0.0, 1.0, 0.5][k % 3]
-            if use_call_later:
+            if absolute:
+                call_at(env, env.now + d, note, ("cb", k))
+            elif use_call_later:
                 call_later(env, d, note, ("cb", k))
             else:
                 ev = env.timeout(d)
@@ -78,3 +80,27 @@ def test_call_later_takes_the_slot_of_a_timeout() -> None:
     assert _call_trace(True) == _call_trace(False)
     with pytest.raises(ValueError):
         call_later(simpy.Environment(), -1.0, print)
+
+
+def test_call_at_takes_the_slot_of_a_timeout_due_then() -> None:
+    # delays 0, 0.5, 1 are exact in binary: now + d is the same instant either way
+    assert _call_trace(True, absolute=True) == _call_trace(False)
+    env = simpy.Environment(initial_time=5.0)
+    with pytest.raises(ValueError):
+        call_at(env, 4.0, print)
+
+
+def test_call_at_fires_at_the_instant_given_where_a_delay_rounds_off() -> None:
+    """``now + (t - now)`` is not always ``t`` in floating point; ``call_at`` is exact."""
+    rng = np.random.default_rng(3)
+    for _ in range(10_000):
+        now, t = sorted(rng.uniform(1e4, 1e6, 2))
+        if now + (t - now) != t:
+            break
+    else:
+        pytest.fail("no rounding case found")
+    env = simpy.Environment(initial_time=float(now))
+    seen: list[float] = []
+    call_at(env, float(t), lambda: seen.append(env.now))
+    env.run()
+    assert seen == [float(t)]

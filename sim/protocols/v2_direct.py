@@ -80,7 +80,9 @@ def _rank(w: World, r: int, items, n_to, dispatch: bool):
                 yield from nvlink_put(w, r, dst, nbytes, tag, port.track)
             else:
                 yield from put(w, port, r, dst, nbytes, tag)
-        if (d.path == "native" and d.signal_mode == "flush") or d.path == "proxy":
+        # the barrier's signals go on the notify QP, apart from this warp's data QP: no single
+        # connection orders them, so flag-after-data modes flush every context first
+        if (d.path == "native" and d.signal_mode in ("flush", "ordered")) or d.path == "proxy":
             yield from port.flush("signal")
         else:
             yield from port.finish()

@@ -230,7 +230,9 @@ def _combine_rank(w: World, r: int, sh: _Shared):
             seq = sent_to[s]  # claimed before posting: forward warps run concurrently
             sent_to[s] += 1
             yield from put(w, port, r, s, nbytes, ("hc", n, s), seq=seq)
-        if d.path == "native" and d.signal_mode == "flush":
+        # the finish signal goes on the notify QP, after every forward warp's data on other
+        # QPs: no single connection orders them, so flag-after-data modes flush first (as V2 does)
+        if d.path == "native" and d.signal_mode in ("flush", "ordered"):
             yield from port.flush("signal")
         else:
             yield from port.finish()

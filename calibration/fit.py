@@ -137,10 +137,10 @@ def run_job(job: Job, base_sets: Mapping[str, Any], values: dict[str, float], se
     res = simulate(scn, seeds=seeds, with_critical_path=False)
     out = {}
     for op in job.ops:
-        att = res["attribution"].get(op, {})
-        out[op] = {"p50_us": float(res["ops"][op]["p50_us"]),
-                   "profiler": {k: float(v) for k, v in att.get("profiler", {}).items()},
-                   "put_path": {k: float(v) for k, v in att.get("put_path", {}).items()}}
+        att = res.attribution[op]
+        out[op] = {"p50_us": float(res.ops[op].p50_us),
+                   "profiler": {k: float(v) for k, v in att.profiler.items()},
+                   "put_path": {k: float(v) for k, v in att.put_path.items()}}
     return out
 
 

@@ -254,7 +254,8 @@ def _parse_ll(label: str, lines: list[tuple[int, str]], fmt: str) -> ParsedLog:
     metrics = {k: Values(tuple(v), lines=tuple(at[k])) for k, v in vals.items() if k not in OPS}
     parsed = ParsedLog(
         fmt=fmt, source=f"{spec.repo} {spec.path}", label=label, sha256="",
-        variant="per-op avg_t line; send/recv line: " + (", ".join(sorted(hook_variants)) or "absent"),
+        variant="per-op avg_t line; send/recv line: "
+                + (", ".join(sorted(hook_variants)) or "absent"),
         latency_us={op: Values(tuple(vals[op]), lines=tuple(at[op])) for op in OPS},
         metrics=metrics, what=what, timer=spec.timer)
     if fmt == "uccl-ep" and passes:
@@ -283,10 +284,14 @@ def _ranges(xs: list[int]) -> str:
 # --- DeepEP internode (normal mode) test ---------------------------------------------
 # [config] num_tokens=N, hidden=H, num_topk_groups=G, num_topk=K
 # since 2025-09-16 (2012e31):
-# [tuning] Best dispatch (FP8): SMs 24, NVL chunk 8, RDMA chunk 16: 12 + 345 us, X GB/s (RDMA), Y GB/s (NVL)
-# [tuning] Best combine: SMs 24, NVL chunk 1, RDMA chunk 12, 1.23 + 456.78 us, X GB/s (RDMA), Y GB/s (NVL)
+# [tuning] Best dispatch (FP8): SMs 24, NVL chunk 8, RDMA chunk 16: 12 + 345 us,
+#     X GB/s (RDMA), Y GB/s (NVL)                                        (one line; BF16 too)
+# [tuning] Best combine: SMs 24, NVL chunk 1, RDMA chunk 12, 1.23 + 456.78 us,
+#     X GB/s (RDMA), Y GB/s (NVL)
 # 2025-07-14 (eb155da) .. 2025-09-10 (ef70b83):
-# [tuning] Best dispatch (FP8): SMs 24, NVL chunk 8, RDMA chunk 16, transmit: 345.67 us, notify: 12.34 us, BW: X GB/s (RDMA), Y GB/s (NVL)
+# [tuning] Best dispatch (FP8): SMs 24, NVL chunk 8, RDMA chunk 16, transmit: 345.67 us,
+#     notify: 12.34 us, BW: X GB/s (RDMA), Y GB/s (NVL)                  (combine alike)
+# before: GB/s only, no time (refused)
 
 _IN_PREFIX = re.compile(r"\[tuning\] Best (dispatch|combine)|\[config\] ")
 _IN_CFG = re.compile(r"\[tuning\] Best (?:dispatch \((?P<dtype>FP8|BF16)\)|(?P<comb>combine)): "
@@ -294,7 +299,8 @@ _IN_CFG = re.compile(r"\[tuning\] Best (?:dispatch \((?P<dtype>FP8|BF16)\)|(?P<c
 _IN_BW = rf"(?P<rbw>{T}) GB/s \(RDMA\), (?P<nbw>{T}) GB/s \(NVL\)"
 _IN_PLUS = re.compile(_IN_CFG.pattern + rf"[:,] (?P<notify>{T}) \+ (?P<t>{T}) us, " + _IN_BW)
 _IN_TRANSMIT = re.compile(_IN_CFG.pattern
-                          + rf", transmit: (?P<t>{T}) us, notify: (?P<notify>{T}) us, BW: " + _IN_BW)
+                          + rf", transmit: (?P<t>{T}) us, notify: (?P<notify>{T}) us, BW: "
+                          + _IN_BW)
 _IN_BW_ONLY = re.compile(_IN_CFG.pattern + ": " + _IN_BW)
 _IN_CONFIG = re.compile(r"\[config\] num_tokens=(?P<tokens>\d+), hidden=(?P<hidden>\d+), "
                         r"num_topk_groups=(?P<groups>\d+), num_topk=(?P<topk>\d+)")
@@ -336,7 +342,8 @@ def _parse_internode(label: str, lines: list[tuple[int, str]]) -> ParsedLog:
         variants.add("notify + t" if m.re is _IN_PLUS else "transmit/notify")
         groups["combine" if m["comb"] else m["dtype"]].append((ln, m))
 
-    names = {"FP8": "'[tuning] Best dispatch (FP8): ...'", "BF16": "'[tuning] Best dispatch (BF16): ...'",
+    names = {"FP8": "'[tuning] Best dispatch (FP8): ...'",
+             "BF16": "'[tuning] Best dispatch (BF16): ...'",
              "combine": "'[tuning] Best combine: ...'"}
     for key in ("FP8", "combine"):
         if not groups[key]:
@@ -361,9 +368,9 @@ def _parse_internode(label: str, lines: list[tuple[int, str]]) -> ParsedLog:
         metrics[f"{name}_notify_us"] = values(key, "notify")
         metrics[f"{name}_rdma_gbytes_per_s"] = values(key, "rbw")
         metrics[f"{name}_nvl_gbytes_per_s"] = values(key, "nbw")
-        configs = sorted({f"SMs {m['sms']}, NVL chunk {m['nvl']}, RDMA chunk {m['rdma']}"
+        configs = sorted({f"sms={m['sms']}/nvl_chunk={m['nvl']}/rdma_chunk={m['rdma']}"
                           for _, m in groups[key]})
-        what[f"{name}_best_config"] = "; ".join(configs)
+        what[f"{name}_best_config"] = " or ".join(configs)
     metrics["dispatch_bf16_us"] = values("BF16", "t")
     if config is not None:
         c = config[1]
@@ -385,7 +392,8 @@ def _parse_internode(label: str, lines: list[tuple[int, str]]) -> ParsedLog:
 
 # --- pplx-garden all-to-all benchmark --------------------------------------------------
 # (logging prefix "[date time.ms] pid INFO     bench_all_to_all ", ANSI colours unless DD_ENV)
-# Dispatch both time: mean=M±S μs, min=.. μs, p01=.. μs, p25=.. μs, p50=.. μs, p75=.. μs, p95=.. μs, p99=.. μs, max=.. μs, B GB/s
+# Dispatch both time: mean=M±S μs, min=.. μs, p01=.. μs, p25=.. μs, p50=.. μs, p75=.. μs,
+#     p95=.. μs, p99=.. μs, max=.. μs, B GB/s                           (one line)
 # Dispatch send time: mean=M±S μs, min=.. μs, ..., max=.. μs      (likewise recv, and Combine)
 # then --output (default /dev/stdout) gets json.dumps({"dispatch": {"both": {...}, ...}, ...})
 
@@ -432,7 +440,8 @@ def _parse_pplx(label: str, lines: list[tuple[int, str]]) -> ParsedLog:
         key = (p[1].lower(), p[2])
         if key in logged:
             raise _err(label, ln, f"a second '{p[1]} {p[2]} time' line (first on line "
-                                  f"{logged[key][0]}): several runs in one log? import one at a time")
+                                  f"{logged[key][0]}): several runs in one log? "
+                                  "import one at a time")
         logged[key] = (ln, {k: _num(label, ln, m[k], f"{k} in us") for k in _PP_KEYS})
         if p[2] == "both":
             bw[key[0]] = (ln, _num(label, ln, m["bw"], "a bandwidth in GB/s"))
@@ -465,7 +474,8 @@ def _parse_pplx(label: str, lines: list[tuple[int, str]]) -> ParsedLog:
     metrics: dict[str, Values] = {}
     for (op, part), (ln, row) in stats.items():
         if row["p50"] <= 0:
-            raise _err(label, ln, f"{op} {part} p50 is {row['p50']}: the benchmark measured nothing")
+            raise _err(label, ln, f"{op} {part} p50 is {row['p50']}: "
+                                  "the benchmark measured nothing")
         v = Values(median=row["p50"], mean=row["mean"], std=row["stddev"], lines=(ln,))
         if part == "both":
             latency[op] = v
@@ -543,7 +553,8 @@ def workload_facts(parsed: ParsedLog, given: Mapping[str, int | None] | None,
     facts = {k: parsed.what[k] for k in WORKLOAD_KEYS if k in parsed.what}
     for k, v in (given or {}).items():
         if k not in WORKLOAD_KEYS:
-            raise RecordError(f"{label}: workload: unknown field '{k}' (one of {', '.join(WORKLOAD_KEYS)})")
+            raise RecordError(f"{label}: workload: unknown field '{k}' "
+                              f"(one of {', '.join(WORKLOAD_KEYS)})")
         if v is None:
             continue
         if k in facts and facts[k] != v:
@@ -570,11 +581,11 @@ def to_record(parsed: ParsedLog, *, record_id: str, nic: str, design: str | None
         raise RecordError(f"{label}: sim.set given without a scenario")
     levers = list(levers)
     facts = workload_facts(parsed, workload, label)
-    said = ", ".join(f"{k}={v}" for k, v in parsed.what.items()) or "nothing more"
+    said = "; ".join(f"{k}={v}" for k, v in parsed.what.items()) or "nothing more"
     notes = f"imported from a {parsed.fmt} log ({parsed.variant}); the log says: {said}"
     if not all(k in facts for k in WORKLOAD_KEYS):
-        notes += ("; what.workload omitted (known: " + (", ".join(
-            f"{k}={v}" for k, v in facts.items()) or "none") + f"; needs {', '.join(WORKLOAD_KEYS)})")
+        have = ", ".join(f"{k}={v}" for k, v in facts.items()) or "none"
+        notes += f"; what.workload omitted (known: {have}; needs {', '.join(WORKLOAD_KEYS)})"
     spec = FORMATS[parsed.fmt]
     data: dict[str, Any] = {
         "schema_version": SCHEMA_VERSION,

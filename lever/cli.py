@@ -20,6 +20,7 @@ REGISTRARS = [
     "lever.commands.calibrate",
     "lever.commands.predict",
     "lever.commands.sweep",
+    "lever.commands.record",
 ]
 
 

@@ -15,9 +15,11 @@ worth ~0 here when its time overlaps the wire; the two disagree by design.
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+from lever.sim.engine import Trace
 from lever.sim.model import OpResult, simulate_op
 from lever.sim.params import CATEGORIES, Scenario
 
@@ -83,18 +85,72 @@ def _run_jobs(jobs: list, workers: int) -> list:
     return [_op_job(j) for j in jobs]
 
 
+@dataclass(frozen=True)
+class OpStats:
+    """Latency of one op over every rank and seed (us)."""
+
+    p50_us: float
+    p99_us: float
+    mean_us: float
+    max_us: float
+
+    @classmethod
+    def of(cls, lat_us: list[float]) -> OpStats:
+        return cls(**stats(lat_us))
+
+    def to_json(self) -> dict[str, float]:
+        return {"p50_us": self.p50_us, "p99_us": self.p99_us, "mean_us": self.mean_us,
+                "max_us": self.max_us}
+
+
+@dataclass(frozen=True)
+class OpAttribution:
+    """The two attributions of one op: profiler shares (all warps and the put path) and,
+    when computed, the critical path (us per category)."""
+
+    profiler: dict[str, float]
+    put_path: dict[str, float]
+    critical_path: dict[str, float] | None = None
+
+    def to_json(self) -> dict[str, dict[str, float]]:
+        out = {"profiler": self.profiler, "put_path": self.put_path}
+        if self.critical_path is not None:
+            out["critical_path"] = self.critical_path
+        return out
+
+
+@dataclass
+class SimulationResult:
+    """What ``lever simulate`` reports for one scenario: per op the latency statistics, the
+    attributions, the counters and the per-rank means; the traces of seed 0 when asked."""
+
+    scenario: str
+    seeds: int
+    events: int
+    ops: dict[str, OpStats]
+    attribution: dict[str, OpAttribution]
+    counters: dict[str, dict[str, int]]
+    per_rank_us: dict[str, list[float]]
+    wall_s: float = 0.0
+    traces: list[tuple[str, Trace]] = field(default_factory=list)
+
+    def to_json(self) -> dict[str, Any]:
+        """The ``lever simulate --json`` object (traces are written to their own file)."""
+        return {"scenario": self.scenario, "seeds": self.seeds, "events": self.events,
+                "ops": {op: s.to_json() for op, s in self.ops.items()},
+                "attribution": {op: a.to_json() for op, a in self.attribution.items()},
+                "counters": self.counters, "per_rank_us": self.per_rank_us, "wall_s": self.wall_s}
+
+
 def simulate(scn: Scenario, seeds: int = 1, with_critical_path: bool = True, cp_seeds: int = 1,
-             trace: bool = False, workers: int = 1) -> dict[str, Any]:
-    """The ``lever simulate --json`` object (DESIGN §6), plus counters and traces.
+             trace: bool = False, workers: int = 1) -> SimulationResult:
+    """Every op of ``scn`` on seeds 0..seeds-1, with both attributions.
 
     The base runs and the critical path's what-if runs (one per category, op and
     seed: most of the work) are independent, so ``workers`` > 1 spreads them over
     processes; the numbers are identical to a serial run.
     """
     t0 = time.perf_counter()
-    out: dict[str, Any] = {"scenario": scn.name, "seeds": seeds, "events": 0, "ops": {},
-                           "attribution": {}, "counters": {}, "per_rank_us": {}}
-    traces = []
     kcp = max(1, min(cp_seeds, seeds))
     cp_cats = CATEGORIES if with_critical_path else ()
     jobs: list = []
@@ -102,23 +158,21 @@ def simulate(scn: Scenario, seeds: int = 1, with_critical_path: bool = True, cp_
         jobs += [(scn, op, s, None, trace and s == 0) for s in range(seeds)]
         jobs += [(scn, op, s, {c: 0.0}, False) for c in cp_cats for s in range(kcp)]
     done = iter(_run_jobs(jobs, workers))
+    out = SimulationResult(scn.name, seeds, 0, {}, {}, {}, {})
     for op in scn.ops:
         res: list[OpResult] = [next(done) for _ in range(seeds)]
         whatif = {c: [x for _ in range(kcp) for x in next(done)] for c in cp_cats}
         lat = [x for r in res for x in r.latency_us]
-        out["ops"][op] = stats(lat)
-        out["per_rank_us"][op] = [
+        out.ops[op] = OpStats.of(lat)
+        out.per_rank_us[op] = [
             round(float(np.mean([r.latency_us[k] for r in res])), 4) for k in range(len(res[0].latency_us))
         ]
-        out["events"] += sum(r.events for r in res)
-        att: dict[str, Any] = {
-            "profiler": profiler_shares(res),
-            "put_path": profiler_shares(res, PUT_PATH),
-        }
+        out.events += sum(r.events for r in res)
+        cp = None
         if with_critical_path:
             base = stats([x for r in res[:kcp] for x in r.latency_us])["p50_us"]
-            att["critical_path"] = {c: cp_entry(base, v) for c, v in whatif.items()}
-        out["attribution"][op] = att
+            cp = {c: cp_entry(base, v) for c, v in whatif.items()}
+        out.attribution[op] = OpAttribution(profiler_shares(res), profiler_shares(res, PUT_PATH), cp)
         cnt: dict[str, int] = {}
         for r in res:
             for key, v in r.counters.items():
@@ -128,10 +182,8 @@ def simulate(scn: Scenario, seeds: int = 1, with_critical_path: bool = True, cp_
             for key, v in r.ledger.events.items():
                 ev[key] = ev.get(key, 0) + v
         cnt.update({f"events_{k}": v for k, v in ev.items()})
-        out["counters"][op] = cnt
+        out.counters[op] = cnt
         if trace:
-            traces.append((op, res[0].trace))
-    out["wall_s"] = round(time.perf_counter() - t0, 4)
-    if trace:
-        out["_traces"] = traces
+            out.traces.append((op, res[0].trace))
+    out.wall_s = round(time.perf_counter() - t0, 4)
     return out

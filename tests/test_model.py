@@ -36,8 +36,8 @@ def test_rc_flag_after_data_costs_no_round_trip_srd_flush_costs_one():
 def test_lazy_completion_zeroes_credit_wait_in_both_attributions():
     base = scenario.load("decode-ep16-efa-native", SMALL)
     lazy = scenario.load("decode-ep16-efa-native", {**SMALL, "design.lazy_completion_dispatch": True})
-    rb = simulate(base, seeds=1, with_critical_path=False)
-    rl = simulate(lazy, seeds=1, with_critical_path=False)
+    rb = simulate(base, seeds=1, with_critical_path=False).to_json()
+    rl = simulate(lazy, seeds=1, with_critical_path=False).to_json()
     assert rb["attribution"]["dispatch"]["put_path"].get("credit_wait", 0) > 0.02
     assert rl["attribution"]["dispatch"]["put_path"].get("credit_wait", 0) == 0
     from lever.sim.results import critical_path
@@ -52,7 +52,7 @@ def test_issue_work_dominates_profiler_yet_cutting_it_leaves_latency_flat():
     sets = {"workload.tokens_per_rank": 64, "design.signal_mode": "ordered", "design.cached": True, "platform.gpu.completion_counter_in_device_memory": True, "design.lazy_completion_dispatch": True, "design.qp_ownership": "owned", "design.qps_per_call": 17, "design.num_sms": 8, "design.warps_per_sm": 2, "platform.nic.nics_per_gpu": 1}
     slow_wire = {**sets, "platform.nic.line_rate_gbps": 25}
     scn = scenario.load("decode-ep16-efa-native", slow_wire)
-    res = simulate(scn, seeds=2, with_critical_path=False)
+    res = simulate(scn, seeds=2, with_critical_path=False).to_json()
     pp = res["attribution"]["dispatch"]["put_path"]
     assert pp.get("fence", 0) + pp.get("doorbell", 0) > 0.5, pp
     base = p50(scn, seeds=2)
@@ -106,8 +106,8 @@ def test_parallel_simulate_equals_serial_and_the_what_if_reruns():
     from lever.sim.results import critical_path
 
     scn = scenario.load("decode-ep16-efa-native", {"workload.tokens_per_rank": 8})
-    a = simulate(scn, seeds=2, cp_seeds=2, workers=1)
-    b = simulate(scn, seeds=2, cp_seeds=2, workers=2)
+    a = simulate(scn, seeds=2, cp_seeds=2, workers=1).to_json()
+    b = simulate(scn, seeds=2, cp_seeds=2, workers=2).to_json()
     a.pop("wall_s")
     b.pop("wall_s")
     assert a == b
@@ -121,12 +121,12 @@ def test_parallel_simulate_equals_serial_and_the_what_if_reruns():
 
 @pytest.mark.slow
 def test_shipped_efa_native_beats_proxy_and_both_trail_ib():
-    r = {name: simulate(scenario.load(name), seeds=1, with_critical_path=False)["ops"]
+    r = {name: simulate(scenario.load(name), seeds=1, with_critical_path=False).ops
          for name in ("decode-ep16-efa-native", "decode-ep16-efa-proxy", "decode-ep16-ib")}
     for op in ("dispatch", "combine"):
-        nat = r["decode-ep16-efa-native"][op]["p50_us"]
-        prx = r["decode-ep16-efa-proxy"][op]["p50_us"]
-        ib = r["decode-ep16-ib"][op]["p50_us"]
+        nat = r["decode-ep16-efa-native"][op].p50_us
+        prx = r["decode-ep16-efa-proxy"][op].p50_us
+        ib = r["decode-ep16-ib"][op].p50_us
         assert nat < prx, (op, nat, prx)
         assert ib < nat, (op, ib, nat)
 

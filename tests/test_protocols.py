@@ -109,7 +109,7 @@ def test_cached_dispatch_skips_count_exchange_and_waits_are_forwarder_poll_waits
     cached = scenario.load(EP16, {"workload.tokens_per_rank": 64, "design.cached": True})
     assert simulate_op(base, "dispatch", 0).counters.get("messages_notify", 0) > 0
     assert simulate_op(cached, "dispatch", 0).counters.get("messages_notify", 0) == 0
-    res = simulate(cached, seeds=1, with_critical_path=False)
+    res = simulate(cached, seeds=1, with_critical_path=False).to_json()
     prof = res["attribution"]["dispatch"]["profiler"]
     assert prof.get("poll_wait", 0) > 0.2, prof
     cp = critical_path(cached, "dispatch", res["ops"]["dispatch"]["p50_us"], 1, ("poll_wait",))

@@ -105,7 +105,7 @@ def test_sweep_equals_points_run_one_by_one(tmp_path):
     assert norm(table) == norm(one_by_one)
     # and a point's row is what `lever simulate` computes for that scenario
     scn = load_with_levers(SCN, ["batched-doorbells"], {**TINY, "workload.ep_ranks": 16})
-    ref = simulate(scn, seeds=1, with_critical_path=False)
+    ref = simulate(scn, seeds=1, with_critical_path=False).to_json()
     lev16 = [r for r in table if r["lever"] == "batched-doorbells" and r["workload.ep_ranks"] == "16"]
     for r in lev16:
         assert float(r["p50_us"]) == ref["ops"][r["op"]]["p50_us"]

@@ -28,7 +28,8 @@ def register(sub: argparse._SubParsersAction) -> None:
 
     p = sub.add_parser("record", help="run records: bring measurements in")
     rsub = p.add_subparsers(dest="record_command", required=True)
-    i = rsub.add_parser("import", help="turn a public EP benchmark's printed output into a run record",
+    i = rsub.add_parser("import",
+                        help="turn a public EP benchmark's printed output into a run record",
                         description="Formats: " + "; ".join(
                             f"{k} ({f.repo} {f.path})" for k, f in sorted(FORMATS.items())))
     # FORMAT and --nic are checked in main_import, not by argparse choices, so a bad value
@@ -37,7 +38,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     i.add_argument("log", metavar="LOG", help="the benchmark's captured stdout/stderr")
     i.add_argument("--out", required=True, metavar="RECORD", help="run-record JSON file to write")
     i.add_argument("--force", action="store_true", help="replace an existing RECORD")
-    i.add_argument("--id", help="record id (default: FORMAT-<LOG file stem>)")
+    i.add_argument("--id", help="record id (default: FORMAT-<LOG file stem>, or the stem "
+                                "when it starts with FORMAT)")
     i.add_argument("--nic", required=True, metavar="{efa,ib}", help="the NIC the run used")
     i.add_argument("--design", help="what.design (default: the format's system)")
     i.add_argument("--lever", action="append", default=[], metavar="NAME", dest="levers",
@@ -46,20 +48,23 @@ def register(sub: argparse._SubParsersAction) -> None:
     i.add_argument("--gpu", default="", help="e.g. H100")
     i.add_argument("--scenario", help="the model scenario that reproduces this run (sim link)")
     i.add_argument("--set", action="append", default=[], metavar="PATH=VALUE", dest="sets",
-                   help="how the run was configured, as scenario overrides (repeatable; needs --scenario)")
+                   help="how the run was configured, as scenario overrides "
+                        "(repeatable; needs --scenario)")
     i.add_argument("--date", default="", help="when the run was measured (provenance.date)")
     w = i.add_argument_group("workload (what.workload is written when all are known from the "
                              "log or these options)")
     for opt, fld in WORKLOAD_OPTS.items():
         w.add_argument(f"--{opt.replace('_', '-')}", type=int, dest=opt, metavar="N",
                        help=f"workload.{fld}")
-    i.add_argument("--json", action="store_true", help="print the record as one JSON object on stdout")
+    i.add_argument("--json", action="store_true",
+                   help="print the record as one JSON object on stdout")
     i.set_defaults(func=main_import)
 
 
 def _command_line(args: argparse.Namespace) -> str:
     """The invocation, rebuilt from the parsed options (sys.argv may be a test runner's)."""
-    parts = ["lever", "record", "import", args.format, args.log, "--out", args.out, "--nic", args.nic]
+    parts = ["lever", "record", "import", args.format, args.log, "--out", args.out,
+             "--nic", args.nic]
     for opt in ("id", "design", "instance", "gpu", "scenario", "date"):
         if getattr(args, opt):
             parts += [f"--{opt}", getattr(args, opt)]
@@ -99,11 +104,11 @@ def _check_sim(rec: RunRecord, label: str) -> None:
     if rec.what.workload is None:
         return
     wl = rec.what.workload
-    for k in set(WORKLOAD_KEYS) & set(type(scn.workload).model_fields):
+    for k in (k for k in WORKLOAD_KEYS if k in type(scn.workload).model_fields):
         got, want = getattr(wl, k), getattr(scn.workload, k)
         if got != want:
-            raise UserError(f"{label}: workload.{k}: the run had {got}, scenario '{rec.sim.scenario}' "
-                            f"has {want} (pass --set workload.{k}={got})")
+            raise UserError(f"{label}: workload.{k}: the run had {got}, scenario "
+                            f"'{rec.sim.scenario}' has {want} (pass --set workload.{k}={got})")
 
 
 def main_import(args: argparse.Namespace) -> int:
@@ -144,8 +149,9 @@ def main_import(args: argparse.Namespace) -> int:
     parsed = parse_log(args.format, raw.decode("utf-8", errors="replace"), label=str(log),
                        sha256=hashlib.sha256(raw).hexdigest())
     rec = to_record(
-        parsed, record_id=args.id or f"{args.format}-{log.stem}", nic=args.nic, design=args.design,
-        levers=args.levers, instance=args.instance, gpu=args.gpu, scenario=args.scenario,
+        parsed, record_id=args.id or _default_id(args.format, log), nic=args.nic,
+        design=args.design, levers=args.levers, instance=args.instance, gpu=args.gpu,
+        scenario=args.scenario,
         sim_set=sets, date=args.date, command=_command_line(args),
         workload={WORKLOAD_OPTS[o]: getattr(args, o) for o in WORKLOAD_OPTS},
         tool_version=_tool_version())
@@ -161,6 +167,11 @@ def main_import(args: argparse.Namespace) -> int:
                         for op, d in rec.latency_us.items())
         print(f"wrote {out}: {rec.id}: {ops}")
     return 0
+
+
+def _default_id(fmt: str, log: Path) -> str:
+    """FORMAT-<log stem>, without repeating the format when the file is already named by it."""
+    return log.stem if log.stem.startswith(fmt) else f"{fmt}-{log.stem}"
 
 
 def _tool_version() -> str:

@@ -7,8 +7,12 @@ import json
 import os
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from lever.sim import scenario as scenario_mod
+
+if TYPE_CHECKING:  # the command line registers without simpy (the GPU machine's hw commands)
+    from lever.sim.results import SimulationResult
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -44,56 +48,42 @@ def main(args: argparse.Namespace) -> int:
                        workers=args.workers or os.cpu_count() or 1)
     except ModelError as e:
         raise UserError(f"{args.scenario}: {e}") from None
-    traces = res.pop("_traces", [])
     if args.trace:
-        write_trace(traces, Path(args.trace))
+        from lever.reports.trace import write_trace
+
+        write_trace(res.traces, Path(args.trace))
     if args.plot:
         from lever.reports.plot import plot_simulation
 
-        plot_simulation(res, traces, Path(args.plot))
+        plot_simulation(res, Path(args.plot))
     if args.json:
-        json.dump(res, sys.stdout)
+        json.dump(res.to_json(), sys.stdout)
         sys.stdout.write("\n")
     else:
         print_table(res)
     return 0
 
 
-def write_trace(traces: list, path: Path) -> None:
-    """One Chrome trace file; each op's events in its own process group."""
-    events = []
-    for i, (op, tr) in enumerate(traces):
-        for ev in tr.events:
-            e = dict(ev)
-            e["pid"] = e["pid"] + 10000 * i
-            if e.get("name") == "process_name":
-                e["args"] = {"name": f"{op}: {e['args']['name']}"}
-            events.append(e)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps({"traceEvents": events, "displayTimeUnit": "ns"}))
-    tmp.replace(path)
-
-
-def print_table(res: dict) -> None:
+def print_table(res: SimulationResult) -> None:
     from rich.console import Console
     from rich.table import Table
 
     con = Console()
-    t = Table(title=f"{res['scenario']}  ({res['seeds']} seeds, {res['events']} events, {res['wall_s']} s)")
+    t = Table(title=f"{res.scenario}  ({res.seeds} seeds, {res.events} events, {res.wall_s} s)")
     for col in ("op", "p50 us", "p99 us", "mean us"):
         t.add_column(col, justify="right")
-    for op, s in res["ops"].items():
-        t.add_row(op, f"{s['p50_us']:.1f}", f"{s['p99_us']:.1f}", f"{s['mean_us']:.1f}")
+    for op, s in res.ops.items():
+        t.add_row(op, f"{s.p50_us:.1f}", f"{s.p99_us:.1f}", f"{s.mean_us:.1f}")
     con.print(t)
-    for op, att in res["attribution"].items():
+    for op, att in res.attribution.items():
         a = Table(title=f"{op}: attribution")
         a.add_column("category")
         a.add_column("profiler share", justify="right")
         a.add_column("put-path share", justify="right")
         a.add_column("critical path us", justify="right")
-        cp = att.get("critical_path", {})
-        cats = sorted(set(att["profiler"]) | set(cp), key=lambda c: -abs(cp.get(c, 0.0)))
+        cp = att.critical_path or {}
+        cats = sorted(set(att.profiler) | set(cp), key=lambda c: -abs(cp.get(c, 0.0)))
         for c in cats:
-            a.add_row(c, f"{att['profiler'].get(c, 0):.1%}", f"{att['put_path'].get(c, 0):.1%}",
+            a.add_row(c, f"{att.profiler.get(c, 0):.1%}", f"{att.put_path.get(c, 0):.1%}",
                       f"{cp[c]:.1f}" if c in cp else "-")
         con.print(a)

@@ -12,12 +12,15 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
 from lever.sim.params import CATEGORIES  # noqa: E402
+from lever.sim.results import SimulationResult  # noqa: E402
 
 COLORS = {c: plt.cm.tab20(i / len(CATEGORIES)) for i, c in enumerate(CATEGORIES)}
 
 
-def plot_simulation(res: dict, traces: list, path: Path, max_tracks: int = 40) -> None:
-    ops = list(res["ops"])
+def plot_simulation(res: SimulationResult, path: Path, max_tracks: int = 40) -> None:
+    """Per op: the timeline of seed 0 (its trace), the profiler shares, the critical path."""
+    ops = list(res.ops)
+    traces = res.traces
     fig, axes = plt.subplots(len(ops), 3, figsize=(18, 4.5 * len(ops)), squeeze=False,
                              gridspec_kw={"width_ratios": [3, 1, 1]})
     for row, op in enumerate(ops):
@@ -41,15 +44,15 @@ def plot_simulation(res: dict, traces: list, path: Path, max_tracks: int = 40) -
         ax.set_yticks(range(len(tracks)), [names.get(k, str(k)) for k in tracks], fontsize=6)
         ax.set_xlabel("time (us)")
         ax.set_title(f"{op}: timeline, seed 0 (first {max_tracks} tracks)")
-        att = res["attribution"][op]
-        prof = att["profiler"]
+        att = res.attribution[op]
+        prof = att.profiler
         ax = axes[row][1]
         cats = [c for c in CATEGORIES if prof.get(c, 0) > 0]
         ax.barh(cats, [prof[c] * 100 for c in cats], color=[COLORS[c] for c in cats])
         ax.set_xlabel("% of warp time")
         ax.set_title("profiler")
         ax = axes[row][2]
-        cp = att.get("critical_path", {})
+        cp = att.critical_path or {}
         cats = [c for c in CATEGORIES if c in cp]
         ax.barh(cats, [cp[c] for c in cats], color=[COLORS[c] for c in cats])
         ax.set_xlabel("us of p50 latency")

@@ -217,9 +217,9 @@ def run_point(point: Point) -> list[dict[str, Any]]:
         return [{**base, "op": "", "events": 0, "wall_s": round(time.perf_counter() - t0, 4),
                  "error": str(e) or type(e).__name__}]
     rows = []
-    for op, s in res["ops"].items():
-        rows.append({**base, "op": op, **{c: s[c] for c in STAT_COLS}, "events": res["events"],
-                     "wall_s": res["wall_s"], "error": ""})
+    for op, s in res.ops.items():
+        rows.append({**base, "op": op, **{c: getattr(s, c) for c in STAT_COLS}, "events": res.events,
+                     "wall_s": res.wall_s, "error": ""})
     return rows
 
 

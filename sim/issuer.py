@@ -16,40 +16,62 @@ are all scaled by the ledger so the critical path can zero them one by one.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from collections.abc import Generator
+from typing import TYPE_CHECKING, Any, Protocol
 
 from lever.sim.engine import Counter
 
 if TYPE_CHECKING:
+    from lever.sim.context import Context
     from lever.sim.message import Message
-    from lever.sim.model import World
     from lever.sim.nic import QueuePair
+
+Steps = Generator[Any, Any, None]
+"""A SimPy process fragment: ``yield from port.post(msg)``."""
+
+
+class Port(Protocol):
+    """What a protocol may do with a warp's way out, native or proxy: post a write, ring
+    what is still un-rung, and wait until everything it posted completed."""
+
+    rank: int
+    warp: int
+    track: str
+    posted: int
+    done: Counter
+
+    def post(self, msg: Message) -> Steps: ...
+
+    def finish(self) -> Steps: ...
+
+    def flush(self, cat: str = "signal") -> Steps: ...
 
 
 class WarpPort:
     """What every posting warp shares, native or proxy: its counters, its
     trace track, and paying costs (counted for the profiler) or waits."""
 
-    def __init__(self, world: World, rank: int, warp: int) -> None:
-        self.w = world
-        self.env = world.env
+    def __init__(self, ctx: Context, rank: int, warp: int) -> None:
+        self.ctx = ctx
+        self.env = ctx.env
         self.rank = rank
         self.warp = warp
         self.posted = 0
         self.done = Counter(self.env)
-        self.track = f"sm{warp // world.design.warps_per_sm}.w{warp % world.design.warps_per_sm}"
+        wps = ctx.design.warps_per_sm
+        self.track = f"sm{warp // wps}.w{warp % wps}"
         self.proc = f"rank{rank}"
 
     def _pay(self, cat: str, ns: float, n: int = 1):
-        t = self.w.ledger.issue(cat, ns, n)
+        t = self.ctx.ledger.issue(cat, ns, n)
         if t > 0:
             t0 = self.env.now
             yield self.env.timeout(t)
-            self.w.trace.span(self.proc, self.track, cat, t0, t)
+            self.ctx.trace.span(self.proc, self.track, cat, t0, t)
 
     def _pay_all(self, costs: list[tuple[str, float, int]]):
         """Pay a run of back-to-back costs as one timeout (spans laid out in order)."""
-        issue = self.w.ledger.issue
+        issue = self.ctx.ledger.issue
         total = 0.0
         for cat, ns, n in costs:
             t = issue(cat, ns, n)
@@ -58,10 +80,10 @@ class WarpPort:
         if total > 0:
             t0 = self.env.now
             yield self.env.timeout(total)
-            tr = self.w.trace
+            tr = self.ctx.trace
             if tr.enabled:  # the spans again, from the ledger's scale (costs are pure)
                 acc = 0.0
-                cost = self.w.ledger.cost
+                cost = self.ctx.ledger.cost
                 for cat, ns, _n in costs:
                     t = cost(cat, ns)
                     if t > 0:
@@ -72,22 +94,22 @@ class WarpPort:
         t0 = self.env.now
         yield ev
         dt = self.env.now - t0
-        self.w.ledger.waited(cat, dt)
-        self.w.trace.span(self.proc, self.track, cat, t0, dt)
+        self.ctx.ledger.waited(cat, dt)
+        self.ctx.trace.span(self.proc, self.track, cat, t0, dt)
 
 
 class NativePort(WarpPort):
     """One warp's view of its QP: post, ring, poll completions."""
 
-    def __init__(self, world: World, rank: int, warp: int, qp: QueuePair, lazy: bool) -> None:
-        super().__init__(world, rank, warp)
+    def __init__(self, ctx: Context, rank: int, warp: int, qp: QueuePair, lazy: bool) -> None:
+        super().__init__(ctx, rank, warp)
         self.qp = qp
-        self.shared = qp.owners > 1 and world.design.qp_ownership == "shared-lock"
+        self.shared = qp.owners > 1 and ctx.design.qp_ownership == "shared-lock"
         self.lazy = lazy
         self.pending: list[Message] = []
         self._since_check = 0
         self._span_left = 0
-        g = world.platform.gpu
+        g = ctx.platform.gpu
         self.counter_read_ns = g.device_load_ns if g.completion_counter_in_device_memory else g.pcie_read_ns
 
     # -- posting ----------------------------------------------------------------
@@ -99,7 +121,7 @@ class NativePort(WarpPort):
         for its turn (slot order across CTAs: category ``lock``), then rings
         and fences. Costs with no wait between them are paid as one timeout.
         """
-        w, d, g = self.w, self.w.design, self.w.platform.gpu
+        w, d, g = self.ctx, self.ctx.design, self.ctx.platform.gpu
         led = w.ledger
         qp = self.qp
         msg.qp = qp
@@ -141,7 +163,7 @@ class NativePort(WarpPort):
     def _ring(self, batch: list[Message], costs: list | None = None):
         """Fence after the WQE stores, wait for the doorbell turn on a shared QP,
         ring (the producer index), fence: the NIC sees the batch."""
-        w, g, d = self.w, self.w.platform.gpu, self.w.design
+        w, g, d = self.ctx, self.ctx.platform.gpu, self.ctx.design
         led = w.ledger
         costs = costs if costs is not None else []
         msgs = list(batch)

@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from lever.sim.engine import Ledger
+    from lever.sim.receiver import Receiver
 
 
 class Message:
@@ -53,3 +57,24 @@ class Message:
         self.parent: Message | None = None  # proxy path: the put this stripe belongs to
         self.parts = 1
         self.parts_done = 0
+
+
+class Messages:
+    """Makes every write of one op: counted once, and wired to its target's receiver.
+
+    Handed to whatever posts writes (protocols, the proxy when it stripes a put), so
+    no piece needs the world to make one."""
+
+    def __init__(self, ledger: Ledger, receivers: Sequence[Receiver]) -> None:
+        self.counters = ledger.counters
+        self.receivers = receivers
+
+    def new(self, src: int, dst: int, nbytes: int, tag: Any, kind: str = "data",
+            value: int = 1, seq: int = 0) -> Message:
+        m = Message(src, dst, nbytes, tag, kind=kind, value=value)
+        m.seq = seq
+        m.on_visible = self.receivers[dst].on_visible
+        self.counters["messages_" + kind] += 1
+        if kind != "stripe":  # a stripe's bytes are its put's, counted once
+            self.counters["bytes_sent"] += nbytes
+        return m

@@ -15,14 +15,15 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import simpy
+from lever.sim.context import Context
 from lever.sim.engine import Ledger, Trace
 from lever.sim.fabric import Draws, Fabric
-from lever.sim.issuer import NativePort
-from lever.sim.message import Message
+from lever.sim.issuer import NativePort, Port
+from lever.sim.message import Message, Messages
 from lever.sim.nic import Nic, QueuePair
 from lever.sim.nvlink import Nvlink
 from lever.sim.params import Scenario
-from lever.sim.proxy import ProxyPort, ProxyThread, Ring
+from lever.sim.proxy import ProxyPort, RingTable
 from lever.sim.receiver import Receiver
 from lever.sim.routing import Routing
 
@@ -34,7 +35,11 @@ class ModelError(ValueError):
 
 
 class World:
-    """Environment, ledger and every physical piece for one op."""
+    """Every physical piece of one op, wired: the one place that knows them all.
+
+    The pieces get a :class:`Context` (clock, ledger, trace, parameters) and the
+    collaborators they talk to; protocols compose them through this object.
+    """
 
     def __init__(self, scn: Scenario, op: str, seed: int, ledger: Ledger, trace: Trace,
                  routing: Routing) -> None:
@@ -74,8 +79,12 @@ class World:
         # no count messages; the receiver counts write-with-immediate completions instead
         self.v1_cached = d.protocol == "v1-ll" and d.cached and op == "dispatch"
         self.signal_mode = "imm-counting" if self.v1_cached else d.signal_mode
-        self.receivers = [Receiver(self, r) for r in range(R)]
-        self.nvlink = Nvlink(self, R)
+        self.ctx = Context(self.env, ledger, trace, self.platform, d)
+        self.receivers = [Receiver(self.ctx, r, self.signal_mode, self.poll_draws[r])
+                          for r in range(R)]
+        self.messages = Messages(ledger, self.receivers)
+        self.rings = RingTable(self.ctx, self.qps, self.messages)
+        self.nvlink = Nvlink(self.ctx, R)
         self.channels = d.num_sms * d.warps_per_sm
         reserved = 1 if d.notify_qp_reserved else 0
         self.data_qps = list(range(reserved, d.qps_per_call)) or [0]
@@ -91,9 +100,7 @@ class World:
         self.tails: dict = {}  # last tail value published per (src, dst, tag)
         # V1 LL count/flag writes go through QP 0 when it is kept for notify traffic
         self.counts_on_notify_qp = d.protocol == "v1-ll" and d.notify_qp_reserved
-        self._ports: dict[tuple, NativePort | ProxyPort] = {}
-        self._rings: dict[tuple[int, int, int], Ring] = {}
-        self._threads: dict[int, list[ProxyThread]] = {}
+        self._ports: dict[tuple, Port] = {}
         for r in range(R):
             for c in range(self.channels):
                 self.qp_of(r, c).owners += 1
@@ -117,25 +124,25 @@ class World:
         want = d.lazy_completion_dispatch if self.op == "dispatch" else d.lazy_completion_combine
         if not want:
             return False
-        worst = self.routing.max_puts_per_qp(self)
+        worst = self.routing.max_puts_per_qp(d)
         if worst > self.platform.nic.sq_depth:
             self.ledger.counters["lazy_refused"] = 1
             return False
         return True
 
-    def port(self, rank: int, channel: int) -> NativePort | ProxyPort:
+    def port(self, rank: int, channel: int) -> Port:
         key = (rank, channel)
         p = self._ports.get(key)
         if p is None:
             if self.design.path == "native":
-                p = NativePort(self, rank, channel, self.qp_of(rank, channel), self.lazy())
+                p = NativePort(self.ctx, rank, channel, self.qp_of(rank, channel), self.lazy())
             else:
-                ctx = self.data_qps[channel % len(self.data_qps)]
-                p = ProxyPort(self, rank, channel, ctx)
+                qp_ctx = self.data_qps[channel % len(self.data_qps)]
+                p = ProxyPort(self.ctx, rank, channel, qp_ctx, self.rings)
             self._ports[key] = p
         return p
 
-    def signal_port(self, rank: int, channel: int) -> NativePort | ProxyPort:
+    def signal_port(self, rank: int, channel: int) -> Port:
         """Where a warp posts its count/flag writes: its data port, or (V1 LL with the
         notify QP kept) its own port on QP 0, shared by every warp of the rank."""
         if not self.counts_on_notify_qp:
@@ -144,13 +151,13 @@ class World:
         p = self._ports.get(key)
         if p is None:
             if self.design.path == "native":
-                p = NativePort(self, rank, channel, self.qps[rank][0], self.lazy())
+                p = NativePort(self.ctx, rank, channel, self.qps[rank][0], self.lazy())
             else:
-                p = ProxyPort(self, rank, channel, 0)
+                p = ProxyPort(self.ctx, rank, channel, 0, self.rings)
             self._ports[key] = p
         return p
 
-    def notify_port(self, rank: int) -> NativePort | ProxyPort:
+    def notify_port(self, rank: int) -> Port:
         """Notify warps: QP 0 when reserved, else they share channel 0's QP."""
         key = (rank, -1)
         p = self._ports.get(key)
@@ -158,39 +165,17 @@ class World:
             if self.design.path == "native":
                 qp = self.qps[rank][0]
                 qp.owners += 1
-                p = NativePort(self, rank, -1, qp, lazy=True)
+                p = NativePort(self.ctx, rank, -1, qp, lazy=True)
                 p.track = "notify"
             else:
-                p = ProxyPort(self, rank, -1, 0)
+                p = ProxyPort(self.ctx, rank, -1, 0, self.rings)
                 p.track = "notify"
             self._ports[key] = p
         return p
 
-    def ring(self, rank: int, ctx: int, peer: int) -> Ring:
-        """Proxy descriptor ring per (context, peer), spread over the rank's host threads."""
-        key = (rank, ctx, peer)
-        ring = self._rings.get(key)
-        if ring is None:
-            threads = self._threads.get(rank)
-            if threads is None:
-                threads = [ProxyThread(self, rank, i) for i in range(self.platform.proxy.threads)]
-                self._threads[rank] = threads
-            ring = Ring(self, key, self.qps[rank][ctx])
-            n = sum(1 for k in self._rings if k[0] == rank)
-            ring.thread = threads[n % len(threads)]
-            ring.thread.rings.append(ring)
-            self._rings[key] = ring
-        return ring
-
     def message(self, src: int, dst: int, nbytes: int, tag, kind: str = "data",
                 value: int = 1, seq: int = 0) -> Message:
-        m = Message(src, dst, nbytes, tag, kind=kind, value=value)
-        m.seq = seq
-        m.on_visible = self.receivers[dst].on_visible
-        self.ledger.counters["messages_" + kind] += 1
-        if kind != "stripe":  # a stripe's bytes are its put's, counted once
-            self.ledger.counters["bytes_sent"] += nbytes
-        return m
+        return self.messages.new(src, dst, nbytes, tag, kind, value, seq)
 
 
 @dataclass

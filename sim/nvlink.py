@@ -12,15 +12,17 @@ from typing import TYPE_CHECKING
 from lever.sim.engine import call_later
 
 if TYPE_CHECKING:
-    from lever.sim.model import World
+    from lever.sim.context import Context
 
 
 class Nvlink:
-    def __init__(self, world: World, n_gpus: int) -> None:
-        self.w = world
-        self.env = world.env
+    """Every GPU's NVLink egress port: copies serialise on it, flags ride behind them."""
+
+    def __init__(self, ctx: Context, n_gpus: int) -> None:
+        self.ctx = ctx
+        self.env = ctx.env
         self.port_free = [0.0] * n_gpus
-        self.ns_per_byte = 1.0 / world.platform.nvlink.gbytes_per_s  # GB/s == bytes/ns
+        self.ns_per_byte = 1.0 / ctx.platform.nvlink.gbytes_per_s  # GB/s == bytes/ns
 
     def copy(self, src: int, dst: int, nbytes: int, track: str, on_visible=None):
         """The issuing warp streams ``nbytes`` to ``dst``; returns when its stores are issued.
@@ -28,8 +30,8 @@ class Nvlink:
         The warp is busy for the serialisation time (category ``forward``);
         ``on_visible`` runs at the peer after the link latency.
         """
-        w = self.w
-        led = w.ledger
+        ctx = self.ctx
+        led = ctx.ledger
         now = self.env.now
         start = max(now, self.port_free[src])
         ser = led.cost("forward", nbytes * self.ns_per_byte)
@@ -37,10 +39,10 @@ class Nvlink:
         busy = self.port_free[src] - now
         led.issue("forward", busy)
         led.counters["nvlink_bytes"] += nbytes
-        lat = led.cost("forward", w.platform.nvlink.flag_latency_ns)
+        lat = led.cost("forward", ctx.platform.nvlink.flag_latency_ns)
         if on_visible is not None:
             call_later(self.env, busy + lat, on_visible)
         if busy > 0:
             yield self.env.timeout(busy)
-            if w.trace.enabled:
-                w.trace.span(f"rank{src}", track, "nvlink", now, busy, dst=dst, bytes=nbytes)
+            if ctx.trace.enabled:
+                ctx.trace.span(f"rank{src}", track, "nvlink", now, busy, dst=dst, bytes=nbytes)

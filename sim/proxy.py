@@ -21,8 +21,8 @@ from lever.sim.engine import Counter, call_later
 from lever.sim.issuer import WarpPort
 
 if TYPE_CHECKING:
-    from lever.sim.message import Message
-    from lever.sim.model import World
+    from lever.sim.context import Context
+    from lever.sim.message import Message, Messages
     from lever.sim.nic import QueuePair
 
 
@@ -31,30 +31,65 @@ class Ring:
 
     __slots__ = ("key", "qp", "posted", "visible", "inflight", "freed", "thread")
 
-    def __init__(self, world: World, key: tuple, qp: QueuePair) -> None:
+    def __init__(self, ctx: Context, key: tuple[int, int, int], qp: QueuePair,
+                 thread: ProxyThread) -> None:
         self.key = key
         self.qp = qp
         self.posted = 0
         self.visible: deque[Message] = deque()
         self.inflight: deque[Message] = deque()
-        self.freed = Counter(world.env)
-        self.thread: ProxyThread | None = None
+        self.freed = Counter(ctx.env)
+        self.thread = thread
+
+
+class RingTable:
+    """Every descriptor ring of one op, made on first use: one per (rank, context, peer),
+    spread round-robin over the rank's host threads (``proxy.threads``)."""
+
+    def __init__(self, ctx: Context, qps: list[list[QueuePair]], messages: Messages) -> None:
+        self.ctx = ctx
+        self.qps = qps
+        self.messages = messages
+        self._rings: dict[tuple[int, int, int], Ring] = {}
+        self._threads: dict[int, list[ProxyThread]] = {}
+        self._per_rank: dict[int, int] = {}
+
+    def get(self, rank: int, qp_ctx: int, peer: int) -> Ring:
+        key = (rank, qp_ctx, peer)
+        ring = self._rings.get(key)
+        if ring is None:
+            threads = self._threads.get(rank)
+            if threads is None:
+                threads = [ProxyThread(self.ctx, rank, i, self.qps[rank], self.messages)
+                           for i in range(self.ctx.platform.proxy.threads)]
+                self._threads[rank] = threads
+            n = self._per_rank.get(rank, 0)
+            self._per_rank[rank] = n + 1
+            thread = threads[n % len(threads)]
+            ring = Ring(self.ctx, key, self.qps[rank][qp_ctx], thread)
+            thread.rings.append(ring)
+            self._rings[key] = ring
+        return ring
 
 
 class ProxyThread:
-    """One host progress thread."""
+    """One host progress thread of one rank: its rings, and the rank's queue pairs it
+    posts (and stripes) the descriptors' writes on."""
 
-    def __init__(self, world: World, rank: int, index: int) -> None:
-        self.w = world
-        self.env = world.env
+    def __init__(self, ctx: Context, rank: int, index: int, qps: list[QueuePair],
+                 messages: Messages) -> None:
+        self.ctx = ctx
+        self.env = ctx.env
         self.rank = rank
         self.index = index
+        self.qps = qps
+        self.messages = messages
         self.rings: list[Ring] = []
         self.cq: deque[Message] = deque()
         self._kick = None
         self.track = f"proxy{index}"
         self.proc = f"rank{rank} host"
-        world.env.process(self._loop())
+        ctx.env.process(self._loop())
 
     def cq_append(self, msg: Message) -> None:
         """The NIC wrote a CQE for one of this thread's posts."""
@@ -66,7 +101,7 @@ class ProxyThread:
             self._kick.succeed()
 
     def _loop(self):
-        env, w = self.env, self.w
+        env, w = self.env, self.ctx
         pp = w.platform.proxy
         led = w.ledger
         while True:
@@ -105,18 +140,18 @@ class ProxyThread:
         Each stripe is a write-with-immediate of its own (posted, completed and
         counted at the target separately); the put completes when all did.
         """
-        pp = self.w.platform.proxy
+        pp = self.ctx.platform.proxy
         k = min(pp.stripe_rails, max(1, -(-msg.nbytes // pp.stripe_min_bytes)))
         if k == 1 or msg.kind != "data":
             return [msg]
         msg.parts = k
-        qps = self.w.qps[msg.src]
+        qps = self.qps
         out = []
         base, left = msg.nbytes // k, msg.nbytes
         for i in range(k):
             size = base if i < k - 1 else left
             left -= size
-            part = self.w.message(msg.src, msg.dst, size, msg.tag, kind="stripe", seq=msg.seq)
+            part = self.messages.new(msg.src, msg.dst, size, msg.tag, kind="stripe", seq=msg.seq)
             part.parent = msg
             part.qp = qps[(msg.qp.index + i) % len(qps)]  # next rails
             part.on_complete = self._stripe_done
@@ -139,21 +174,22 @@ class ProxyThread:
             ring.inflight.popleft()
             freed += 1
         port: ProxyPort = msg.port
-        lat = self.w.ledger.cost("proxy_queue", self.w.platform.proxy.host_to_gpu_ns)
+        lat = self.ctx.ledger.cost("proxy_queue", self.ctx.platform.proxy.host_to_gpu_ns)
         call_later(self.env, lat, _host_reported, ring, freed, port)
 
 
 class ProxyPort(WarpPort):
     """One warp's view of the proxy path: same interface as the native port."""
 
-    def __init__(self, world: World, rank: int, warp: int, ctx: int) -> None:
-        super().__init__(world, rank, warp)
-        self.ctx = ctx
+    def __init__(self, ctx: Context, rank: int, warp: int, qp_ctx: int, rings: RingTable) -> None:
+        super().__init__(ctx, rank, warp)
+        self.qp_ctx = qp_ctx  # the GIN context (QP index) this warp posts on
+        self.rings = rings
 
     def post(self, msg: Message):
-        w = self.w
+        w = self.ctx
         pp, g = w.platform.proxy, w.platform.gpu
-        ring = w.ring(self.rank, self.ctx, msg.dst)
+        ring = self.rings.get(self.rank, self.qp_ctx, msg.dst)
         msg.qp = ring.qp
         msg.ring = ring
         msg.port = self
@@ -178,7 +214,7 @@ class ProxyPort(WarpPort):
         """Wait until the host reported every descriptor of this warp complete."""
         if self.done.value < self.posted:
             yield from self._wait(cat, self.done.reach(self.posted))
-        yield from self._pay(cat, self.w.platform.gpu.pcie_read_ns)
+        yield from self._pay(cat, self.ctx.platform.gpu.pcie_read_ns)
 
 
 def _host_reported(ring: Ring, freed: int, port: ProxyPort) -> None:

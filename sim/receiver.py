@@ -30,33 +30,41 @@ from typing import TYPE_CHECKING
 from lever.sim.engine import Counter, call_at, call_later
 
 if TYPE_CHECKING:
+    from lever.sim.context import Context
+    from lever.sim.fabric import Draws
     from lever.sim.message import Message
-    from lever.sim.model import World
+    from lever.sim.tags import Tag
 
 
 class Receiver:
-    """Receiver-side state of one rank: counters per tag, the host thread for proxy."""
+    """Receiver-side state of one rank: counters per tag, the host thread for proxy.
 
-    def __init__(self, world: World, rank: int) -> None:
-        self.w = world
-        self.env = world.env
+    ``mode`` is the signalling strategy in force for this op; ``polls`` the rank's
+    own random stream for poll phases."""
+
+    def __init__(self, ctx: Context, rank: int, mode: str, polls: Draws) -> None:
+        self.ctx = ctx
+        self.env = ctx.env
         self.rank = rank
-        self.mode = world.signal_mode
-        self.proxy = world.design.path == "proxy"
-        self.data: dict = defaultdict(lambda: Counter(self.env))  # visible data writes (truth)
-        self.known: dict = defaultdict(lambda: Counter(self.env))  # what a poller may conclude
-        self.flags: dict = defaultdict(lambda: Counter(self.env))  # signal arrivals per tag
-        self._prefix: dict = defaultdict(set)  # unordered-counting: visible sub-part seqs
-        self._prefix_n: dict = defaultdict(int)
-        self._sig: dict = defaultdict(int)
+        self.mode = mode
+        self.proxy = ctx.design.path == "proxy"
+        self.polls = polls
+        self.data: dict[Tag, Counter] = defaultdict(lambda: Counter(self.env))  # visible (truth)
+        self.known: dict[Tag, Counter] = defaultdict(lambda: Counter(self.env))  # a poller may conclude
+        self.flags: dict[Tag, Counter] = defaultdict(lambda: Counter(self.env))  # signal arrivals
+        self._prefix: dict[Tag, set[int]] = defaultdict(set)  # unordered counting: visible seqs
+        self._prefix_n: dict[Tag, int] = defaultdict(int)
+        self._sig: dict[Tag, int] = defaultdict(int)  # unordered counting: SignalAdd total
+        self._stripes: dict[int, int] = defaultdict(int)  # proxy: stripes arrived per put (id)
+        self._host_counted: dict[Tag, int] = defaultdict(int)  # proxy: data writes the host counted
         self._host_busy_until = 0.0
-        self._held: dict = defaultdict(list)  # proxy: signals waiting for their data
+        self._held: dict[Tag, list[int]] = defaultdict(list)  # proxy: signals awaiting their data
 
     # -- arrivals ----------------------------------------------------------------
     def on_visible(self, msg: Message) -> None:
         """Called by the NIC when every byte of ``msg`` is visible in this GPU's memory."""
-        w, rp = self.w, self.w.platform.receiver
-        led = w.ledger
+        ctx = self.ctx
+        rp, led = ctx.platform.receiver, ctx.ledger
         tag = msg.tag
         if msg.kind == "notify":
             self.data[tag].add(1)
@@ -70,7 +78,7 @@ class Receiver:
             if self.mode == "imm-counting":
                 self._later(led.cost("signal", rp.recv_completion_ns), tag, 1)
             elif self.mode == "hw-counter":
-                self._later(led.cost("signal", w.platform.nic.completion_ns), tag, 1)
+                self._later(led.cost("signal", ctx.platform.nic.completion_ns), tag, 1)
             elif self.mode == "unordered-counting":
                 self._prefix[tag].add(msg.seq)
                 self._advance_prefix(tag)
@@ -105,8 +113,8 @@ class Receiver:
 
     def _host_handle(self, msg: Message) -> None:
         """Proxy path: the receiving host thread consumes one receive completion."""
-        pp = self.w.platform.proxy
-        led = self.w.ledger
+        pp = self.ctx.platform.proxy
+        led = self.ctx.ledger
         now = self.env.now
         start = max(now, self._host_busy_until)
         self._host_busy_until = start + led.cost("proxy_post", pp.host_cq_poll_ns)
@@ -122,15 +130,15 @@ class Receiver:
 
     def _host_stripe(self, parent: Message) -> None:
         """The receiving host counts stripes per (peer, sequence); the put is there with the last."""
-        key = ("stripes", id(parent))
-        self._sig[key] += 1
-        if self._sig[key] == parent.parts:
-            del self._sig[key]
+        key = id(parent)
+        self._stripes[key] += 1
+        if self._stripes[key] == parent.parts:
+            del self._stripes[key]
             self.data[parent.tag].add(1)
             self._host_data(parent.tag)
 
     def _host_data(self, tag) -> None:
-        self._sig[("hostdata", tag)] += 1
+        self._host_counted[tag] += 1
         self._host_release(tag)
 
     def _host_signal(self, tag, value: int) -> None:
@@ -139,7 +147,7 @@ class Receiver:
 
     def _host_release(self, tag) -> None:
         """Deliver held signals whose data all arrived (sequence order per stream)."""
-        have = self._sig[("hostdata", tag)]
+        have = self._host_counted[tag]
         held = self._held[tag]
         k = self.known[tag]
         for v in sorted(held):
@@ -154,8 +162,7 @@ class Receiver:
              check: bool = True):
         """A warp polls until it may conclude ``n`` writes of ``tag`` landed
         (and, with ``flags``, until that many signals of ``tag`` arrived)."""
-        w = self.w
-        led, g = w.ledger, w.platform.gpu
+        led, tr = self.ctx.ledger, self.ctx.trace
         k = self.known[tag]
         t0 = self.env.now
         if flags and self.flags[tag].value < flags:
@@ -164,17 +171,24 @@ class Receiver:
             yield k.reach(n)
         dt = self.env.now - t0
         led.waited(cat, dt)
-        poll = g.poll_interval_ns * w.poll_draws[self.rank].uniform() + g.device_load_ns
-        if self.mode == "imm-counting" and not self.proxy:
-            poll += w.platform.receiver.cq_poll_ns
-        t = led.issue(cat, poll)
+        t = led.issue(cat, self.poll_ns())
         yield self.env.timeout(t)
-        if w.trace.enabled:
-            w.trace.span(f"rank{self.rank}", track, cat, t0, self.env.now - t0, tag=str(tag))
+        if tr.enabled:
+            tr.span(f"rank{self.rank}", track, cat, t0, self.env.now - t0, tag=str(tag))
         if check:
             self.check(tag, n)
+
+    def poll_ns(self) -> float:
+        """The poll loop's granularity after the awaited value changed: it is seen at the next
+        poll (uniform phase over ``poll_interval_ns``) plus one load, plus consuming the
+        receive CQE when counting immediates on the GPU. Draws from the rank's own stream."""
+        g = self.ctx.platform.gpu
+        poll = g.poll_interval_ns * self.polls.uniform() + g.device_load_ns
+        if self.mode == "imm-counting" and not self.proxy:
+            poll += self.ctx.platform.receiver.cq_poll_ns
+        return poll
 
     def check(self, tag, n: int) -> None:
         """Consuming ``n`` writes of ``tag``: count a violation if they are not all visible."""
         if self.data[tag].value < n:
-            self.w.ledger.counters["ordering_violations"] += 1
+            self.ctx.ledger.counters["ordering_violations"] += 1

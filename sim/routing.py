@@ -17,7 +17,7 @@ import numpy as np
 from lever.sim.params import Scenario
 
 if TYPE_CHECKING:
-    from lever.sim.model import World
+    from lever.sim.params import Design
 
 
 class Routing:
@@ -62,9 +62,8 @@ class Routing:
     def dst_nodes(self) -> list[list[tuple[int, ...]]]:
         return [[tuple(sorted({r // self.rpn for r in row})) for row in d] for d in self.dst_ranks]
 
-    def max_puts_per_qp(self, world: World) -> int:
+    def max_puts_per_qp(self, d: Design) -> int:
         """An upper bound of WQEs one QP carries in one call (all on one QP, plus signals)."""
-        d = world.design
         R = self.R
         T = self.topk[0].shape[0]
         if d.protocol == "v1-ll":

@@ -6,17 +6,19 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from lever.sim.engine import Counter, call_later
+from lever.sim.tags import NotifyTag
 
 if TYPE_CHECKING:
+    from lever.sim.issuer import NativePort, Port
     from lever.sim.model import World
 
 
-def put(w: World, port, src: int, dst: int, nbytes: int, tag, seq: int = 0):
+def put(w: World, port: Port, src: int, dst: int, nbytes: int, tag, seq: int = 0):
     """One RDMA write from ``port`` (native or proxy)."""
     yield from port.post(w.message(src, dst, nbytes, tag, seq=seq))
 
 
-def publish(w: World, port, src: int, dst: int, tag, value: int, flushed: bool = False):
+def publish(w: World, port: Port, src: int, dst: int, tag, value: int, flushed: bool = False):
     """A count/flag/tail signal vouching for ``value`` writes of ``tag`` sent so far.
 
     Native ``flush`` mode waits for the send completions of this warp's data
@@ -44,7 +46,7 @@ def publish(w: World, port, src: int, dst: int, tag, value: int, flushed: bool =
         yield from port.finish()  # a signal is rung at once, never left in a doorbell batch
 
 
-def _provider_tail(w: World, port, src: int, dst: int, tag, value: int) -> None:
+def _provider_tail(w: World, port: NativePort, src: int, dst: int, tag, value: int) -> None:
     """The provider posts the tail once the data before it completed; a newer tail
     for the same stream subsumes an older one still waiting (batching)."""
     key = (src, dst, tag)
@@ -100,14 +102,14 @@ def notify_exchange(w: World, rank: int, peers: list[int]):
     d = w.design
     for p in peers:
         if w.same_node(rank, p):
-            nvlink_flag(w, rank, p, ("notify", rank), 1)
+            nvlink_flag(w, rank, p, NotifyTag(rank), 1)
         else:
-            m = w.message(rank, p, d.notify_bytes, ("notify", rank), kind="notify")
+            m = w.message(rank, p, d.notify_bytes, NotifyTag(rank), kind="notify")
             yield from port.post(m)
     yield from port.finish()
     rcv = w.receivers[rank]
     for p in peers:
-        yield from rcv.wait(("notify", p), 1, "notify", check=False)
+        yield from rcv.wait(NotifyTag(p), 1, "notify", check=False)
 
 
 class Barrier:

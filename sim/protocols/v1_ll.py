@@ -23,6 +23,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from lever.sim.protocols.common import Barrier, nvlink_flag, nvlink_put, publish, put
+from lever.sim.tags import ExpertTag
 
 if TYPE_CHECKING:
     from lever.sim.model import World
@@ -44,7 +45,7 @@ def run(w: World) -> list:
                 for e in row:
                     e = int(e)
                     d = rt.rank_of(e)
-                    items[s].append((t % C, d, ("d", s, e), t))
+                    items[s].append((t % C, d, ExpertTag(s, e), t))
                     counts[(s, d, e)] = counts.get((s, d, e), 0) + 1
     else:
         for s in range(R):  # s hosts expert e; results go back to token's source rank
@@ -54,7 +55,7 @@ def run(w: World) -> list:
                     for e in row:
                         e = int(e)
                         if rt.rank_of(e) == s:
-                            items[s].append((k % C, src, ("d", s, e), k))
+                            items[s].append((k % C, src, ExpertTag(s, e), k))
                             counts[(s, src, e)] = counts.get((s, src, e), 0) + 1
                             k += 1
     done = []
@@ -103,7 +104,7 @@ def _rank(w: World, r: int, items, counts, nbytes: int, dispatch: bool):
         sport = w.signal_port(r, c)
         for e, p in ([] if cached else sig[c::C]):
             n = counts.get((r, p, e), 0)
-            tag = ("d", r, e)
+            tag = ExpertTag(r, e)
             if nvl and w.same_node(r, p):
                 nvlink_flag(w, r, p, tag, n)
             else:
@@ -118,7 +119,7 @@ def _rank(w: World, r: int, items, counts, nbytes: int, dispatch: bool):
         srcs = range(R) if dispatch else [rt.rank_of(e)]
         for s in srcs:
             n = counts.get((s, r, e), 0)
-            yield from rcv.wait(("d", s, e), n, track, flags=0 if cached else 1)
+            yield from rcv.wait(ExpertTag(s, e), n, track, flags=0 if cached else 1)
 
     rx_experts = list(range(r * epr, (r + 1) * epr)) if dispatch else list(range(rt.num_experts))
     yield env.all_of([env.process(warp(c)) for c in range(C)])

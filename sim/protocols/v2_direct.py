@@ -20,6 +20,7 @@ from lever.sim.protocols.common import (
     publish,
     put,
 )
+from lever.sim.tags import RankTag
 
 if TYPE_CHECKING:
     from lever.sim.model import World
@@ -65,7 +66,7 @@ def _rank(w: World, r: int, items, n_to, dispatch: bool):
     for it in items:
         by_ch.setdefault(it[0], []).append(it)
     barrier = Barrier(w, C)
-    tag = ("x", r)
+    tag = RankTag(r)
 
     def warp(c: int):
         port = w.port(r, c)
@@ -98,7 +99,7 @@ def _rank(w: World, r: int, items, n_to, dispatch: bool):
     yield from sport.finish()
     rcv = w.receivers[r]
     for p in peers:
-        yield from rcv.wait(("x", p), n_to[p][r], "barrier", flags=1)
+        yield from rcv.wait(RankTag(p), n_to[p][r], "barrier", flags=1)
     if not dispatch:
         kib = wl.combine_bytes_per_token / 1024
         ns = g.reduce_ns_per_kib * kib * wl.top_k * wl.tokens_per_rank / C

@@ -33,6 +33,7 @@ from lever.sim.protocols.common import (
     publish,
     put,
 )
+from lever.sim.tags import BarrierTag, CombineTag, ForwardTag, PartialTag, TailTag
 
 if TYPE_CHECKING:
     from lever.sim.model import World
@@ -91,19 +92,19 @@ def _dispatch_rank(w: World, r: int, sh: _Shared):
                 if m == n:
                     for dst in rt.dst_ranks[r][t]:
                         if dst != r and w.node_of(dst) == n:
-                            yield from nvlink_put(w, r, dst, nbytes, ("f", r), port.track)
+                            yield from nvlink_put(w, r, dst, nbytes, ForwardTag(r), port.track)
                         elif dst == r:
                             rc = w.receivers[r]
-                            rc.data[("f", r)].add(1)
-                            rc.known[("f", r)].add(1)
+                            rc.data[ForwardTag(r)].add(1)
+                            rc.known[ForwardTag(r)].add(1)
                     continue
-                yield from put(w, port, r, sh.rank(m, loc), nbytes, ("h", r, c), seq=sent[m])
+                yield from put(w, port, r, sh.rank(m, loc), nbytes, TailTag(r, c), seq=sent[m])
                 sent[m] += 1
                 if not counting and sent[m] % d.scaleout_update_interval == 0:
-                    yield from publish(w, port, r, sh.rank(m, loc), ("h", r, c), sent[m])
+                    yield from publish(w, port, r, sh.rank(m, loc), TailTag(r, c), sent[m])
         for m in range(N):  # the finish word: final tail for every remote node
             if m != n and not counting and (sent[m] % d.scaleout_update_interval or not sent[m]):
-                yield from publish(w, port, r, sh.rank(m, loc), ("h", r, c), sent[m])
+                yield from publish(w, port, r, sh.rank(m, loc), TailTag(r, c), sent[m])
         yield from port.finish()
 
     def forward(j: int, pairs: list[tuple[int, int]]):
@@ -114,12 +115,12 @@ def _dispatch_rank(w: World, r: int, sh: _Shared):
         want = [len(sh.stream.get((s, c, n), ())) for s, c in pairs]
         wake = Counter(env)  # bumped whenever any polled tail moves
         for s, c in pairs:
-            rcv.known[("h", s, c)].watch(wake)
+            rcv.known[TailTag(s, c)].watch(wake)
         while any(done[i] < want[i] for i in range(len(pairs))):
             mark = wake.value
             progressed = False
             for i, (s, c) in enumerate(pairs):
-                tag = ("h", s, c)
+                tag = TailTag(s, c)
                 avail = min(rcv.known[tag].value, want[i])
                 if avail > done[i]:
                     rcv.check(tag, avail)
@@ -132,23 +133,20 @@ def _dispatch_rank(w: World, r: int, sh: _Shared):
                                 per_dst[dst] = per_dst.get(dst, 0) + 1
                     for dst, k in per_dst.items():
                         if dst == r:
-                            rcv.data[("f", s)].add(k)
-                            rcv.known[("f", s)].add(k)
+                            rcv.data[ForwardTag(s)].add(k)
+                            rcv.known[ForwardTag(s)].add(k)
                             continue
                         while k > 0:
                             chunk = min(k, d.nvlink_chunk_tokens)
                             k -= chunk
-                            yield from nvlink_put(w, r, dst, nbytes, ("f", s), track, chunk)
+                            yield from nvlink_put(w, r, dst, nbytes, ForwardTag(s), track, chunk)
                     done[i] = avail
                     progressed = True
             if not progressed:
                 t0 = env.now
                 yield wake.reach(mark + 1)
                 w.ledger.waited("poll_wait", env.now - t0)
-                poll = g.poll_interval_ns * w.poll_draws[r].uniform() + g.device_load_ns
-                if counting and d.signal_mode == "imm-counting":
-                    poll += w.platform.receiver.cq_poll_ns
-                yield env.timeout(w.ledger.issue("poll_wait", poll))
+                yield env.timeout(w.ledger.issue("poll_wait", rcv.poll_ns()))
                 if w.trace.enabled:
                     w.trace.span(f"rank{r}", track, "poll_wait", t0, env.now - t0)
 
@@ -162,7 +160,7 @@ def _dispatch_rank(w: World, r: int, sh: _Shared):
     arrived = Counter(env)
 
     def watch(s: int, n_exp: int):
-        yield from rcv.wait(("f", s), n_exp, "rx")
+        yield from rcv.wait(ForwardTag(s), n_exp, "rx")
         arrived.add(1)
 
     exp = sh.expected_from[r]
@@ -175,14 +173,13 @@ def _dispatch_rank(w: World, r: int, sh: _Shared):
 def _node_barrier(w: World, r: int, sh: _Shared, what: str):
     """Closing NVLink barrier among the ranks of one node."""
     n, loc = divmod(r, sh.rpn)
-    tag = ("bar", what)
     for j in range(sh.rpn):
         if j != loc:
-            nvlink_flag(w, r, sh.rank(n, j), (tag, r), 1)
+            nvlink_flag(w, r, sh.rank(n, j), BarrierTag(what, r), 1)
     rcv = w.receivers[r]
     for j in range(sh.rpn):
         if j != loc:
-            yield from rcv.wait((tag, sh.rank(n, j)), 1, "barrier", check=False)
+            yield from rcv.wait(BarrierTag(what, sh.rank(n, j)), 1, "barrier", check=False)
 
 
 def _combine_rank(w: World, r: int, sh: _Shared):
@@ -205,7 +202,7 @@ def _combine_rank(w: World, r: int, sh: _Shared):
             fwd = sh.rank(n, s % sh.rpn)  # forwarder for s on this node
             if w.node_of(s) == n:
                 fwd = s  # same node: straight to the source
-            tag = ("p", s, t)
+            tag = PartialTag(s, t)
             if fwd == r:
                 rcv.data[tag].add(1)
                 rcv.known[tag].add(1)
@@ -225,11 +222,11 @@ def _combine_rank(w: World, r: int, sh: _Shared):
         track = f"fwd{j}"
         for s, t in work[j::F]:
             contrib = sum(1 for x in rt.dst_ranks[s][t] if w.node_of(x) == n)
-            yield from rcv.wait(("p", s, t), contrib, track)
+            yield from rcv.wait(PartialTag(s, t), contrib, track)
             yield env.timeout(w.ledger.issue("compute", g.reduce_ns_per_kib * kib * contrib))
             seq = sent_to[s]  # claimed before posting: forward warps run concurrently
             sent_to[s] += 1
-            yield from put(w, port, r, s, nbytes, ("hc", n, s), seq=seq)
+            yield from put(w, port, r, s, nbytes, CombineTag(n, s), seq=seq)
         # the finish signal goes on the notify QP, after every forward warp's data on other
         # QPs: no single connection orders them, so flag-after-data modes flush first (as V2 does)
         if d.path == "native" and d.signal_mode in ("flush", "ordered"):
@@ -240,7 +237,7 @@ def _combine_rank(w: World, r: int, sh: _Shared):
         if j == 0:
             sport = w.notify_port(r)
             for s in remote:
-                yield from publish(w, sport, r, s, ("hc", n, s), sent_to[s], flushed=True)
+                yield from publish(w, sport, r, s, CombineTag(n, s), sent_to[s], flushed=True)
             yield from sport.finish()
 
     procs = [env.process(expert_side(c)) for c in range(C)]
@@ -254,11 +251,11 @@ def _combine_rank(w: World, r: int, sh: _Shared):
             if m == n:
                 continue
             cnt = sum(1 for _t, nodes in mine if m in nodes)
-            yield from rcv.wait(("hc", m, r), cnt, "rx", flags=1)
+            yield from rcv.wait(CombineTag(m, r), cnt, "rx", flags=1)
         for t, _nodes in mine:
             local = sum(1 for x in rt.dst_ranks[r][t] if w.node_of(x) == n)
             if local:
-                yield from rcv.wait(("p", r, t), local, "rx")
+                yield from rcv.wait(PartialTag(r, t), local, "rx")
         ns = g.reduce_ns_per_kib * kib * len(mine) * N / C
         yield env.timeout(w.ledger.issue("compute", ns))
 

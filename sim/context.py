@@ -1,0 +1,25 @@
+"""What every physical piece of one simulated op shares, and nothing more.
+
+A piece (a warp's port, a proxy thread, the receiver, NVLink) needs the clock,
+the cost ledger, the trace sink and the parameters; anything else it talks to
+(its queue pair, the descriptor rings, the message factory) is handed to it
+when it is built, so the wiring is visible in ``sim/model.py`` and no piece
+reaches back into the world that made it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import simpy
+from lever.sim.engine import Ledger, Trace
+from lever.sim.params import Design, Platform
+
+
+@dataclass(frozen=True, slots=True)
+class Context:
+    env: simpy.Environment
+    ledger: Ledger
+    trace: Trace
+    platform: Platform
+    design: Design

@@ -31,6 +31,7 @@ from typing import Any
 import numpy as np
 from lever.sim import levers as levers_mod
 from lever.sim import scenario as scn_mod
+from lever.sim.errors import UserError
 from lever.sim.params import Scenario
 from lever.sim.results import PUT_PATH, critical_path, profiler_shares, run_seeds, stats
 from lever.sim.scenario import Overrides
@@ -274,6 +275,8 @@ def predict_all(seeds: int = 2, with_cp: bool = False, cp_seeds: int = 1,
     """Every lever on its baseline; baselines shared; runs in a process pool. Sorted by gain."""
     workers = workers or os.cpu_count() or 1
     names = levers_mod.all_levers()
+    if not names:
+        raise UserError(f"predict --all: no lever files in {levers_mod.LEVER_DIR}")
     levs = {n: levers_mod.load_lever(n) for n in names}
     seeds_l = list(range(seeds))
     baselines = sorted({lv.baseline for lv in levs.values()})

@@ -183,7 +183,7 @@ def main_validate(args: argparse.Namespace) -> int:
     from lever.calibration.fit import FitError, fit, predict
     from lever.sim.errors import UserError
 
-    paths = args.records or shipped_records(args.nic)
+    paths = args.records if args.records is not None else shipped_records(args.nic)
     if len(paths) < 2:
         raise UserError(f"validate: needs at least 2 records of nic '{args.nic}', found {len(paths)}")
     recs = load_records(paths)

@@ -11,6 +11,7 @@ import importlib
 SUBCOMMANDS = {
     "primitives": ("lever.hw.primitives", "microbenchmarks of the GPU-initiated networking primitives"),
     "ep": ("lever.hw.ep", "native/proxy dispatch+combine kernels over the emulated SRD NIC"),
+    "efa-info": ("lever.hw.efa.cli", "what the EFA device here can do (capability report)"),
 }
 
 

@@ -1,0 +1,513 @@
+// Host setup of an EFA SRD endpoint against rdma-core v59 (ibv_* + efadv_*): device
+// discovery and capabilities, SRD QP / CQ / AH / MR creation, the queue queries that
+// fill lever_efa_nic_layout, and teardown in reverse order. See host.h for why.
+//
+// Build (compile only where there is no EFA; link with -libverbs -lefa where there is):
+//   g++ -std=c++17 -c $(python3 hw/efa/rdma_core.py) hw/efa/host.cpp
+#include "host.h"
+
+#include <errno.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <string.h>
+#include <unistd.h>
+
+#include <new>
+#include <vector>
+
+#include <infiniband/efadv.h>
+#include <infiniband/verbs.h>
+
+static_assert(LEVER_EFA_CAP_RDMA_READ == EFADV_DEVICE_ATTR_CAPS_RDMA_READ, "cap bit");
+static_assert(LEVER_EFA_CAP_RNR_RETRY == EFADV_DEVICE_ATTR_CAPS_RNR_RETRY, "cap bit");
+static_assert(LEVER_EFA_CAP_CQ_WITH_SGID == EFADV_DEVICE_ATTR_CAPS_CQ_WITH_SGID, "cap bit");
+static_assert(LEVER_EFA_CAP_RDMA_WRITE == EFADV_DEVICE_ATTR_CAPS_RDMA_WRITE, "cap bit");
+static_assert(LEVER_EFA_CAP_UNSOLICITED_WRITE_RECV == EFADV_DEVICE_ATTR_CAPS_UNSOLICITED_WRITE_RECV,
+              "cap bit");
+static_assert(LEVER_EFA_CAP_CQ_WITH_EXT_MEM_DMABUF == EFADV_DEVICE_ATTR_CAPS_CQ_WITH_EXT_MEM_DMABUF,
+              "cap bit");
+
+namespace {
+
+// A one-line message into the caller's buffer; returns rc so call sites stay short.
+int fail(char* err, size_t n, int rc, const char* fmt, ...) {
+  if (err && n) {
+    va_list ap;
+    va_start(ap, fmt);
+    int k = vsnprintf(err, n, fmt, ap);
+    va_end(ap);
+    if (k >= 0 && (size_t)k < n) snprintf(err + k, n - (size_t)k, ": %s", strerror(rc));
+  }
+  return rc ? rc : EIO;
+}
+
+// errno after a verbs call that returns a pointer, never 0
+int last_errno() { return errno ? errno : EIO; }
+
+bool is_efa(ibv_context* ctx) {
+  efadv_device_attr a;
+  memset(&a, 0, sizeof(a));
+  return efadv_query_device(ctx, &a, sizeof(a)) == 0;
+}
+
+// The named device, or the first one the EFA provider drives. The device list is
+// freed before returning (an open context does not need it).
+ibv_context* open_efa(const char* name, char* dev_name, size_t dev_name_len, int* rc, char* err,
+                      size_t n) {
+  int num = 0;
+  ibv_device** list = ibv_get_device_list(&num);
+  if (!list) {
+    *rc = fail(err, n, last_errno(), "ibv_get_device_list");
+    return nullptr;
+  }
+  ibv_context* found = nullptr;
+  for (int i = 0; i < num && !found; ++i) {
+    const char* dn = ibv_get_device_name(list[i]);
+    if (name && (!dn || strcmp(dn, name) != 0)) continue;
+    ibv_context* ctx = ibv_open_device(list[i]);
+    if (!ctx) continue;
+    if (is_efa(ctx)) {
+      found = ctx;
+      snprintf(dev_name, dev_name_len, "%s", dn ? dn : "");
+    } else {
+      ibv_close_device(ctx);
+    }
+  }
+  ibv_free_device_list(list);
+  if (!found) {
+    *rc = ENODEV;
+    if (err && n)
+      snprintf(err, n, num == 0 ? "no ibv device" : "no ibv device of the EFA provider%s%s",
+               name ? " named " : "", name ? name : "");
+  }
+  return found;
+}
+
+int fill_caps(ibv_context* ctx, uint8_t port, lever_efa_caps* c, char* err, size_t n) {
+  efadv_device_attr ea;
+  memset(&ea, 0, sizeof(ea));
+  int rc = efadv_query_device(ctx, &ea, sizeof(ea));
+  if (rc) return fail(err, n, rc, "efadv_query_device");
+  c->max_sq_wr = ea.max_sq_wr;
+  c->max_rq_wr = ea.max_rq_wr;
+  c->max_sq_sge = ea.max_sq_sge;
+  c->max_rq_sge = ea.max_rq_sge;
+  c->inline_buf_size = ea.inline_buf_size;
+  c->device_caps = ea.device_caps;
+  c->max_rdma_size = ea.max_rdma_size;
+
+  ibv_device_attr da;
+  memset(&da, 0, sizeof(da));
+  rc = ibv_query_device(ctx, &da);
+  if (rc) return fail(err, n, rc, "ibv_query_device");
+  c->node_guid = da.node_guid;
+  c->max_qp = (uint32_t)da.max_qp;
+  c->max_cq = (uint32_t)da.max_cq;
+  c->max_cqe = (uint32_t)da.max_cqe;
+  c->max_mr = (uint32_t)da.max_mr;
+  c->max_pd = (uint32_t)da.max_pd;
+  c->max_ah = (uint32_t)da.max_ah;
+  c->max_mr_size = da.max_mr_size;
+
+  ibv_port_attr pa;
+  memset(&pa, 0, sizeof(pa));
+  rc = ibv_query_port(ctx, port, &pa);
+  if (rc) return fail(err, n, rc, "ibv_query_port(%u)", port);
+  c->port_state = (uint32_t)pa.state;
+  c->active_mtu = (uint32_t)pa.active_mtu;
+  c->max_msg_sz = pa.max_msg_sz;
+
+  ibv_gid gid;
+  rc = ibv_query_gid(ctx, port, 0, &gid);
+  if (rc) return fail(err, n, rc ? rc : EIO, "ibv_query_gid(%u, 0)", port);
+  memcpy(c->gid, gid.raw, sizeof(c->gid));
+  return 0;
+}
+
+uint64_t send_ops_for(uint32_t caps) {
+  uint64_t ops = IBV_QP_EX_WITH_SEND | IBV_QP_EX_WITH_SEND_WITH_IMM;
+  if (caps & LEVER_EFA_CAP_RDMA_WRITE)
+    ops |= IBV_QP_EX_WITH_RDMA_WRITE | IBV_QP_EX_WITH_RDMA_WRITE_WITH_IMM;
+  if (caps & LEVER_EFA_CAP_RDMA_READ) ops |= IBV_QP_EX_WITH_RDMA_READ;
+  return ops;
+}
+
+// An SRD QP on pd whose send and receive completions go to cq.
+ibv_qp* create_srd_qp(ibv_context* ctx, ibv_pd* pd, ibv_cq* cq, uint32_t caps, uint32_t sq_depth,
+                      uint32_t rq_depth, uint8_t sl, bool unsolicited, int* rc, char* err,
+                      size_t n) {
+  ibv_qp_init_attr_ex qa;
+  memset(&qa, 0, sizeof(qa));
+  qa.send_cq = cq;
+  qa.recv_cq = cq;
+  qa.cap.max_send_wr = sq_depth;
+  qa.cap.max_recv_wr = rq_depth;
+  qa.cap.max_send_sge = 1;
+  qa.cap.max_recv_sge = 1;
+  qa.cap.max_inline_data = 0;
+  qa.qp_type = IBV_QPT_DRIVER;
+  qa.pd = pd;
+  qa.comp_mask = IBV_QP_INIT_ATTR_PD | IBV_QP_INIT_ATTR_SEND_OPS_FLAGS;
+  qa.send_ops_flags = send_ops_for(caps);
+
+  efadv_qp_init_attr ea;
+  memset(&ea, 0, sizeof(ea));
+  ea.driver_qp_type = EFADV_QP_DRIVER_TYPE_SRD;
+  ea.sl = sl;
+  if (unsolicited) ea.flags |= EFADV_QP_FLAGS_UNSOLICITED_WRITE_RECV;
+
+  ibv_qp* qp = efadv_create_qp_ex(ctx, &qa, &ea, sizeof(ea));
+  if (!qp) *rc = fail(err, n, last_errno(), "efadv_create_qp_ex(SRD, sq %u, rq %u)", sq_depth, rq_depth);
+  return qp;
+}
+
+// RESET -> INIT -> RTR -> RTS, as an SRD QP needs before it can post.
+int qp_to_rts(ibv_qp* qp, uint8_t port, uint32_t qkey, uint32_t caps, char* err, size_t n) {
+  ibv_qp_attr a;
+  memset(&a, 0, sizeof(a));
+  a.qp_state = IBV_QPS_INIT;
+  a.pkey_index = 0;
+  a.port_num = port;
+  a.qkey = qkey;
+  int rc = ibv_modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_QKEY);
+  if (rc) return fail(err, n, rc, "ibv_modify_qp(INIT)");
+  memset(&a, 0, sizeof(a));
+  a.qp_state = IBV_QPS_RTR;
+  rc = ibv_modify_qp(qp, &a, IBV_QP_STATE);
+  if (rc) return fail(err, n, rc, "ibv_modify_qp(RTR)");
+  memset(&a, 0, sizeof(a));
+  a.qp_state = IBV_QPS_RTS;
+  a.sq_psn = 0;
+  int mask = IBV_QP_STATE | IBV_QP_SQ_PSN;
+  if (caps & LEVER_EFA_CAP_RNR_RETRY) {
+    a.rnr_retry = 7;  // the provider's "retry forever"
+    mask |= IBV_QP_RNR_RETRY;
+  }
+  rc = ibv_modify_qp(qp, &a, mask);
+  if (rc) return fail(err, n, rc, "ibv_modify_qp(RTS)");
+  return 0;
+}
+
+ibv_cq_ex* create_cq(ibv_context* ctx, const lever_efa_endpoint_options* o, int* rc, char* err,
+                     size_t n) {
+  ibv_cq_init_attr_ex ca;
+  memset(&ca, 0, sizeof(ca));
+  ca.cqe = o ? o->cq_depth : 64;
+  ca.wc_flags = IBV_WC_STANDARD_FLAGS;
+  efadv_cq_init_attr ea;
+  memset(&ea, 0, sizeof(ea));
+  if (o && o->cq_dmabuf_fd >= 0) {
+    ea.flags = EFADV_CQ_INIT_FLAGS_EXT_MEM_DMABUF;
+    ea.ext_mem_dmabuf.buffer = (uint8_t*)o->cq_gpu_buf;
+    ea.ext_mem_dmabuf.length = o->cq_dmabuf_len;
+    ea.ext_mem_dmabuf.offset = o->cq_dmabuf_offset;
+    ea.ext_mem_dmabuf.fd = o->cq_dmabuf_fd;
+  }
+  ibv_cq_ex* cq = efadv_create_cq(ctx, &ca, &ea, sizeof(ea));
+  if (!cq)
+    *rc = fail(err, n, last_errno(), "efadv_create_cq(%u entries%s)", ca.cqe,
+               (o && o->cq_dmabuf_fd >= 0) ? ", GPU memory by dma-buf" : "");
+  return cq;
+}
+
+// The device's max_tx_batch in WQEs, read back from a probe QP (efadv_query_qp_wqs);
+// every probe object is destroyed in reverse order whatever happens.
+int probe_max_batch(ibv_context* ctx, uint32_t caps, uint32_t* max_batch, char* err, size_t n) {
+  int rc = 0;
+  ibv_pd* pd = ibv_alloc_pd(ctx);
+  ibv_cq_ex* cq = nullptr;
+  ibv_qp* qp = nullptr;
+  if (!pd) {
+    rc = fail(err, n, last_errno(), "ibv_alloc_pd");
+  } else if (!(cq = create_cq(ctx, nullptr, &rc, err, n))) {
+  } else if (!(qp = create_srd_qp(ctx, pd, ibv_cq_ex_to_cq(cq), caps, 64, 1, 0, false, &rc, err,
+                                  n))) {
+  } else {
+    efadv_wq_attr sq, rq;
+    memset(&sq, 0, sizeof(sq));
+    memset(&rq, 0, sizeof(rq));
+    rc = efadv_query_qp_wqs(qp, &sq, &rq, sizeof(sq));
+    if (rc)
+      fail(err, n, rc, "efadv_query_qp_wqs");
+    else
+      *max_batch = sq.max_batch < sq.num_entries ? sq.max_batch : sq.num_entries;
+  }
+  if (qp) ibv_destroy_qp(qp);
+  if (cq) ibv_destroy_cq(ibv_cq_ex_to_cq(cq));
+  if (pd) ibv_dealloc_pd(pd);
+  return rc;
+}
+
+// Page-aligned range around [p, p + len) for cudaHostRegister.
+void page_range(uint64_t p, uint64_t len, uint64_t* base, uint64_t* span) {
+  uint64_t pg = (uint64_t)sysconf(_SC_PAGESIZE);
+  *base = p & ~(pg - 1);
+  *span = ((p + len - *base) + pg - 1) & ~(pg - 1);
+}
+
+}  // namespace
+
+struct lever_efa_endpoint {
+  lever_efa_endpoint_options opt;
+  lever_efa_caps caps;
+  ibv_context* ctx = nullptr;
+  ibv_pd* pd = nullptr;
+  ibv_mr* mr = nullptr;
+  ibv_cq_ex* cq = nullptr;
+  ibv_qp* qp = nullptr;
+  std::vector<ibv_ah*> ahs;
+  std::vector<lever_efa_peer> peers;
+  std::vector<void*> mapped;  // host pointers mapped through opt.mapper, in mapping order
+  bool maps_done = false;
+  uint64_t sq_buffer_dev = 0, sq_doorbell_dev = 0, cq_buffer_dev = 0;
+  uint32_t cq_mem = LEVER_EFA_MEM_NONE;
+
+  // GPU address of host range [p, p + len): the page range is mapped, the offset kept.
+  uint64_t map(uint64_t p, uint64_t len, uint32_t kind) {
+    if (!opt.mapper.map || !p) return 0;
+    uint64_t base, span, dev = 0;
+    page_range(p, len, &base, &span);
+    if (opt.mapper.map(opt.mapper.user, (void*)base, span, kind, &dev) != 0 || !dev) return 0;
+    mapped.push_back((void*)base);
+    return dev + (p - base);
+  }
+};
+
+extern "C" {
+
+void lever_efa_endpoint_options_init(lever_efa_endpoint_options* o) {
+  memset(o, 0, sizeof(*o));
+  o->port = 1;
+  o->sq_depth = 1024;
+  o->rq_depth = 128;
+  o->cq_depth = 4096;
+  o->qkey = 0x11111111u;
+  o->dmabuf_fd = -1;
+  o->cq_dmabuf_fd = -1;
+}
+
+int lever_efa_query_caps(const char* device_name, uint8_t port, lever_efa_caps* caps, char* err,
+                         size_t err_len) {
+  memset(caps, 0, sizeof(*caps));
+  int rc = 0;
+  ibv_context* ctx =
+      open_efa(device_name, caps->device_name, sizeof(caps->device_name), &rc, err, err_len);
+  if (!ctx) return rc;
+  rc = fill_caps(ctx, port ? port : 1, caps, err, err_len);
+  if (!rc) rc = probe_max_batch(ctx, caps->device_caps, &caps->max_tx_batch, err, err_len);
+  ibv_close_device(ctx);
+  return rc;
+}
+
+int lever_efa_endpoint_close(lever_efa_endpoint* ep) {
+  if (!ep) return 0;
+  int first = 0;
+  auto note = [&first](int rc) {
+    if (rc && !first) first = rc;
+  };
+  // reverse order of creation: GPU mappings, AHs, QP, CQ, MR, PD, context
+  if (ep->opt.mapper.unmap)
+    for (auto it = ep->mapped.rbegin(); it != ep->mapped.rend(); ++it)
+      ep->opt.mapper.unmap(ep->opt.mapper.user, *it);
+  ep->mapped.clear();
+  for (auto it = ep->ahs.rbegin(); it != ep->ahs.rend(); ++it) note(ibv_destroy_ah(*it));
+  ep->ahs.clear();
+  if (ep->qp) note(ibv_destroy_qp(ep->qp));
+  if (ep->cq) note(ibv_destroy_cq(ibv_cq_ex_to_cq(ep->cq)));
+  if (ep->mr) note(ibv_dereg_mr(ep->mr));
+  if (ep->pd) note(ibv_dealloc_pd(ep->pd));
+  if (ep->ctx) note(ibv_close_device(ep->ctx));
+  delete ep;
+  return first;
+}
+
+int lever_efa_endpoint_open(const lever_efa_endpoint_options* o, lever_efa_endpoint** out,
+                            char* err, size_t err_len) {
+  *out = nullptr;
+  if (!o || !o->buf || !o->len) return fail(err, err_len, EINVAL, "endpoint options: no buffer");
+  lever_efa_endpoint* ep = new (std::nothrow) lever_efa_endpoint();
+  if (!ep) return fail(err, err_len, ENOMEM, "endpoint");
+  ep->opt = *o;
+  memset(&ep->caps, 0, sizeof(ep->caps));
+  int rc = 0;
+  const uint8_t port = o->port ? o->port : 1;
+
+  ep->ctx = open_efa(o->device_name, ep->caps.device_name, sizeof(ep->caps.device_name), &rc, err,
+                     err_len);
+  if (!ep->ctx) goto fail_out;
+  if ((rc = fill_caps(ep->ctx, port, &ep->caps, err, err_len))) goto fail_out;
+
+  ep->pd = ibv_alloc_pd(ep->ctx);
+  if (!ep->pd) {
+    rc = fail(err, err_len, last_errno(), "ibv_alloc_pd");
+    goto fail_out;
+  }
+
+  {
+    int access = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE;
+    if (ep->caps.device_caps & LEVER_EFA_CAP_RDMA_READ) access |= IBV_ACCESS_REMOTE_READ;
+    // dma-buf first (GPU memory without nvidia_peermem), then the classic path
+    if (o->dmabuf_fd >= 0)
+      ep->mr = ibv_reg_dmabuf_mr(ep->pd, o->dmabuf_offset, o->len, (uint64_t)(uintptr_t)o->buf,
+                                 o->dmabuf_fd, access);
+    if (!ep->mr) ep->mr = ibv_reg_mr(ep->pd, o->buf, o->len, access);
+    if (!ep->mr) {
+      rc = fail(err, err_len, last_errno(), "ibv_reg_mr(%zu bytes%s)", o->len,
+                o->dmabuf_fd >= 0 ? ", after ibv_reg_dmabuf_mr failed" : "");
+      goto fail_out;
+    }
+  }
+
+  if (o->cq_dmabuf_fd >= 0 && !(ep->caps.device_caps & LEVER_EFA_CAP_CQ_WITH_EXT_MEM_DMABUF)) {
+    rc = fail(err, err_len, EOPNOTSUPP, "CQ in GPU memory: device lacks CQ_WITH_EXT_MEM_DMABUF");
+    goto fail_out;
+  }
+  ep->cq = create_cq(ep->ctx, o, &rc, err, err_len);
+  if (!ep->cq) goto fail_out;
+
+  if (o->unsolicited_write_recv && !(ep->caps.device_caps & LEVER_EFA_CAP_UNSOLICITED_WRITE_RECV)) {
+    rc = fail(err, err_len, EOPNOTSUPP, "unsolicited write receive: device lacks the capability");
+    goto fail_out;
+  }
+  ep->qp = create_srd_qp(ep->ctx, ep->pd, ibv_cq_ex_to_cq(ep->cq), ep->caps.device_caps,
+                         o->sq_depth, o->rq_depth, o->sl, o->unsolicited_write_recv != 0, &rc, err,
+                         err_len);
+  if (!ep->qp) goto fail_out;
+  if ((rc = qp_to_rts(ep->qp, port, o->qkey, ep->caps.device_caps, err, err_len))) goto fail_out;
+
+  {
+    efadv_wq_attr sq, rq;
+    memset(&sq, 0, sizeof(sq));
+    memset(&rq, 0, sizeof(rq));
+    if ((rc = efadv_query_qp_wqs(ep->qp, &sq, &rq, sizeof(sq)))) {
+      fail(err, err_len, rc, "efadv_query_qp_wqs");
+      goto fail_out;
+    }
+    ep->caps.max_tx_batch = sq.max_batch < sq.num_entries ? sq.max_batch : sq.num_entries;
+  }
+  *out = ep;
+  return 0;
+
+fail_out:
+  lever_efa_endpoint_close(ep);
+  return rc ? rc : EIO;
+}
+
+int lever_efa_endpoint_add_peer(lever_efa_endpoint* ep, const uint8_t gid[16], uint32_t qpn,
+                                uint32_t qkey, uint32_t rkey, uint64_t remote_addr,
+                                uint32_t* index, char* err, size_t err_len) {
+  if (!ep || !ep->pd) return fail(err, err_len, EINVAL, "add_peer: endpoint not open");
+  if (qpn > 0xffffu) return fail(err, err_len, EINVAL, "add_peer: QPN %u does not fit the WQE's 16 bits", qpn);
+  ibv_ah_attr aa;
+  memset(&aa, 0, sizeof(aa));
+  aa.is_global = 1;
+  aa.port_num = ep->opt.port ? ep->opt.port : 1;
+  memcpy(aa.grh.dgid.raw, gid, 16);
+  ibv_ah* ah = ibv_create_ah(ep->pd, &aa);
+  if (!ah) return fail(err, err_len, last_errno(), "ibv_create_ah");
+  efadv_ah_attr ea;
+  memset(&ea, 0, sizeof(ea));
+  int rc = efadv_query_ah(ah, &ea, sizeof(ea));
+  if (rc) {
+    ibv_destroy_ah(ah);
+    return fail(err, err_len, rc, "efadv_query_ah");
+  }
+  ep->ahs.push_back(ah);
+  lever_efa_peer p;
+  memset(&p, 0, sizeof(p));
+  p.ahn = ea.ahn;
+  p.remote_qpn = (uint16_t)qpn;
+  p.remote_qkey = qkey;
+  p.rkey = rkey;
+  p.remote_addr = remote_addr;
+  ep->peers.push_back(p);
+  if (index) *index = (uint32_t)(ep->peers.size() - 1);
+  return 0;
+}
+
+int lever_efa_endpoint_local(const lever_efa_endpoint* ep, uint32_t* qpn, uint32_t* qkey,
+                             uint32_t* rkey, uint64_t* addr, uint8_t gid[16]) {
+  if (!ep || !ep->qp || !ep->mr) return EINVAL;
+  if (qpn) *qpn = ep->qp->qp_num;
+  if (qkey) *qkey = ep->opt.qkey;
+  if (rkey) *rkey = ep->mr->rkey;
+  if (addr) *addr = (uint64_t)(uintptr_t)ep->opt.buf;  // the iova the MR was registered at
+  if (gid) memcpy(gid, ep->caps.gid, 16);
+  return 0;
+}
+
+const lever_efa_peer* lever_efa_endpoint_peers(const lever_efa_endpoint* ep, uint32_t* num) {
+  if (num) *num = ep ? (uint32_t)ep->peers.size() : 0u;
+  return (ep && !ep->peers.empty()) ? ep->peers.data() : nullptr;
+}
+
+int lever_efa_endpoint_fill_layout(lever_efa_endpoint* ep, uint64_t peers_dev, uint32_t peers_mem,
+                                   lever_efa_nic_layout* l, char* err, size_t err_len) {
+  if (!ep || !ep->qp || !ep->cq) return fail(err, err_len, EINVAL, "fill_layout: endpoint not open");
+  efadv_wq_attr sq, rq;
+  memset(&sq, 0, sizeof(sq));
+  memset(&rq, 0, sizeof(rq));
+  int rc = efadv_query_qp_wqs(ep->qp, &sq, &rq, sizeof(sq));
+  if (rc) return fail(err, err_len, rc, "efadv_query_qp_wqs");
+  efadv_cq_attr ca;
+  memset(&ca, 0, sizeof(ca));
+  rc = efadv_query_cq(ibv_cq_ex_to_cq(ep->cq), &ca, sizeof(ca));
+  if (rc) return fail(err, err_len, rc, "efadv_query_cq");
+
+  const bool gpu_cq = ep->opt.cq_dmabuf_fd >= 0;
+  const uint64_t sq_buf = (uint64_t)(uintptr_t)sq.buffer;
+  const uint64_t sq_db = (uint64_t)(uintptr_t)sq.doorbell;
+  const uint64_t cq_buf = (uint64_t)(uintptr_t)ca.buffer;
+  if (!ep->maps_done) {  // map once; the mappings live until close
+    ep->maps_done = true;
+    ep->sq_buffer_dev = ep->map(sq_buf, (uint64_t)sq.num_entries * sq.entry_size,
+                                LEVER_EFA_MEM_DEVICE_BAR);
+    ep->sq_doorbell_dev = ep->map(sq_db, sizeof(uint32_t), LEVER_EFA_MEM_DEVICE_BAR);
+    if (gpu_cq) {
+      ep->cq_buffer_dev = cq_buf;  // the ring is the GPU memory given at creation
+      ep->cq_mem = LEVER_EFA_MEM_GPU;
+    } else {
+      ep->cq_buffer_dev = ep->map(cq_buf, (uint64_t)ca.num_entries * ca.entry_size, LEVER_EFA_MEM_HOST);
+      ep->cq_mem = ep->cq_buffer_dev ? LEVER_EFA_MEM_HOST : LEVER_EFA_MEM_HOST_ONLY;
+    }
+  }
+
+  memset(l, 0, sizeof(*l));
+  l->version = LEVER_EFA_NIC_LAYOUT_VERSION;
+  l->qp_num = ep->qp->qp_num;
+  l->sq_buffer = sq_buf;
+  l->sq_buffer_dev = ep->sq_buffer_dev;
+  l->sq_doorbell = sq_db;
+  l->sq_doorbell_dev = ep->sq_doorbell_dev;
+  l->sq_entry_size = sq.entry_size;
+  l->sq_num_entries = sq.num_entries;
+  // v59 reports UINT16_MAX when the device sets no max_tx_batch: the ring bounds it
+  l->sq_max_batch = sq.max_batch < sq.num_entries ? sq.max_batch : sq.num_entries;
+  l->sq_buffer_mem = LEVER_EFA_MEM_DEVICE_BAR;
+  l->sq_doorbell_mem = LEVER_EFA_MEM_DEVICE_BAR;
+  l->sq_phase_first = LEVER_EFA_SQ_PHASE_FIRST_LAP;
+  l->cq_buffer = gpu_cq ? 0 : cq_buf;
+  l->cq_buffer_dev = ep->cq_buffer_dev;
+  l->cq_doorbell = 0;  // efadv_cq_attr of v59 has no doorbell; polling never arms
+  l->cq_entry_size = ca.entry_size;
+  l->cq_num_entries = ca.num_entries;
+  l->cq_buffer_mem = ep->cq_mem;
+  l->cq_phase_first = LEVER_EFA_CQ_PHASE_FIRST_LAP;
+  l->qkey = ep->opt.qkey;
+  l->lkey = ep->mr ? ep->mr->lkey : 0;
+  l->local_addr = (uint64_t)(uintptr_t)ep->opt.buf;
+  l->inline_buf_size = ep->caps.inline_buf_size;
+  l->max_rdma_size = ep->caps.max_rdma_size;
+  l->device_caps = ep->caps.device_caps;
+  l->num_peers = (uint32_t)ep->peers.size();
+  l->peers = peers_dev;
+  l->peers_mem = peers_mem;
+  const char* why = lever_efa_layout_problem(l);
+  if (why) {
+    if (err && err_len) snprintf(err, err_len, "efadv query gave an unusable layout: %s", why);
+    return EINVAL;
+  }
+  return 0;
+}
+
+}  // extern "C"

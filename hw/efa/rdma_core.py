@@ -1,0 +1,232 @@
+"""Fetch rdma-core v59's headers (libibverbs + the EFA provider) into a cache directory.
+
+Why: the offset check (hw/efa/offsets_check.cpp) and the host setup code
+(hw/efa/host.cpp) must compile against the provider's own headers, and no
+machine here or in CI has rdma-core 59 installed. The ``pyverbs`` 59.0 source
+distribution on PyPI carries the whole rdma-core v59 tree, so ``pip download``
+(the registry's ordinary client) gets it; the archive's hash is pinned so a
+changed upload can not slip in.
+
+The cache (``$LEVER_RDMA_CORE_DIR``, else ``~/.cache/lever/rdma-core-59``) holds::
+
+    rdma-core/    the headers of the tree: libibverbs/, providers/efa/, kernel-headers/rdma/
+    include/      what ``make install`` would publish: infiniband/{verbs.h, efadv.h, ...}, rdma/
+    COMPLETE      written last: version and archive hash
+
+Standard library only, so CI can run it before anything is installed::
+
+    python3 hw/efa/rdma_core.py [--dir DIR] [--tarball PYVERBS_SDIST]
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import fcntl
+import hashlib
+import os
+import shutil
+import subprocess
+import sys
+import tarfile
+import tempfile
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+VERSION = "59.0"
+SDIST = f"pyverbs-{VERSION}.tar.gz"
+SDIST_SHA256 = "b30d56bb620b3d3b4301876f9a04c964be1c76cc6553a451e1465f1c6ac9f20e"
+"""sha256 of pyverbs-59.0.tar.gz as PyPI serves it (its rdma-core tree is PACKAGE_VERSION 59.0)."""
+
+TREE = f"pyverbs-{VERSION}/rdma-core/"
+KEEP = ("libibverbs/", "providers/efa/", "kernel-headers/rdma/")
+"""Folders of the tree whose headers are kept (plus CMakeLists.txt for the version)."""
+
+PUBLISH = {
+    # rdma-core's publish_headers(infiniband ...) lists, v59 (libibverbs, kernel-headers, efa)
+    "infiniband": (
+        "libibverbs/arch.h", "libibverbs/opcode.h", "libibverbs/sa-kern-abi.h", "libibverbs/sa.h",
+        "libibverbs/verbs.h", "libibverbs/verbs_api.h", "libibverbs/tm_types.h",
+        "kernel-headers/rdma/ib_user_ioctl_verbs.h", "providers/efa/efadv.h",
+    ),
+}
+
+UNREACHABLE_MARKERS = (
+    "NewConnectionError", "Max retries exceeded", "Temporary failure in name resolution",
+    "Name or service not known", "Network is unreachable", "Connection refused", "ConnectTimeout",
+    "ReadTimeout", "timed out", "ProxyError", "Could not fetch URL", "No route to host",
+)
+
+
+class FetchError(RuntimeError):
+    """The headers could not be fetched; ``unreachable`` when PyPI could not be reached."""
+
+    def __init__(self, msg: str, unreachable: bool = False) -> None:
+        super().__init__(msg)
+        self.unreachable = unreachable
+
+
+@dataclass(frozen=True)
+class Headers:
+    """Where the unpacked v59 headers are, and the compiler flags that find them."""
+
+    root: Path
+    version: str
+
+    @property
+    def tree(self) -> Path:
+        return self.root / "rdma-core"
+
+    @property
+    def include(self) -> Path:
+        return self.root / "include"
+
+    @property
+    def efa_provider(self) -> Path:
+        """providers/efa: efa_io_defs.h, efa.h, efadv.h as the provider builds with them."""
+        return self.tree / "providers" / "efa"
+
+    def cflags(self) -> list[str]:
+        """``-I`` flags for host.cpp (``<infiniband/efadv.h>``) and the offset check
+        (``<efa_io_defs.h>`` of the provider)."""
+        return [f"-I{self.include}", f"-I{self.efa_provider}"]
+
+
+def cache_dir(arg: str | os.PathLike[str] | None = None) -> Path:
+    """The cache: ``arg``, else ``$LEVER_RDMA_CORE_DIR``, else ``~/.cache/lever/rdma-core-59``."""
+    if arg:
+        return Path(arg).expanduser()
+    env = os.environ.get("LEVER_RDMA_CORE_DIR")
+    if env:
+        return Path(env).expanduser()
+    return Path.home() / ".cache" / "lever" / f"rdma-core-{VERSION.split('.')[0]}"
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with path.open("rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+@contextlib.contextmanager
+def _locked(root: Path) -> Iterator[None]:
+    """One fetch at a time per cache (parallel test workers share it)."""
+    root.mkdir(parents=True, exist_ok=True)
+    with (root / ".lock").open("w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+
+
+def download(dest: Path, timeout: float = 180.0) -> Path:
+    """``pip download`` the pyverbs sdist into ``dest``; returns the archive's path."""
+    cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:",
+           f"pyverbs=={VERSION}", "-d", str(dest), "--disable-pip-version-check"]
+    try:
+        r = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        raise FetchError(f"pip download pyverbs=={VERSION} timed out after {timeout:.0f} s",
+                         unreachable=True) from None
+    out = dest / SDIST
+    if r.returncode != 0 or not out.exists():
+        text = r.stdout + r.stderr
+        last = next((ln.strip() for ln in reversed(text.splitlines()) if ln.strip()), "no output")
+        raise FetchError(f"pip download pyverbs=={VERSION} failed: {last}",
+                         unreachable=any(m in text for m in UNREACHABLE_MARKERS))
+    return out
+
+
+def _wanted(name: str) -> str | None:
+    """The path inside the tree for a member we keep, else None."""
+    if not name.startswith(TREE):
+        return None
+    rel = name[len(TREE):]
+    if ".." in Path(rel).parts:
+        return None
+    if rel == "CMakeLists.txt":
+        return rel
+    if rel.startswith(KEEP) and rel.endswith(".h"):
+        return rel
+    return None
+
+
+def unpack(tarball: Path, root: Path) -> None:
+    """Extract the kept headers into ``root/rdma-core`` and publish ``root/include``."""
+    digest = _sha256(tarball)
+    if digest != SDIST_SHA256:
+        raise FetchError(f"{tarball.name}: sha256 {digest} is not the pinned {SDIST_SHA256}")
+    stage = Path(tempfile.mkdtemp(prefix=".stage-", dir=root))
+    try:
+        tree = stage / "rdma-core"
+        with tarfile.open(tarball, "r:gz") as tf:
+            for m in tf.getmembers():
+                rel = _wanted(m.name)
+                if rel is None or not m.isfile():
+                    continue
+                target = tree / rel
+                target.parent.mkdir(parents=True, exist_ok=True)
+                src = tf.extractfile(m)
+                assert src is not None
+                with src, target.open("wb") as f:
+                    shutil.copyfileobj(src, f)
+        cmake = (tree / "CMakeLists.txt").read_text() if (tree / "CMakeLists.txt").exists() else ""
+        if f'set(PACKAGE_VERSION "{VERSION}")' not in cmake:
+            raise FetchError(f"{tarball.name}: rdma-core/CMakeLists.txt is not PACKAGE_VERSION {VERSION}")
+        for sub, files in PUBLISH.items():
+            d = stage / "include" / sub
+            d.mkdir(parents=True)
+            for rel in files:
+                shutil.copy2(tree / rel, d / Path(rel).name)
+        shutil.copytree(tree / "kernel-headers" / "rdma", stage / "include" / "rdma")
+        for name in ("rdma-core", "include"):
+            if (root / name).exists():
+                shutil.rmtree(root / name)
+            (stage / name).rename(root / name)
+        (root / "COMPLETE").write_text(f"rdma-core {VERSION}\n{SDIST} sha256 {digest}\n")
+    finally:
+        shutil.rmtree(stage, ignore_errors=True)
+
+
+def ensure_headers(dest: str | os.PathLike[str] | None = None,
+                   tarball: str | os.PathLike[str] | None = None) -> Headers:
+    """The cached headers, fetched and unpacked first when missing.
+
+    ``tarball`` (or ``$LEVER_PYVERBS_SDIST``) is an already-downloaded pyverbs-59.0
+    sdist for machines without PyPI; it must still match the pinned hash.
+    Raises :class:`FetchError` (``unreachable`` set when PyPI could not be reached).
+    """
+    root = cache_dir(dest)
+    with _locked(root):
+        if (root / "COMPLETE").exists() and (root / "include" / "infiniband" / "efadv.h").exists():
+            return Headers(root, VERSION)
+        tb = tarball or os.environ.get("LEVER_PYVERBS_SDIST")
+        if tb:
+            unpack(Path(tb), root)
+        else:
+            with tempfile.TemporaryDirectory(prefix=".dl-", dir=root) as tmp:
+                unpack(download(Path(tmp)), root)
+    return Headers(root, VERSION)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description="fetch rdma-core v59 headers (from the pyverbs sdist)")
+    p.add_argument("--dir", default=None, help="cache directory (default $LEVER_RDMA_CORE_DIR or "
+                   "~/.cache/lever/rdma-core-59)")
+    p.add_argument("--tarball", default=None, help="use this pyverbs-59.0.tar.gz instead of PyPI")
+    args = p.parse_args(argv)
+    try:
+        h = ensure_headers(args.dir, args.tarball)
+    except FetchError as e:
+        print(f"rdma_core: error: {e}", file=sys.stderr)
+        return 2
+    print(" ".join(h.cflags()))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

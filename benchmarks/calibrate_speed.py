@@ -1,4 +1,4 @@
-"""Time calibrating the EFA platform on the shipped records (issue 4: must be < 10 min on 2 cores).
+"""Time calibrating the EFA platform on the shipped records (a benchmark: minutes on 2 cores).
 
     python benchmarks/calibrate_speed.py [--max-nfev N] [--seeds N]
 

@@ -1,4 +1,4 @@
-"""Fitting a platform's free parameters to run records (DESIGN §5, §6).
+"""Fitting a platform's free parameters to run records (docs/records.md).
 
 The platform file declares what may move (``[platform.free."gpu.fence_ns"]`` with
 ``lo``/``hi`` and an optional log-normal ``prior``). Each record says how to

@@ -1,4 +1,4 @@
-"""The shipped training records (DESIGN §5), written as RunRecord JSON under ``calibration/data/``.
+"""The shipped training records (docs/physics.md), written as RunRecord JSON under ``calibration/data/``.
 
 Run ``python -m calibration.shipped`` to regenerate; the JSON files are the source of truth
 the fitter reads, this module only documents where each number came from.
@@ -8,12 +8,12 @@ from __future__ import annotations
 
 from lever.calibration.records import DATA_DIR, SCHEMA_VERSION, dump_record, parse_record
 
-CAMPAIGN = "DESIGN §5, EFA campaign (DeepEP V2 kernels through NCCL GIN, decode shape, EP16 over two 8-GPU nodes)"
-IB_REF = "DESIGN §5, InfiniBand reference (DeepEP LL on H800 + ConnectX-7 400 Gb/s, same decode shape)"
+CAMPAIGN = "EFA campaign (DeepEP V2 kernels through NCCL GIN, decode shape, EP16 over two 8-GPU nodes)"
+IB_REF = "InfiniBand reference (DeepEP LL on H800 + ConnectX-7 400 Gb/s, same decode shape)"
 GATE_EFA = {
     "passed": True,
     "checks": ["dispatch+combine output equal to a reference", "receiver-side proof of landing"],
-    "detail": "DESIGN §5: a local send completion alone was never accepted as delivery",
+    "detail": "a local send completion alone was never accepted as delivery",
 }
 GATE_NONE = {"passed": None, "detail": "the source reports no correctness gate"}
 EP16 = {"ep_ranks": 16, "nodes": 2, "tokens_per_rank": 128, "hidden": 7168, "top_k": 8, "num_experts": 256}

@@ -212,9 +212,9 @@ def collect_provenance(argv: Sequence[str]) -> dict[str, str]:
     }
 
 
-# --------------------------------------------------------------------------- DESIGN §5
+# --------------------------------------------------------------------------- campaign table
 
-DESIGN_S5: dict[str, tuple[str, float, float]] = {
+CAMPAIGN_PRIMITIVES: dict[str, tuple[str, float, float]] = {
     "pcie_read_rtt_ns": ("dependent load, pinned host memory", 1150, 1250),
     "device_load_ns": ("dependent load, device memory, cached", 150, 150),
     "store_posted_host_ns": ("posted store, no fence", 5, 8),
@@ -227,17 +227,17 @@ DESIGN_S5: dict[str, tuple[str, float, float]] = {
     "nvlink_flag_rtt_ns": ("GPU<->GPU flag ping-pong over NVLink", 1230, 1230),
     "nvlink_copy_gbytes_per_s": ("peer copy over NVLink", 390, 390),
 }
-"""The DESIGN §5 primitive table as (what, low, high) per metric of this record."""
+"""The campaign's H200 primitive table (docs/physics.md) as (what, low, high) per metric of this record."""
 
 
 def design_comparison(rec: RunRecord) -> list[tuple[str, str, float, float, float, float]]:
     """Rows (metric, what, measured median, design low, design high, ratio to the range).
 
     The ratio is measured / nearest end of the design range (1.0 inside the range);
-    DESIGN's acceptance is a ratio within [0.5, 2].
+    Agreement is a ratio within [0.5, 2].
     """
     rows = []
-    for name, (what, lo, hi) in DESIGN_S5.items():
+    for name, (what, lo, hi) in CAMPAIGN_PRIMITIVES.items():
         if name not in rec.metrics:
             continue
         m = rec.metrics[name].median
@@ -344,7 +344,7 @@ def main(args: argparse.Namespace) -> int:
         print(f"{name:44s} {d.median:10.4g} {d.p10:10.4g} {d.p90:10.4g} {d.n:5d}")
     rows = design_comparison(rec)
     if rows:
-        print("\nagainst DESIGN §5 (ratio to the nearest end of its range):")
+        print("\nagainst the campaign's primitive table (docs/physics.md) (ratio to the nearest end of its range):")
         for name, _what, m, lo, hi, ratio in rows:
             flag = "" if 0.5 <= ratio <= 2.0 else "  <-- outside 2x"
             print(f"  {name:40s} {m:9.4g} vs {lo:g}-{hi:g}  x{ratio:.2f}{flag}")

@@ -1,4 +1,4 @@
-"""Turn the in-kernel profiler's rows into attribution shares (DESIGN §3 categories).
+"""Turn the in-kernel profiler's rows into attribution shares (the attribution categories of docs/attributions.md).
 
 Why: the model reports a *profiler* attribution (share of busy time per
 category on the issuing warps); the kernels write sampled ``globaltimer``

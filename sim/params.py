@@ -31,7 +31,7 @@ CATEGORIES: tuple[str, ...] = (
     "signal",
     "compute",
 )
-"""Attribution categories shared by ``sim`` and ``hw`` (DESIGN §3).
+"""Attribution categories shared by ``sim`` and ``hw`` (docs/attributions.md).
 
 ``lock`` (waiting for a shared send queue or for its doorbell turn) and
 ``compute`` (token packing/reduction on the GPU) were added to the design's
@@ -46,7 +46,7 @@ class Strict(BaseModel):
 
 
 class GpuParams(Strict):
-    """Costs paid by one issuing warp on the GPU (H200 microbenchmarks, DESIGN §5)."""
+    """Costs paid by one issuing warp on the GPU (H200 microbenchmarks, campaign table)."""
 
     wqe_store_ns: float = Field(50.0, ge=0, description="64 B WQE as 8 posted MMIO stores")
     fence_ns: float = Field(1400.0, ge=0, description="__threadfence_system after MMIO/host stores")
@@ -197,7 +197,7 @@ class Platform(Strict):
 
 
 class Workload(Strict):
-    """The MoE layer at decode shape (DESIGN §1, §7)."""
+    """The MoE layer at decode shape (docs/physics.md)."""
 
     name: str = "decode"
     ep_ranks: int = Field(16, ge=2)

@@ -1,4 +1,4 @@
-"""The shipped calibrated platforms reproduce their training numbers (DESIGN §5) within 5%.
+"""The shipped calibrated platforms reproduce their training numbers (docs/physics.md) within 5%.
 
 Deltas are judged in % of their latency level (a -2.8 us change can not be held to 5% of
 itself by a stochastic model); absolute medians in % of themselves. Slow: ~1 min on 2 cores.

@@ -4,7 +4,7 @@ committed H200 records.
 Why: the conversion from samples to a record is what calibration reads, so it is
 tested on hand-made timings with known percentiles; the CLI's promise without a GPU
 is one clear line and a non-zero exit; the committed records must validate, carry
-provenance, cover every family, and agree with DESIGN §5 within 2x.
+provenance, cover every family, and agree with campaign table within 2x.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 from lever.calibration.records import DATA_DIR, RecordError, dump_record, load_record
 from lever.hw.primitives import (
-    DESIGN_S5,
+    CAMPAIGN_PRIMITIVES,
     FAMILIES_1GPU,
     Check,
     build_record,
@@ -176,6 +176,6 @@ def test_committed_records_are_real_and_complete(gpus):
 
 def test_committed_records_agree_with_design_within_2x():
     rows = [r for g in (1, 2) for r in design_comparison(load_record(RECORDS[g]))]
-    assert {r[0] for r in rows} == set(DESIGN_S5)
+    assert {r[0] for r in rows} == set(CAMPAIGN_PRIMITIVES)
     off = [(name, m, lo, hi) for name, _w, m, lo, hi, ratio in rows if not 0.5 <= ratio <= 2.0]
     assert not off, off

@@ -58,8 +58,9 @@ def test_installed_lever_simulates_the_default_scenario_by_name_from_elsewhere(w
 
 
 def test_nothing_to_do_exits_non_zero_with_one_line(tmp_path, monkeypatch, capsys):
-    from lever.cli import main
     from lever.sim import levers
+
+    from lever.cli import main
 
     monkeypatch.setattr(levers, "LEVER_DIR", tmp_path)
     assert main(["predict", "--all", "--seeds", "1", "--workers", "1"]) == 2

@@ -1,4 +1,4 @@
-"""The model's must-shows (issue 2): mechanisms, conservation, determinism, shipped ordering."""
+"""The model: mechanisms, conservation, determinism, shipped ordering."""
 
 from __future__ import annotations
 

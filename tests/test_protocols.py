@@ -1,4 +1,4 @@
-"""EP protocols (issue 9): put counts from routing, signalling strategies, cached mode, tails."""
+"""EP protocols: put counts from routing, signalling strategies, cached mode, tails."""
 
 from __future__ import annotations
 

@@ -270,7 +270,7 @@ __host__ __device__ inline void make_wqe_words(uint64_t seq, uint64_t wrap, uint
                      EFA_IO_TX_META_DESC_FIRST | EFA_IO_TX_META_DESC_LAST |
                      EFA_IO_TX_META_DESC_COMP_REQ;
   x.wqe.meta.dest_qp_num = uint16_t(qp);
-  x.wqe.meta.length = 7504;  // one FP8 dispatch token (DESIGN §7)
+  x.wqe.meta.length = 7504;  // one FP8 dispatch token (DeepEP V2 message layout)
   x.wqe.meta.immediate_data = uint32_t(seq);
   x.wqe.meta.ah = uint16_t(qp * 7 + 1);
   x.wqe.meta.qkey = 0x11111111u;
@@ -285,7 +285,7 @@ __host__ __device__ inline void make_wqe_words(uint64_t seq, uint64_t wrap, uint
   for (int i = 0; i < 8; ++i) w[i] = x.u[i];
 }
 
-// 16-byte completion entry (EFA CQE size, DESIGN §5): word 0 carries
+// 16-byte completion entry (EFA CQE size, rdma-core efa_io_defs.h): word 0 carries
 // efa_io_cdesc_common {req_id, status, flags (bit 0 phase), qp_num, length};
 // word 1 the immediate and a check value. Writers store the entry as one 16-byte
 // store (a NIC writes a whole CQE; no fence on the writer's side); pollers read it as

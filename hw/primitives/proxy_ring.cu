@@ -24,7 +24,7 @@
 namespace prim {
 namespace {
 
-constexpr uint32_t kDepth = 32;  // NCCL GIN proxy queue depth on EFA (DESIGN §7)
+constexpr uint32_t kDepth = 32;  // NCCL GIN proxy queue depth on EFA
 
 __global__ void flag_rtt_kernel(uint64_t* gpu_flag, uint64_t* host_flag, int per, int warmup,
                                 int reps, long long* cycles, ClockCal* cal, Status* st) {

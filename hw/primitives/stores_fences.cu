@@ -6,8 +6,8 @@
 //   fence_gpu_after_{host,device}_store_ns    store + __threadfence()
 //   release_sys_after_{host,device}_store_ns  store + st.release.sys of a flag word
 // "host" is pinned host memory reached over PCIe (the stand-in for a NIC's BAR),
-// "device" is HBM. The fence metrics include their one store (~ns), as the DESIGN
-// §5 table does. Throughput (many blocks, 16-byte stores, CUDA events):
+// "device" is HBM. The fence metrics include their one store (~ns), as the campaign
+// table (docs/physics.md) does. Throughput (many blocks, 16-byte stores, CUDA events):
 //   store_{host,device}_gbytes_per_s
 //
 // Verification: after each launch the host reads the target back: every slot holds

@@ -1,4 +1,4 @@
-"""``lever calibrate RECORD... --out PLATFORM`` and ``lever validate`` (DESIGN §6)."""
+"""``lever calibrate RECORD... --out PLATFORM`` and ``lever validate`` (docs/cli.md)."""
 
 from __future__ import annotations
 

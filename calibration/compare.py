@@ -16,6 +16,7 @@ import math
 from typing import Any
 
 import numpy as np
+from lever.calibration.predict import PREREG_KIND, content_sha256
 from lever.calibration.records import Distribution, RunRecord
 from lever.sim.errors import UserError
 
@@ -23,15 +24,9 @@ Z90 = 1.6448536269514722  # two-sided 90%
 BAND_LEVEL = 0.90
 
 
-def content_sha256(obj: dict[str, Any]) -> str:
-    from lever.sim.scenario import digest
-
-    return digest({k: v for k, v in obj.items() if k != "sha256"})
-
-
 def check_prereg(prereg: dict[str, Any], current_platform_digest: str | None, label: str = "prereg") -> None:
     """Refuse a tampered preregistration or one made on another platform file (one-line UserError)."""
-    if not isinstance(prereg, dict) or prereg.get("kind") != "lever-preregistration":
+    if not isinstance(prereg, dict) or prereg.get("kind") != PREREG_KIND:
         raise UserError(f"{label}: not a lever preregistration (kind != 'lever-preregistration')")
     want = prereg.get("sha256")
     got = content_sha256(prereg)

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+from lever.sim.errors import UserError
+
 
 def require_cuda():
     """Return the imported ``torch`` module when a CUDA device is usable; else raise UserError."""
-    from lever.sim.errors import UserError
 
     try:
         import torch

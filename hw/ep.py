@@ -34,6 +34,7 @@ from typing import Any
 from lever.hw.profiler import attribution as prof_attribution
 from lever.hw.profiler import decode as prof_decode
 from lever.hw.reference import Shape
+from lever.sim.errors import UserError
 
 HERE = Path(__file__).resolve().parent
 PLATFORM = "platforms/emulated-nvlink"
@@ -637,7 +638,6 @@ def _run_variant(runner: Runner, scn, args, levers: list[str], sets: Mapping[str
 def main(args: argparse.Namespace) -> int:
     from lever.calibration.records import RecordError, dump_record, parse_record
     from lever.hw.device import require_cuda
-    from lever.sim.errors import UserError
 
     torch = require_cuda()
     if args.iters < 1 or args.warmup < 0:

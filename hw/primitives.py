@@ -35,6 +35,7 @@ from lever.calibration.records import (
     dump_record,
     parse_record,
 )
+from lever.sim.errors import UserError
 
 SRC_DIR = Path(__file__).resolve().parent / "primitives"
 EXTENSION = "lever_hw_primitives"
@@ -275,8 +276,6 @@ def load_primitives() -> Any:
 
 
 def _families(args: argparse.Namespace) -> tuple[str, ...]:
-    from lever.sim.errors import UserError
-
     allowed = FAMILIES_1GPU if args.gpus == 1 else FAMILIES_2GPU
     if not args.only:
         return allowed
@@ -291,7 +290,6 @@ def _families(args: argparse.Namespace) -> tuple[str, ...]:
 
 def main(args: argparse.Namespace) -> int:
     from lever.hw.device import require_cuda
-    from lever.sim.errors import UserError
 
     if not 20 <= args.reps <= 100000:
         raise UserError(f"--reps: {args.reps} is outside [20, 100000]")
@@ -355,7 +353,6 @@ def main(args: argparse.Namespace) -> int:
 def _standalone(argv: list[str] | None = None) -> int:
     """``python3 -m hw.primitives ...``: the same as ``lever hw primitives`` without the
     rest of the CLI (the GPU machine lacks the simulator's dependencies)."""
-    from lever.sim.errors import UserError
 
     p = argparse.ArgumentParser(
         prog="python3 -m hw.primitives", description=__doc__.splitlines()[0]

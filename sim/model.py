@@ -23,6 +23,7 @@ from lever.sim.message import Message, Messages
 from lever.sim.nic import Nic, QueuePair
 from lever.sim.nvlink import Nvlink
 from lever.sim.params import Scenario
+from lever.sim.protocols import run_protocol
 from lever.sim.proxy import ProxyPort, RingTable
 from lever.sim.receiver import Receiver
 from lever.sim.routing import Routing
@@ -199,8 +200,6 @@ def simulate_op(scn: Scenario, op: str, seed: int, scale: dict[str, float] | Non
     ``depth`` also samples how many events are pending (the heap SimPy pops
     from), for the speed benchmark: SimPy's own cost per event grows with it.
     """
-    from lever.sim.protocols import run_protocol
-
     ledger = Ledger(scale=dict(scale or {}))
     tr = Trace(enabled=trace)
     routing = Routing.for_scenario(scn, seed)

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from lever.hw.efa import device as efa_device
+from lever.sim.errors import UserError
 
 
 def add_args(p: argparse.ArgumentParser) -> None:
@@ -70,7 +71,6 @@ def main(args: argparse.Namespace) -> int:
 
 def _standalone(argv: list[str] | None = None) -> int:
     """``python3 -m lever.hw.efa.cli``: the same without the rest of the CLI."""
-    from lever.sim.errors import UserError
 
     p = argparse.ArgumentParser(prog="lever hw efa-info", description=__doc__.splitlines()[0])
     add_args(p)

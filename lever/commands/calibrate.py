@@ -9,6 +9,7 @@ import time
 from pathlib import Path
 
 from lever.calibration.records import DATA_DIR, RecordError, RunRecord, check_nic, load_record
+from lever.sim.errors import UserError
 
 BASE_PLATFORM = {"efa": "platforms/efa-p5.toml", "ib": "platforms/ib-cx7.toml"}
 
@@ -98,7 +99,6 @@ def main_calibrate(args: argparse.Namespace) -> int:
         platform_toml,
         write_atomic,
     )
-    from lever.sim.errors import UserError
 
     if args.seeds < 1:
         raise UserError("--seeds: must be >= 1")
@@ -181,7 +181,6 @@ def main_validate(args: argparse.Namespace) -> int:
     import numpy as np
 
     from lever.calibration.fit import FitError, fit, predict
-    from lever.sim.errors import UserError
 
     paths = args.records if args.records is not None else shipped_records(args.nic)
     if len(paths) < 2:

@@ -10,6 +10,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from lever.sim.errors import UserError
 from lever.sim.scenario import parse_sets
 
 
@@ -46,7 +47,6 @@ def main_predict(args: argparse.Namespace) -> int:
     import os
 
     from lever.calibration import predict as pr
-    from lever.sim.errors import UserError
     from lever.sim.model import ModelError
 
     if args.all == bool(args.lever):
@@ -156,7 +156,6 @@ def main_compare(args: argparse.Namespace) -> int:
     from lever.calibration.records import check_nic, load_record
     from lever.sim import levers as levers_mod
     from lever.sim import scenario as scn_mod
-    from lever.sim.errors import UserError
 
     try:
         prereg = json.loads(Path(args.prereg).read_text())
@@ -205,7 +204,6 @@ def prereg_sets(prereg: dict, label: str) -> dict[str, Any]:
     if isinstance(sets, list):
         return parse_sets(sets, f"{label}: sets")
     if not isinstance(sets, dict):
-        from lever.sim.errors import UserError
 
         raise UserError(f"{label}: sets: expected a table of overrides")
     return sets

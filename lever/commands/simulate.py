@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from lever.sim import scenario as scenario_mod
+from lever.sim.errors import UserError
 
 if TYPE_CHECKING:  # the command line registers without simpy (the GPU machine's hw commands)
     from lever.sim.results import SimulationResult
@@ -33,7 +34,6 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    from lever.sim.errors import UserError
     from lever.sim.model import ModelError
     from lever.sim.results import simulate
 

@@ -41,6 +41,7 @@ from typing import Any
 
 import numpy as np
 from lever.calibration.records import OPS, RecordError, RunRecord, SimLink
+from lever.sim.errors import UserError
 from lever.sim.params import FreeParam, Platform
 
 REL_SIGMA = 0.02
@@ -57,7 +58,7 @@ UNIDENTIFIABLE_LOG_SE = 1.0
 UNIDENTIFIABLE_CORR = 0.98
 
 
-class FitError(ValueError):
+class FitError(UserError, ValueError):
     """A fit that can not be set up or run; ``str()`` is the one-line message."""
 
 

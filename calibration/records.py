@@ -26,6 +26,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any, Literal
 
+from lever.sim.errors import UserError
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 SCHEMA_VERSION = 1
@@ -34,12 +35,14 @@ OPS = ("dispatch", "combine")
 NicKind = Literal["efa", "ib", "emulated-srd", "none"]
 
 
-class RecordError(ValueError):
+class RecordError(UserError, ValueError):
     """A record that can not be used; ``str()`` is the one-line message."""
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    """Unknown keys and non-finite numbers are errors."""
+
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
 
 class Distribution(_Strict):
@@ -272,14 +275,27 @@ def load_record(path: str | Path) -> RunRecord:
     """Read and validate a record file."""
     p = Path(path)
     try:
-        text = p.read_text()
+        text = p.read_text(encoding="utf-8")
     except FileNotFoundError:
         raise RecordError(f"{p}: file not found") from None
+    except IsADirectoryError:
+        raise RecordError(f"{p}: is a directory, not a record file") from None
+    except UnicodeDecodeError as e:
+        raise RecordError(f"{p}: not UTF-8 text (byte {e.start}): not a JSON record") from None
+    except OSError as e:
+        raise RecordError(f"{p}: can not be read: {e.strerror}") from None
     try:
-        data = json.loads(text)
+        data = json.loads(text, parse_constant=_no_constant)
     except json.JSONDecodeError as e:
         raise RecordError(f"{p}: not valid JSON (truncated?): {e.msg} at line {e.lineno}") from None
+    except ValueError as e:
+        raise RecordError(f"{p}: {e}") from None
     return parse_record(data, str(p))
+
+
+def _no_constant(name: str) -> None:
+    """JSON has no NaN or Infinity; Python's reader accepts them unless told not to."""
+    raise ValueError(f"'{name}' is not a JSON number (records hold finite numbers only)")
 
 
 def dump_record(rec: RunRecord, path: str | Path) -> None:

@@ -11,6 +11,7 @@ import argparse
 import importlib
 import sys
 
+from lever.commands.options import Parser
 from lever.sim.errors import UserError  # re-exported: subcommands raise lever.cli.UserError
 
 # Modules that contribute subcommands, in help order.
@@ -25,7 +26,7 @@ REGISTRARS = [
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="lever", description=__doc__.splitlines()[0])
+    p = Parser(prog="lever", description=__doc__.splitlines()[0])
     sub = p.add_subparsers(dest="command", required=True)
     for mod in REGISTRARS:
         importlib.import_module(mod).register(sub)
@@ -36,12 +37,15 @@ def main(argv: list[str] | None = None) -> int:
     from lever.calibration.records import RecordError
     from lever.sim.scenario import ScenarioError
 
-    args = build_parser().parse_args(argv)
     try:
+        args = build_parser().parse_args(argv)
         rc = args.func(args)
     except (ScenarioError, RecordError, UserError) as e:
         print(f"lever: error: {e}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:  # outputs are written atomically: nothing half-written stays
+        print("lever: interrupted", file=sys.stderr)
+        return 130
     except BrokenPipeError:
         return 1
     return int(rc or 0)

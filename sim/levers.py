@@ -21,13 +21,15 @@ from typing import Any
 from lever.sim import scenario as scn_mod
 from lever.sim.params import Scenario
 from lever.sim.scenario import Overrides
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 LEVER_DIR = scn_mod.SCENARIO_DIR / "levers"
 
 
 class Lever(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    """A named change to a baseline: ``set`` maps dotted paths to values."""
+
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
     name: str
     baseline: str
@@ -35,10 +37,36 @@ class Lever(BaseModel):
     set: dict[str, Any] = Field(default_factory=dict)
     path: str = ""
 
+    @field_validator("set", mode="before")
+    @classmethod
+    def _dotted(cls, v: Any) -> Any:
+        """``[set]`` written with bare dotted keys (``design.x = 1``) reads as nested tables
+        in TOML: flatten them back to the dotted paths they name."""
+        if not isinstance(v, dict):
+            return v
+        out: dict[str, Any] = {}
+
+        def walk(d: dict, prefix: str) -> None:
+            for k, x in d.items():
+                key = f"{prefix}.{k}" if prefix else str(k)
+                if isinstance(x, dict):
+                    walk(x, key)
+                else:
+                    out[key] = x
+
+        walk(v, "")
+        return out
+
 
 def load_lever(name_or_path: str | Path) -> Lever:
     p = scn_mod.resolve(name_or_path, kind="levers")
     raw = scn_mod._read_toml(p)
+    base = raw.get("baseline")
+    if isinstance(base, str):  # the baseline first: every other field is about a change to it
+        try:
+            scn_mod.resolve(base)
+        except scn_mod.ScenarioError:
+            raise scn_mod.ScenarioError(f"{p}: baseline: no such scenario '{base}'") from None
     try:
         lev = Lever.model_validate({**raw, "path": str(p)})
     except ValidationError as e:

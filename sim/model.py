@@ -17,6 +17,7 @@ import numpy as np
 import simpy
 from lever.sim.context import Context
 from lever.sim.engine import Ledger, Trace
+from lever.sim.errors import UserError
 from lever.sim.fabric import Draws, Fabric
 from lever.sim.issuer import NativePort, Port
 from lever.sim.message import Message, Messages
@@ -31,7 +32,7 @@ from lever.sim.routing import Routing
 OP_SALT = {"dispatch": 1, "combine": 2}
 
 
-class ModelError(ValueError):
+class ModelError(UserError, ValueError):
     """A scenario the model can not run as configured (message says why)."""
 
 

@@ -40,9 +40,9 @@ list; names are stable once records use them.
 
 
 class Strict(BaseModel):
-    """Base: unknown keys are errors, assignment is validated."""
+    """Base: unknown keys and non-finite numbers are errors, assignment is validated."""
 
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, allow_inf_nan=False)
 
 
 class GpuParams(Strict):
@@ -299,4 +299,5 @@ class Scenario(Strict):
     workload: Workload
     design: Design
     seed: int = Field(0, ge=0)
-    ops: list[Literal["dispatch", "combine"]] = Field(default_factory=lambda: ["dispatch", "combine"])
+    ops: list[Literal["dispatch", "combine"]] = Field(
+        default_factory=lambda: ["dispatch", "combine"], min_length=1)

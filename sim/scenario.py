@@ -19,6 +19,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
+from lever.sim.errors import UserError
 from lever.sim.params import Scenario
 from pydantic import ValidationError
 
@@ -27,7 +28,7 @@ from pydantic import ValidationError
 SCENARIO_DIR = Path(str(resources.files("lever.scenarios")))
 
 
-class ScenarioError(ValueError):
+class ScenarioError(UserError, ValueError):
     """Bad scenario input; ``str()`` is the one-line message for the user."""
 
 
@@ -40,17 +41,27 @@ def resolve(name_or_path: str | Path, kind: str = "") -> Path:
     base = SCENARIO_DIR / kind if kind else SCENARIO_DIR
     candidates += [base / p, base / p.with_suffix(".toml"), SCENARIO_DIR / p.with_suffix(".toml")]
     for c in candidates:
-        if c.is_file():
-            return c
+        try:
+            if c.is_file():
+                return c
+        except (OSError, ValueError):  # a name no file can have (too long, a NUL byte)
+            break
     raise ScenarioError(f"{name_or_path}: no such scenario file (looked in {base})")
 
 
 def _read_toml(path: Path) -> dict[str, Any]:
     try:
-        with path.open("rb") as f:
-            return tomllib.load(f)
+        text = path.read_bytes().decode("utf-8")
     except FileNotFoundError:
         raise ScenarioError(f"{path}: file not found") from None
+    except IsADirectoryError:
+        raise ScenarioError(f"{path}: is a directory, not a TOML file") from None
+    except UnicodeDecodeError as e:
+        raise ScenarioError(f"{path}: not UTF-8 text (byte {e.start}): not a TOML file") from None
+    except OSError as e:
+        raise ScenarioError(f"{path}: can not be read: {e.strerror}") from None
+    try:
+        return tomllib.loads(text)
     except tomllib.TOMLDecodeError as e:
         raise ScenarioError(f"{path}: not valid TOML: {e}") from None
 

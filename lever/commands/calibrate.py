@@ -9,6 +9,7 @@ import time
 from pathlib import Path
 
 from lever.calibration.records import DATA_DIR, RecordError, RunRecord, check_nic, load_record
+from lever.commands.options import count, output_file, seeds_option, workers_option
 from lever.sim.errors import UserError
 
 BASE_PLATFORM = {"efa": "platforms/efa-p5.toml", "ib": "platforms/ib-cx7.toml"}
@@ -17,16 +18,18 @@ BASE_PLATFORM = {"efa": "platforms/efa-p5.toml", "ib": "platforms/ib-cx7.toml"}
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("calibrate", help="fit a platform's free parameters to run records")
     p.add_argument("records", nargs="+", metavar="RECORD", help="run-record JSON files")
-    p.add_argument("--out", required=True, metavar="PLATFORM", help="calibrated platform TOML to write")
+    p.add_argument("--out", required=True, metavar="PLATFORM", type=output_file(".toml"),
+                   help="calibrated platform TOML to write")
     p.add_argument("--platform", metavar="TOML",
                    help="base platform (its values and [platform.free]) swapped into every record's "
                         "scenario; default: the platform of the first record's scenario")
-    p.add_argument("--seeds", type=int, default=1, help="common random numbers: seeds 0..N-1")
-    p.add_argument("--max-nfev", type=int, default=10, help="least-squares function evaluations")
-    p.add_argument("--starts", type=int, default=1,
+    seeds_option(p, 1, "common random numbers: seeds 0..N-1")
+    p.add_argument("--max-nfev", type=count(1, 100_000), default=10,
+                   help="least-squares function evaluations")
+    p.add_argument("--starts", type=count(1, 64), default=1,
                    help="N local fits (from the platform's values and N-1 seeded draws within a "
                         "decade of them); the lowest cost wins")
-    p.add_argument("--workers", type=int, default=None, help="processes (default: all cores)")
+    workers_option(p, "processes (default: all cores)")
     p.add_argument("--json", action="store_true", help="print one JSON object on stdout")
     p.set_defaults(func=main_calibrate)
 
@@ -34,8 +37,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     v.add_argument("--nic", choices=sorted(BASE_PLATFORM), default="efa")
     v.add_argument("--records", nargs="*", metavar="RECORD", help="default: calibration/data/*.json of --nic")
     v.add_argument("--platform", metavar="TOML", help="base (uncalibrated) platform; default per NIC")
-    v.add_argument("--max-nfev", type=int, default=3)
-    v.add_argument("--workers", type=int, default=None)
+    v.add_argument("--max-nfev", type=count(1, 100_000), default=3)
+    workers_option(v)
     v.add_argument("--json", action="store_true")
     v.set_defaults(func=main_validate)
 
@@ -100,15 +103,7 @@ def main_calibrate(args: argparse.Namespace) -> int:
         write_atomic,
     )
 
-    if args.seeds < 1:
-        raise UserError("--seeds: must be >= 1")
-    if args.max_nfev < 1:
-        raise UserError("--max-nfev: must be >= 1")
-    if args.starts < 1:
-        raise UserError("--starts: must be >= 1")
     out = Path(args.out)
-    if out.suffix != ".toml":
-        raise UserError(f"--out {out}: a platform file ends in .toml")
     recs = load_records(args.records)
     plat, base_sets = resolve_platform(recs, args.platform)
     check_nic(plat.nic_kind, recs, f"platform '{plat.name}'", "calibrate")

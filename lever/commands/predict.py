@@ -10,6 +10,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from lever.commands.options import MAX_SEEDS, count, output_file, seeds_option, workers_option
 from lever.sim.errors import UserError
 from lever.sim.scenario import parse_sets
 
@@ -18,28 +19,29 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("predict", help="predict a lever: baseline vs lever on common random numbers, with a band")
     p.add_argument("lever", nargs="?", help="lever file or name under scenarios/levers/")
     p.add_argument("--all", action="store_true", help="every lever on its baseline, sorted by predicted gain")
-    p.add_argument("--seeds", type=int, default=None, help="paired seeds (default 3; 2 with --all)")
+    seeds_option(p, None, f"paired seeds (default 3; 2 with --all; at most {MAX_SEEDS})")
     p.add_argument("--set", action="append", default=[], metavar="PATH=VALUE",
                    help="override a field on both sides, after the lever (e.g. design.doorbell_batch=4)")
     p.add_argument("--baseline", metavar="SCENARIO",
                    help="predict the lever on this scenario instead of the lever file's baseline")
-    p.add_argument("--param-samples", type=int, default=0, metavar="K",
+    p.add_argument("--param-samples", type=count(0, 1000), default=0, metavar="K",
                    help="draw K parameter vectors from the platform's calibrated covariance")
     p.add_argument("--critical-path", dest="cp", action="store_true", default=None,
                    help="compute the critical-path attribution (default on for one lever, off for --all)")
     p.add_argument("--no-critical-path", dest="cp", action="store_false")
-    p.add_argument("--cp-seeds", type=int, default=1)
+    seeds_option(p, 1, "seeds used for the critical path", flag="--cp-seeds")
     p.add_argument("--unpaired", action="store_true", help="lever on other seeds than the baseline (for checks)")
-    p.add_argument("--workers", type=int, default=None, help="process pool size (default: CPU count)")
+    workers_option(p, "process pool size (default: CPU count)")
     p.add_argument("--json", action="store_true", help="print one JSON object on stdout")
-    p.add_argument("--out", metavar="PREREG.json", help="write a preregistration (sealed with sha256)")
+    p.add_argument("--out", metavar="PREREG.json", type=output_file(".json"),
+                   help="write a preregistration (sealed with sha256)")
     p.set_defaults(func=main_predict)
 
     c = sub.add_parser("compare", help="judge a preregistered prediction against measured run records")
     c.add_argument("prereg", help="preregistration JSON written by 'lever predict --out'")
     c.add_argument("records", nargs="+", help="measured run records: the baseline and the lever's")
     c.add_argument("--json", action="store_true")
-    c.add_argument("--plot", metavar="OUT.png")
+    c.add_argument("--plot", metavar="OUT.png", type=output_file(".png"))
     c.set_defaults(func=main_compare)
 
 
@@ -52,8 +54,6 @@ def main_predict(args: argparse.Namespace) -> int:
     if args.all == bool(args.lever):
         raise UserError("predict: give a LEVER or --all (not both)")
     seeds = args.seeds or (2 if args.all else 3)
-    if seeds < 1:
-        raise UserError("--seeds: must be >= 1")
     workers = args.workers or os.cpu_count() or 1
     t0 = time.perf_counter()
     if args.all:

@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from lever.commands.options import MAX_SEEDS, output_file, seeds_option, workers_option
 from lever.sim import scenario as scenario_mod
 from lever.sim.errors import UserError
 
@@ -21,15 +22,16 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("scenario", help="scenario file or name under scenarios/")
     p.add_argument("--set", action="append", default=[], metavar="PATH=VALUE",
                    help="override a field, e.g. design.doorbell_batch=8 (repeatable)")
-    p.add_argument("--seeds", type=int, default=3)
+    seeds_option(p, 3, f"seeds 0..N-1 (at most {MAX_SEEDS})")
     p.add_argument("--json", action="store_true", help="print one JSON object on stdout")
-    p.add_argument("--trace", metavar="OUT.json", help="Chrome trace-event JSON of seed 0 (Perfetto)")
-    p.add_argument("--plot", metavar="OUT.png", help="timeline and the two attributions")
+    p.add_argument("--trace", metavar="OUT.json", type=output_file(".json"),
+                   help="Chrome trace-event JSON of seed 0 (Perfetto)")
+    p.add_argument("--plot", metavar="OUT.png", type=output_file(".png"),
+                   help="timeline and the two attributions")
     p.add_argument("--no-critical-path", action="store_true",
                    help="skip the what-if reruns behind the critical-path attribution")
-    p.add_argument("--cp-seeds", type=int, default=1, help="seeds used for the critical path")
-    p.add_argument("--workers", type=int, default=None,
-                   help="processes for the independent runs (default: CPU count; 1 = serial)")
+    seeds_option(p, 1, "seeds used for the critical path (at most --seeds)", flag="--cp-seeds")
+    workers_option(p, "processes for the independent runs (default: CPU count; 1 = serial)")
     p.set_defaults(func=main)
 
 
@@ -37,10 +39,6 @@ def main(args: argparse.Namespace) -> int:
     from lever.sim.model import ModelError
     from lever.sim.results import simulate
 
-    if args.seeds < 1:
-        raise UserError("--seeds: must be >= 1")
-    if args.workers is not None and args.workers < 1:
-        raise UserError("--workers: must be >= 1")
     scn = scenario_mod.load(args.scenario, scenario_mod.parse_sets(args.set))
     try:
         res = simulate(scn, seeds=args.seeds, with_critical_path=not args.no_critical_path,

@@ -7,6 +7,7 @@ import json
 import sys
 from pathlib import Path
 
+from lever.commands.options import count, output_file, seeds_option, workers_option
 from lever.sim.scenario import parse_sets
 
 
@@ -17,19 +18,21 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="a grid axis (cartesian product with the others), e.g. workload.ep_ranks=16,32")
     p.add_argument("--random", action="append", default=[], metavar="PATH=LO:HI[:log]",
                    help="a random axis: uniform (or log-uniform) draws, integers when LO and HI are")
-    p.add_argument("--samples", type=int, default=0, help="random samples (crossed with the grid)")
+    p.add_argument("--samples", type=count(0, 1_000_000), default=0,
+                   help="random samples (crossed with the grid)")
     p.add_argument("--sample-seed", type=int, default=0, help="seed of the random draws")
     p.add_argument("--lever", action="append", default=[], metavar="NAME",
                    help="run each point with this lever too (the baseline 'none' always runs)")
     p.add_argument("--set", action="append", default=[], metavar="PATH=VALUE",
                    help="fixed override on every point (before the swept values)")
-    p.add_argument("--seeds", type=int, default=1, help="seeds 0..N-1 per point (common to all levers)")
+    seeds_option(p, 1, "seeds 0..N-1 per point (common to all levers)")
     p.add_argument("--executor", choices=("local", "ray"), default="local")
     p.add_argument("--address", help="Ray cluster address (default: start a local Ray)")
-    p.add_argument("--workers", type=int, default=None, help="processes / Ray CPUs (default: CPU count)")
-    p.add_argument("--out", required=True, metavar="RESULTS.csv",
+    workers_option(p, "processes / Ray CPUs (default: CPU count)")
+    p.add_argument("--out", required=True, metavar="RESULTS.csv", type=output_file(".csv"),
                    help="results table; rerunning with the same file resumes")
-    p.add_argument("--plot", metavar="OUT.png", help="p50 against the swept axis, one line per lever")
+    p.add_argument("--plot", metavar="OUT.png", type=output_file(".png"),
+                   help="p50 against the swept axis, one line per lever")
     p.add_argument("--plot-x", metavar="PATH", help="axis of the plot (default: the first swept path)")
     p.add_argument("--dry-run", action="store_true", help="list the points and exit")
     p.add_argument("--json", action="store_true", help="print a one-object summary on stdout")
@@ -42,9 +45,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     s.add_argument("--method", choices=("morris", "sobol"), default="morris")
     s.add_argument("--n", type=int, default=None,
                    help="Morris trajectories r (default 4) or Sobol base samples N (power of 2, default 8)")
-    s.add_argument("--seeds", type=int, default=1, help="paired seeds per sample")
+    seeds_option(s, 1, "paired seeds per sample")
     s.add_argument("--sigmas", type=float, default=2.0, help="calibrated range: log_mean ± this many sigmas")
-    s.add_argument("--levels", type=int, default=4, help="Morris grid levels")
+    s.add_argument("--levels", type=count(2, 100), default=4, help="Morris grid levels")
     s.add_argument("--set", action="append", default=[], metavar="PATH=VALUE",
                    help="override on both sides (e.g. shrink the workload: workload.tokens_per_rank=32)")
     s.add_argument("--param", action="append", default=[], metavar="PATH=LO:HI",
@@ -53,9 +56,10 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="vary only the --param ranges, not the platform's calibrated/free ones")
     s.add_argument("--executor", choices=("local", "ray"), default="local")
     s.add_argument("--address")
-    s.add_argument("--workers", type=int, default=None)
+    workers_option(s)
     s.add_argument("--json", action="store_true", help="print one JSON object on stdout")
-    s.add_argument("--plot", metavar="OUT.png", help="bar chart of the ranking per op")
+    s.add_argument("--plot", metavar="OUT.png", type=output_file(".png"),
+                   help="bar chart of the ranking per op")
     s.add_argument("--no-progress", action="store_true")
     s.set_defaults(func=main_sensitivity)
 
@@ -63,8 +67,6 @@ def register(sub: argparse._SubParsersAction) -> None:
 def main_sweep(args: argparse.Namespace) -> int:
     from lever.reports import sweep as sw
 
-    if args.seeds < 1:
-        raise sw.SweepError("--seeds: must be >= 1")
     grid = [sw.parse_grid(g) for g in args.grid]
     rnd = [sw.parse_random(r) for r in args.random]
     if not grid and not rnd:

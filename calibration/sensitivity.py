@@ -58,7 +58,14 @@ def parameter_space(scn: Scenario, sigmas: float = 2.0,
         for i, name in enumerate(cal.names):
             sd = math.sqrt(max(float(cov[i, i]), 0.0))
             mu = float(cal.log_mean[i])
-            out.append(_param(scn, name, mu - sigmas * sd, mu + sigmas * sd, f"calibrated ±{sigmas:g}σ"))
+            lo, hi, src = mu - sigmas * sd, mu + sigmas * sd, f"calibrated ±{sigmas:g}σ"
+            fp = plat.free.get(name.removeprefix("platform."))
+            if fp is not None and (lo < math.log(fp.lo) or hi > math.log(fp.hi)):
+                # a poorly identified parameter's ±σ can leave the physically possible range:
+                # the platform's free bounds say what that range is
+                lo, hi = max(lo, math.log(fp.lo)), min(hi, math.log(fp.hi))
+                src += ", clipped to the free bounds"
+            out.append(_param(scn, name, lo, hi, src))
     else:
         for name, fp in plat.free.items():
             out.append(_param(scn, name, math.log(fp.lo), math.log(fp.hi), "free bounds"))

@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
 from pathlib import Path
 
 from lever.calibration.records import DATA_DIR, RecordError, RunRecord, check_nic, load_record
 from lever.commands.options import count, output_file, seeds_option, workers_option
+from lever.reports.jsonout import print_json
+from lever.reports.progress import progress_bar
+from lever.reports.tables import console, show
 from lever.sim.errors import UserError
 
 BASE_PLATFORM = {"efa": "platforms/efa-p5.toml", "ib": "platforms/ib-cx7.toml"}
@@ -85,15 +87,6 @@ def resolve_platform(records: list[RunRecord], platform: str | None):
     return plat, flatten_platform(plat.model_dump(mode="json"))
 
 
-def _bar(quiet: bool):
-    from rich.console import Console
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
-    return Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
-                    TextColumn("sims"), TimeElapsedColumn(), console=Console(stderr=True), disable=quiet,
-                    transient=False)
-
-
 def main_calibrate(args: argparse.Namespace) -> int:
     from lever.calibration.fit import (
         FitError,
@@ -108,7 +101,7 @@ def main_calibrate(args: argparse.Namespace) -> int:
     plat, base_sets = resolve_platform(recs, args.platform)
     check_nic(plat.nic_kind, recs, f"platform '{plat.name}'", "calibrate")
     t0 = time.perf_counter()
-    with _bar(not sys.stderr.isatty()) as bar:
+    with progress_bar(sys.stderr.isatty(), "simulations") as bar:
         task = bar.add_task(f"calibrating {plat.name}", total=None)
 
         def progress(done: int, total: int) -> None:
@@ -130,18 +123,16 @@ def main_calibrate(args: argparse.Namespace) -> int:
     write_atomic(out, platform_toml(cal, header))
     wall = time.perf_counter() - t0
     if args.json:
-        json.dump({"out": str(out), "platform": name, **res.as_dict(), "wall_s": round(wall, 2)}, sys.stdout)
-        sys.stdout.write("\n")
+        print_json({"out": str(out), "platform": name, **res.as_dict(), "wall_s": round(wall, 2)})
     else:
         print_fit(res, out, wall)
     return 0
 
 
 def print_fit(res, out: Path, wall: float) -> None:
-    from rich.console import Console
     from rich.table import Table
 
-    c = Console()
+    c = console()
     t = Table(title=f"calibrated -> {out}  ({res.evaluations} model evaluations, {wall:.0f} s)")
     for h in ("parameter", "estimate", "± se", "flag"):
         t.add_column(h, justify="right" if h != "parameter" else "left")
@@ -149,12 +140,13 @@ def print_fit(res, out: Path, wall: float) -> None:
         flag = ", ".join(f for f, on in (("unidentifiable", p["unidentifiable"]), ("at bound", p["at_bound"])) if on)
         se = f"{p['se']:.4g}" if p["se"] is not None else "-"
         t.add_row(p["name"], f"{p['estimate']:.4g}", se, flag)
-    c.print(t)
+    stopped = "the least-squares solver stopped at --max-nfev before converging: raise it to go on" \
+        if "maximum number of function evaluations" in res.status else f"solver: {res.status}"
+    show(t, c, caption=f"{res.nfev} solver iterations; {stopped}")
     print_rows(res.rows, "fit vs records")
 
 
 def print_rows(rows, title: str, predicted_label: str = "simulated") -> None:
-    from rich.console import Console
     from rich.table import Table
 
     t = Table(title=title)
@@ -164,7 +156,7 @@ def print_rows(rows, title: str, predicted_label: str = "simulated") -> None:
         d = r.as_dict() if hasattr(r, "as_dict") else r
         t.add_row(d["record"], d["quantity"], f"{d['measured']:.4g}", f"{d['predicted']:.4g}",
                   f"{d['pct_err']:+.1f}", f"{d['level_pct_err']:+.1f}")
-    Console().print(t)
+    show(t)
 
 
 def shipped_records(nic: str) -> list[str]:
@@ -185,7 +177,7 @@ def main_validate(args: argparse.Namespace) -> int:
     check_nic(plat.nic_kind, recs, f"platform '{plat.name}'", "calibrate")
     t0 = time.perf_counter()
     rows = []
-    with _bar(not sys.stderr.isatty()) as bar:
+    with progress_bar(sys.stderr.isatty(), "folds") as bar:
         outer = bar.add_task("leave-one-out", total=len(recs))
         for i, held in enumerate(recs):
             train = recs[:i] + recs[i + 1:]
@@ -203,9 +195,8 @@ def main_validate(args: argparse.Namespace) -> int:
                "max_abs_pct_err": round(float(np.max(errs)), 2)}
     wall = time.perf_counter() - t0
     if args.json:
-        json.dump({"nic": args.nic, "records": [r.id for r in recs], "rows": [r.as_dict() for r in rows],
-                   **summary, "wall_s": round(wall, 2)}, sys.stdout)
-        sys.stdout.write("\n")
+        print_json({"nic": args.nic, "records": [r.id for r in recs], "rows": [r.as_dict() for r in rows],
+                   **summary, "wall_s": round(wall, 2)})
     else:
         print_rows(rows, f"leave-one-out ({args.nic}, {len(recs)} records, {wall:.0f} s)", "predicted")
         print(f"median |% err| {summary['median_abs_pct_err']}  max |% err| {summary['max_abs_pct_err']} "

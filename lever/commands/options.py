@@ -8,10 +8,11 @@ from __future__ import annotations
 
 import argparse
 import os
-import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import NoReturn
+
+from lever.sim.errors import UserError
 
 MAX_SEEDS = 10_000
 """Seeds one command may run: each seed is a full simulation of every op, so 10,000 is
@@ -20,13 +21,13 @@ MAX_WORKERS = 1024
 
 
 class Parser(argparse.ArgumentParser):
-    """argparse with errors as one line (``lever: error: ...``) and exit 2."""
+    """argparse whose errors are a :class:`UserError`: the command line prints them as one
+    line (``lever: error: ...``, exit 2) like every other bad input."""
 
     def error(self, message: str) -> NoReturn:
         cmd = self.prog.removeprefix("lever").strip()
         hint = f" (lever {cmd} --help)" if cmd else " (lever --help)"
-        sys.stderr.write(f"lever: error: {message}{hint}\n")
-        sys.exit(2)
+        raise UserError(f"{message}{hint}")
 
 
 def count(lo: int, hi: int) -> Callable[[str], int]:

@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
 from lever.commands.options import MAX_SEEDS, count, output_file, seeds_option, workers_option
+from lever.reports.jsonout import print_json
+from lever.reports.tables import console, show
 from lever.sim.errors import UserError
 from lever.sim.scenario import parse_sets
 
@@ -63,8 +64,7 @@ def main_predict(args: argparse.Namespace) -> int:
                               workers=workers)
         wall = round(time.perf_counter() - t0, 2)
         if args.json:
-            json.dump({"seeds": seeds, "wall_s": wall, "levers": rows}, sys.stdout)
-            sys.stdout.write("\n")
+            print_json({"seeds": seeds, "wall_s": wall, "levers": rows})
         else:
             print_all(rows, seeds, wall)
         return 0
@@ -82,8 +82,7 @@ def main_predict(args: argparse.Namespace) -> int:
         tmp.write_text(json.dumps(obj, indent=2) + "\n")
         tmp.replace(p)
     if args.json:
-        json.dump(res, sys.stdout)
-        sys.stdout.write("\n")
+        print_json(res)
     else:
         print_predict(res, args.out)
     return 0
@@ -95,11 +94,15 @@ def _band(b: list) -> str:
     return f"[{b[0]:+.2f}, {b[1]:+.2f}]"
 
 
+DELTA_CAPTION = ("delta = mean over the paired seeds of (lever p50 - baseline p50) on the same "
+                 "seed (not the difference of the p50 columns); band = that mean's "
+                 "t-interval, widened by the calibrated parameters' spread when sampled")
+
+
 def print_predict(res: dict, out: str | None) -> None:
-    from rich.console import Console
     from rich.table import Table
 
-    con = Console()
+    con = console()
     t = Table(title=f"{res['lever']} on {res['baseline']}  ({res['seeds']} paired seeds, "
                     f"band {int(100 * res['band_level'])}% {res['band_kind']}, {res.get('wall_s', '')} s)")
     for col in ("op", "baseline p50 us", "lever p50 us", "delta us", "band us", "main shift"):
@@ -107,7 +110,7 @@ def print_predict(res: dict, out: str | None) -> None:
     for op, r in res["ops"].items():
         t.add_row(op, f"{r['baseline_p50_us']:.2f}", f"{r['lever_p50_us']:.2f}", f"{r['delta_us']:+.2f}",
                   _band(r["band_us"]), r["main_shift"])
-    con.print(t)
+    show(t, con, caption=DELTA_CAPTION)
     for op, r in res["ops"].items():
         a = Table(title=f"{op}: attribution, baseline -> lever")
         cols = ["category", "profiler", "put path"] + (["critical path us"] if res["critical_path"] else [])
@@ -119,13 +122,12 @@ def print_predict(res: dict, out: str | None) -> None:
             if "cp_base_us" in row:
                 cells.append(f"{row['cp_base_us']:+.2f} -> {row['cp_lever_us']:+.2f}")
             a.add_row(*cells)
-        con.print(a)
+        show(a, con)
     if out:
         con.print(f"preregistration written to {out}")
 
 
 def print_all(rows: list[dict], seeds: int, wall: float) -> None:
-    from rich.console import Console
     from rich.table import Table
 
     t = Table(title=f"every lever on its baseline, sorted by predicted gain ({seeds} paired seeds, {wall} s)")
@@ -148,7 +150,7 @@ def print_all(rows: list[dict], seeds: int, wall: float) -> None:
                 shifts.append(f"{op[0]}: {o['main_shift']}")
         cells.append("; ".join(shifts) or "none")
         t.add_row(*cells)
-    Console().print(t)
+    show(t, caption=DELTA_CAPTION)
 
 
 def main_compare(args: argparse.Namespace) -> int:
@@ -174,7 +176,7 @@ def main_compare(args: argparse.Namespace) -> int:
 
         plot_compare(res, args.plot)
     if args.json:
-        json.dump(res, sys.stdout, default=lambda v: None if isinstance(v, float) and math.isnan(v) else v)
+        print_json(res)
         sys.stdout.write("\n")
     else:
         print_compare(res)
@@ -182,7 +184,6 @@ def main_compare(args: argparse.Namespace) -> int:
 
 
 def print_compare(res: dict) -> None:
-    from rich.console import Console
     from rich.table import Table
 
     style = {"validated": "green", "refuted": "red", "inconclusive": "yellow"}
@@ -194,7 +195,7 @@ def print_compare(res: dict) -> None:
         t.add_row(op, f"{r['predicted_delta_us']:+.2f}", _band(r["predicted_band_us"]),
                   f"{r['measured_delta_us']:+.2f}", _band(r["measured_band_us"]),
                   f"[{style[r['verdict']]}]{v}[/]", r["reason"])
-    Console().print(t)
+    show(t)
 
 
 def prereg_sets(prereg: dict, label: str) -> dict[str, Any]:

@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from lever.commands.options import MAX_SEEDS, output_file, seeds_option, workers_option
+from lever.reports.jsonout import print_json
+from lever.reports.tables import console, show
 from lever.sim import scenario as scenario_mod
 from lever.sim.errors import UserError
 
@@ -55,24 +55,22 @@ def main(args: argparse.Namespace) -> int:
 
         plot_simulation(res, Path(args.plot))
     if args.json:
-        json.dump(res.to_json(), sys.stdout)
-        sys.stdout.write("\n")
+        print_json(res.to_json())
     else:
         print_table(res)
     return 0
 
 
 def print_table(res: SimulationResult) -> None:
-    from rich.console import Console
     from rich.table import Table
 
-    con = Console()
+    con = console()
     t = Table(title=f"{res.scenario}  ({res.seeds} seeds, {res.events} events, {res.wall_s} s)")
     for col in ("op", "p50 us", "p99 us", "mean us"):
         t.add_column(col, justify="right")
     for op, s in res.ops.items():
         t.add_row(op, f"{s.p50_us:.1f}", f"{s.p99_us:.1f}", f"{s.mean_us:.1f}")
-    con.print(t)
+    show(t, con)
     for op, att in res.attribution.items():
         a = Table(title=f"{op}: attribution")
         a.add_column("category")
@@ -84,4 +82,4 @@ def print_table(res: SimulationResult) -> None:
         for c in cats:
             a.add_row(c, f"{att.profiler.get(c, 0):.1%}", f"{att.put_path.get(c, 0):.1%}",
                       f"{cp[c]:.1f}" if c in cp else "-")
-        con.print(a)
+        show(a, con)

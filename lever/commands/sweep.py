@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import argparse
-import json
-import sys
 from pathlib import Path
 
 from lever.commands.options import count, output_file, seeds_option, workers_option
+from lever.reports.jsonout import print_json
+from lever.reports.tables import console, show
 from lever.sim.scenario import parse_sets
 
 
@@ -82,8 +82,7 @@ def main_sweep(args: argparse.Namespace) -> int:
     if args.plot:
         sw.plot_table(Path(args.out), Path(args.plot), args.plot_x)
     if args.json:
-        json.dump(summary, sys.stdout)
-        sys.stdout.write("\n")
+        print_json(summary)
     else:
         print(f"{summary['ran']} points run, {summary['skipped']} already in {summary['out']} "
               f"({summary['points']} in the sweep), {summary['wall_s']} s")
@@ -116,18 +115,16 @@ def main_sensitivity(args: argparse.Namespace) -> int:
     except ModelError as e:
         raise SweepError(f"{args.lever}: {e}") from None
     if args.json:
-        json.dump(res, sys.stdout)
-        sys.stdout.write("\n")
+        print_json(res)
     else:
         print_ranking(res)
     return 0
 
 
 def print_ranking(res: dict) -> None:
-    from rich.console import Console
     from rich.table import Table
 
-    con = Console(width=max(Console().width, 120))
+    con = console(wide=True)
     morris = res["method"] == "morris"
     for op, o in res["ops"].items():
         t = Table(title=f"{res['lever']} / {op}: delta {o['delta_mean_us']:+.2f} us "
@@ -141,4 +138,4 @@ def print_ranking(res: dict) -> None:
             vals = ((r["mu_star_us"], r["mu_star_conf_us"], r["mu_us"], r["sigma_us"]) if morris
                     else (r["ST"], r["ST_conf"], r["S1"], r["S1_conf"]))
             t.add_row(str(i), r["name"], f"{r['lo']:.4g}", f"{r['hi']:.4g}", *(f"{v:.3f}" for v in vals))
-        con.print(t)
+        show(t, con)

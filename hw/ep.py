@@ -419,8 +419,8 @@ class Runner:
             e = gb["err"].cpu().tolist()
             if e[0]:
                 what = ERR_NAMES.get(e[0], f"error {e[0]}")
-                raise EpError(f"GPU {g}: {what}: rank {e[1]}, expert/qp {e[2]}, counter {e[3]}, "
-                              f"expected {e[4]}, aux {e[5]}")
+                raise EpError(f"GPU {g}: {what}: rank {e[1]} (block {e[6]}, warp {e[7]}), "
+                              f"expert/qp {e[2]}, counter {e[3]}, expected {e[4]}, aux {e[5]}")
 
     def stats(self) -> dict[str, int]:
         tot = [0] * 16

@@ -2,7 +2,7 @@
 # Build the emulated-NIC EP kernels, run the gate, measure, and write records under $OUT.
 # One call on the device machine (nvidia-h200-x2): every step is bounded by `timeout`
 # and logged; a failing step does not stop the others. Records come back as one tarball.
-# Usage: hw/run_ep_on_device.sh [STEPS]   (STEPS: comma list of base,proxy,levers,faults,unsafe,loop,ep8,sharing,dbsweep)
+# Usage: hw/run_ep_on_device.sh [STEPS]   (STEPS: comma list of base,proxy,levers,faults,unsafe,loop,ep8,sharing,dbsweep,stuck)
 set -u
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/ep_out}
@@ -38,6 +38,9 @@ has levers && step levers 240 $C --variants "$LEVERS"
 has faults && step faults 120 $C --faults --variants ";write-imm-counting;cached-dispatch"
 has faults && step proxy-faults 90 $C --faults --path proxy --variants ";"
 has unsafe && step unsafe-ordered-must-fail 60 --ranks 2 --gpus 2 --faults --unsafe-ordered --iters 5 --warmup 1 --profile 0 --out "$REC/../unsafe.json"
+# a run that must time out (2 us budget per wait): its one-line error names the stuck rank, block,
+# warp and what it waited for
+has stuck && step stuck-must-fail 60 --ranks 2 --gpus 1 --timeout-ms 0.002 --iters 5 --warmup 1 --profile 0 --out "$OUT/stuck.json"
 has loop && step loopback 90 --ranks 2 --gpus 1 --iters $ITERS --variants ";" --out-dir "$REC" --id-prefix emu-loop-ep
 # the QP fan-out fix where QPs are scarce: 96 warps on 1 -> 2 and 2 -> 3 data QPs (heavy sharing)
 for q in 2 3; do

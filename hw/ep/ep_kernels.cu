@@ -78,6 +78,8 @@ __device__ void raise_err(const World& w, unsigned code, int rank, int a, long l
     w.err[3] = (unsigned)seen;
     w.err[4] = (unsigned)expect;
     w.err[5] = (unsigned)aux;
+    w.err[6] = blockIdx.x;        // who was stuck: the block of the cooperative launch
+    w.err[7] = threadIdx.x >> 5;  // and the warp in it
     __threadfence_system();
   }
 }

@@ -276,3 +276,28 @@ def test_committed_records_cover_native_proxy_and_levers():
     assert len(levers) >= 6
     for r in recs.values():
         assert r.gate.passed and r.attribution and r.attribution_samples
+
+
+def test_a_stuck_kernel_names_rank_block_warp_and_what_it_waited_for():
+    from types import SimpleNamespace
+
+    from lever.hw.ep import EpError, Runner
+
+    class Words:
+        def __init__(self, v):
+            self.v = v
+
+        def cpu(self):
+            return self
+
+        def tolist(self):
+            return self.v
+
+    # the error words as the kernel's raise_err writes them (measured on an H200: the
+    # 'stuck' step of hw/run_ep_on_device.sh gave rank 1, block 54, warp 2)
+    fake = SimpleNamespace(gbufs=[{"err": Words([13, 1, 2, 0, 5, 0, 54, 2])}])
+    with pytest.raises(EpError) as e:
+        Runner.check_errors(fake)
+    msg = str(e.value)
+    assert "doorbell turn" in msg and "rank 1 (block 54, warp 2)" in msg and "expected 5" in msg
+    assert "\n" not in msg

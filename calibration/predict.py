@@ -24,6 +24,7 @@ import datetime as _dt
 import math
 import os
 import subprocess
+from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -189,7 +190,8 @@ def split_sets(lev: levers_mod.Lever, sets: Overrides) -> tuple[dict[str, Any], 
 
 def predict(lever: str, seeds: int = 3, sets: Overrides | None = None, param_samples: int = 0,
             with_cp: bool = True, cp_seeds: int = 1, paired: bool = True, baseline: str | None = None,
-            lever_names: list[str] | None = None, workers: int = 1) -> dict[str, Any]:
+            lever_names: list[str] | None = None, workers: int = 1,
+            progress: Callable[[int, int], None] | None = None) -> dict[str, Any]:
     """Baseline vs lever on common random numbers: the ``lever predict --json`` object.
 
     ``sets`` apply to both sides, except those naming a field the lever sets: those
@@ -212,11 +214,7 @@ def predict(lever: str, seeds: int = 3, sets: Overrides | None = None, param_sam
     for ps in psets:
         jobs.append((base_name, [], {**common, **ps}, p_seeds, False, 1))
         jobs.append((base_name, names, {**common, **lever_only, **ps}, p_seeds, False, 1))
-    if workers > 1 and len(jobs) > 1:
-        with ProcessPoolExecutor(max_workers=workers) as ex:
-            sides = list(ex.map(_side_job, jobs))
-    else:
-        sides = [_side_job(j) for j in jobs]
+    sides = _run_sides(jobs, workers, progress)
     base, levr = sides[0], sides[1]
 
     band_kind = "noise+params" if psets else "noise-only"
@@ -270,8 +268,27 @@ def predict(lever: str, seeds: int = 3, sets: Overrides | None = None, param_sam
     }
 
 
+def _run_sides(jobs: list[tuple], workers: int,
+               progress: Callable[[int, int], None] | None) -> list[dict[str, Any]]:
+    """Every side in order (a process pool when ``workers`` > 1); ``progress(done, total)``."""
+    out: list[dict[str, Any]] = []
+    if workers > 1 and len(jobs) > 1:
+        with ProcessPoolExecutor(max_workers=min(workers, len(jobs))) as ex:
+            for side in ex.map(_side_job, jobs):
+                out.append(side)
+                if progress:
+                    progress(len(out), len(jobs))
+    else:
+        for j in jobs:
+            out.append(_side_job(j))
+            if progress:
+                progress(len(out), len(jobs))
+    return out
+
+
 def predict_all(seeds: int = 2, with_cp: bool = False, cp_seeds: int = 1,
-                sets: Overrides | None = None, workers: int | None = None) -> list[dict[str, Any]]:
+                sets: Overrides | None = None, workers: int | None = None,
+                progress: Callable[[int, int], None] | None = None) -> list[dict[str, Any]]:
     """Every lever on its baseline; baselines shared; runs in a process pool. Sorted by gain."""
     workers = workers or os.cpu_count() or 1
     names = levers_mod.all_levers()
@@ -293,6 +310,8 @@ def predict_all(seeds: int = 2, with_cp: bool = False, cp_seeds: int = 1,
             except Exception as e:  # a lever the model refuses: reported, not fatal
                 sides.append(None)
                 errors[j[1][0] if j[1] else j[0]] = f"{type(e).__name__}: {e}"
+            if progress:
+                progress(len(sides), len(jobs))
     base_of = dict(zip(baselines, sides[: len(baselines)], strict=True))
     rows = []
     for n, side in zip(names, sides[len(baselines):], strict=True):

@@ -6,6 +6,7 @@ import argparse
 import json
 import sys
 import time
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -60,8 +61,9 @@ def main_predict(args: argparse.Namespace) -> int:
     if args.all:
         if args.out:
             raise UserError("--out: preregister one lever at a time")
-        rows = pr.predict_all(seeds=seeds, with_cp=bool(args.cp), cp_seeds=args.cp_seeds, sets=parse_sets(args.set),
-                              workers=workers)
+        with _bar("every lever") as tick:
+            rows = pr.predict_all(seeds=seeds, with_cp=bool(args.cp), cp_seeds=args.cp_seeds,
+                                  sets=parse_sets(args.set), workers=workers, progress=tick)
         wall = round(time.perf_counter() - t0, 2)
         if args.json:
             print_json({"seeds": seeds, "wall_s": wall, "levers": rows})
@@ -69,9 +71,11 @@ def main_predict(args: argparse.Namespace) -> int:
             print_all(rows, seeds, wall)
         return 0
     try:
-        res = pr.predict(args.lever, seeds=seeds, sets=parse_sets(args.set), param_samples=args.param_samples,
-                         with_cp=args.cp is not False, cp_seeds=args.cp_seeds, paired=not args.unpaired,
-                         baseline=args.baseline, workers=workers)
+        with _bar(args.lever) as tick:
+            res = pr.predict(args.lever, seeds=seeds, sets=parse_sets(args.set),
+                             param_samples=args.param_samples, with_cp=args.cp is not False,
+                             cp_seeds=args.cp_seeds, paired=not args.unpaired,
+                             baseline=args.baseline, workers=workers, progress=tick)
     except ModelError as e:
         raise UserError(f"{args.lever}: {e}") from None
     res["wall_s"] = round(time.perf_counter() - t0, 2)
@@ -92,6 +96,16 @@ def _band(b: list) -> str:
     if b[0] is None:
         return "n/a"
     return f"[{b[0]:+.2f}, {b[1]:+.2f}]"
+
+
+@contextmanager
+def _bar(what: str):
+    """A progress bar on stderr (when it is a terminal) counting baseline/lever sides."""
+    from lever.reports.progress import progress_bar
+
+    with progress_bar(sys.stderr.isatty(), "model runs") as bar:
+        task = bar.add_task(f"predict {what}", total=None)
+        yield lambda done, total: bar.update(task, completed=done, total=total)
 
 
 DELTA_CAPTION = ("delta = mean over the paired seeds of (lever p50 - baseline p50) on the same "

@@ -7,6 +7,9 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from lever.sim.engine import Ledger
+    from lever.sim.issuer import WarpPort
+    from lever.sim.nic import QueuePair
+    from lever.sim.proxy import Ring
     from lever.sim.receiver import Receiver
 
 
@@ -41,7 +44,7 @@ class Message:
         self.tag = tag
         self.kind = kind
         self.value = value
-        self.qp: Any = None
+        self.qp: QueuePair | None = None  # the send queue it was posted on
         self.npkts = 0
         self.landed = 0
         self.acked = 0
@@ -51,8 +54,8 @@ class Message:
         self.on_complete: Callable[[Message], None] | None = None
         self.on_visible: Callable[[Message], None] | None = None
         self.seq = 0
-        self.ring: Any = None  # proxy path: the descriptor ring it went through
-        self.port: Any = None
+        self.ring: Ring | None = None  # proxy path: the descriptor ring it went through
+        self.port: WarpPort | None = None  # proxy path: the warp told of its completion
         self.host_done = False
         self.parent: Message | None = None  # proxy path: the put this stripe belongs to
         self.parts = 1

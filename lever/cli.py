@@ -22,6 +22,7 @@ REGISTRARS = [
     "lever.commands.predict",
     "lever.commands.sweep",
     "lever.commands.record",
+    "lever.commands.designs",
 ]
 
 

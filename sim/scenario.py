@@ -205,6 +205,32 @@ def load(name_or_path: str | Path, overrides: Overrides | None = None,
     return validate(data, origin, _display(path))
 
 
+def compose(platform: str, design: str, workload: str = "decode-ep16", ep: int | None = None,
+            overrides: Overrides | None = None) -> Scenario:
+    """A scenario built from named files: ``platforms/PLATFORM``, ``workloads/WORKLOAD`` and
+    ``designs/DESIGN`` (names or paths), at ``ep`` ranks when given, then ``overrides``.
+
+    This is what a scenario file's ``include`` list does, from the command line; a scenario
+    file stays the way to save one."""
+    origin: dict = {}
+    data: dict[str, Any] = {}
+    for kind, name, opt in (("platforms", platform, "--platform"), ("workloads", workload, "--workload"),
+                            ("designs", design, "--design")):
+        try:
+            path = resolve(name, kind=kind)
+        except ScenarioError:
+            known = ", ".join(sorted(p.stem for p in (SCENARIO_DIR / kind).glob("*.toml")))
+            raise ScenarioError(f"{opt} {name}: no such file in {kind}/ (known: {known})") from None
+        _merge(data, load_fragment(path, origin), {}, _display(path))
+    if ep is not None:
+        data.setdefault("workload", {})["ep_ranks"] = ep
+        origin[("workload", "ep_ranks")] = "--ep"
+    label = f"{Path(design).stem}@{Path(platform).stem}-ep{data.get('workload', {}).get('ep_ranks', '?')}"
+    data["name"] = label
+    apply_overrides(data, overrides or {}, origin)
+    return validate(data, origin, label)
+
+
 def digest(obj: Any) -> str:
     """sha256 of a JSON-able object in canonical form."""
     blob = json.dumps(obj, sort_keys=True, separators=(",", ":"), default=str).encode()

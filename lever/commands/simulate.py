@@ -7,7 +7,7 @@ import os
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from lever.commands.options import MAX_SEEDS, output_file, seeds_option, workers_option
+from lever.commands.options import MAX_SEEDS, count, output_file, seeds_option, workers_option
 from lever.reports.jsonout import print_json
 from lever.reports.tables import console, show
 from lever.sim import scenario as scenario_mod
@@ -19,7 +19,13 @@ if TYPE_CHECKING:  # the command line registers without simpy (the GPU machine's
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("simulate", help="simulate a scenario: latency per op and both attributions")
-    p.add_argument("scenario", help="scenario file or name under scenarios/")
+    p.add_argument("scenario", nargs="?", help="scenario file or name under scenarios/ "
+                   "(or compose one with --design and --platform)")
+    p.add_argument("--design", metavar="D", help="compose: a design under scenarios/designs/")
+    p.add_argument("--platform", metavar="P", help="compose: a platform under scenarios/platforms/")
+    p.add_argument("--workload", metavar="W", default="decode-ep16",
+                   help="compose: a workload under scenarios/workloads/ (default decode-ep16)")
+    p.add_argument("--ep", type=count(2, 4096), metavar="N", help="compose: EP ranks")
     p.add_argument("--set", action="append", default=[], metavar="PATH=VALUE",
                    help="override a field, e.g. design.doorbell_batch=8 (repeatable)")
     seeds_option(p, 3, f"seeds 0..N-1 (at most {MAX_SEEDS})")
@@ -35,17 +41,34 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=main)
 
 
+def load_scenario(args: argparse.Namespace):
+    """The scenario named, or the one composed from --design, --platform (and --workload, --ep)."""
+    sets = scenario_mod.parse_sets(args.set)
+    composing = args.design or args.platform
+    if args.scenario and composing:
+        raise UserError("give a SCENARIO or --design and --platform, not both")
+    if composing:
+        if not (args.design and args.platform):
+            raise UserError("composing a scenario needs both --design and --platform")
+        return scenario_mod.compose(args.platform, args.design, args.workload, args.ep, sets)
+    if not args.scenario:
+        raise UserError("give a SCENARIO, or --design D --platform P [--ep N]")
+    if args.ep is not None:
+        sets = {"workload.ep_ranks": args.ep, **sets}
+    return scenario_mod.load(args.scenario, sets)
+
+
 def main(args: argparse.Namespace) -> int:
     from lever.sim.model import ModelError
     from lever.sim.results import simulate
 
-    scn = scenario_mod.load(args.scenario, scenario_mod.parse_sets(args.set))
+    scn = load_scenario(args)
     try:
         res = simulate(scn, seeds=args.seeds, with_critical_path=not args.no_critical_path,
                        cp_seeds=args.cp_seeds, trace=bool(args.trace or args.plot),
                        workers=args.workers or os.cpu_count() or 1)
     except ModelError as e:
-        raise UserError(f"{args.scenario}: {e}") from None
+        raise UserError(f"{scn.name}: {e}") from None
     if args.trace:
         from lever.reports.trace import write_trace
 

@@ -109,3 +109,24 @@ def plot_compare(res: dict[str, Any], path: str) -> None:
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
+
+
+def plot_designs(rows: list[dict[str, Any]], path: Path) -> None:
+    """Dispatch and combine p50 against EP size, one line per design."""
+    fig, axes = plt.subplots(1, 2, figsize=(12, 4.5), squeeze=False)
+    for ax, op in zip(axes[0], ("dispatch", "combine"), strict=True):
+        for d in sorted({r["design"] for r in rows}):
+            pts = sorted((r["ep"], r[f"{op}_p50_us"]) for r in rows
+                         if r["design"] == d and f"{op}_p50_us" in r)
+            if pts:
+                ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=d)
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("EP ranks")
+        ax.set_ylabel(f"{op} p50 (us)")
+        ax.set_title(op)
+        ax.grid(alpha=0.3)
+    axes[0][0].legend(fontsize=7)
+    fig.suptitle(f"designs on {rows[0]['platform'] if rows else ''}")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)

@@ -1,0 +1,452 @@
+"""Mutation check of the model's tests: remove one physical mechanism of ``sim/``, see which
+tests notice.
+
+    python benchmarks/mutants.py [--mutants NAME,...] [--tests PATHS] [--all-kills]
+                                 [--out benchmarks/mutants.md] [--list]
+
+A test suite that only compares golden numbers fails on *any* change, so it can not tell a
+mechanism that is checked from one that merely moves a number. Each mutant here is one
+exact text edit of one file under ``sim/`` that removes (or breaks) one mechanism; a mutant
+is *killed* when some test fails, and *golden-only* when the only failing test is
+``tests/test_golden.py``: that mechanism has no behaviour test, only a frozen number.
+
+The working tree is never touched. The script snapshots it once into a temporary folder
+(uncommitted edits included, ``.git`` and build outputs left out), runs the selected tests
+there unmutated (the *baseline*: tests that already fail are deselected afterwards and
+reported), then for each mutant copies the snapshot, applies the edit (an error unless the
+old text occurs exactly once) and runs the tests with ``PYTHONPATH`` and the working
+directory on that copy, having checked that ``lever.sim`` imports from it. Copies are
+removed at the end.
+
+Tests run in stages, cheapest first, so a killed mutant costs seconds: the fast behaviour
+files (``FAST``), then the rest of the selection with ``-x`` only if nothing was killed
+yet, then ``tests/test_golden.py``. ``--all-kills`` runs the fast stage without ``-x`` to
+list every killing test there, not just the first.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+FAST = ("tests/test_physics.py", "tests/test_fabric.py", "tests/test_protocols.py",
+        "tests/test_model.py")
+GOLDEN = "tests/test_golden.py"
+PYTEST = ("-q", "-p", "no:benchmark", "-n", "2", "-p", "mut_report", "--no-header")
+SKIP = {".git", "__pycache__", ".pytest_cache", ".ruff_cache", "build", ".whl", ".gl",
+        ".venv", "out"}
+
+
+@dataclass(frozen=True)
+class Mutant:
+    """One mechanism removed: replace ``old`` (exactly once) by ``new`` in ``file``."""
+
+    name: str
+    file: str
+    old: str
+    new: str
+    why: str
+
+
+MUTANTS: tuple[Mutant, ...] = (
+    # -- fabric ---------------------------------------------------------------------------
+    Mutant("retransmit-timeout-free", "sim/fabric.py",
+           't_rt = depart + self.ledger.cost("wire", self.fp.retransmit_timeout_ns)',
+           "t_rt = depart", "a lost packet is resent at once: loss costs no timeout"),
+    Mutant("ack-loss-never", "sim/fabric.py",
+           "ack_lost = (not data_lost) and self._lost(src_nic)", "ack_lost = False",
+           "ACKs are never lost: no duplicate copies"),
+    Mutant("rc-fifo-removed", "sim/fabric.py",
+           "arrive = max(arrive, self._rc_last.get(key, 0.0))", "arrive = arrive",
+           "RC arrivals may overtake earlier ones on a connection"),
+    # -- NIC egress -----------------------------------------------------------------------
+    Mutant("egress-serialisation-removed", "sim/nic.py",
+           'depart = max(self.tx_free, t_ready) + led.cost("wire", (size + hdr) * self.ns_per_byte)',
+           "depart = t_ready", "packets leave as soon as fetched: no line rate on the egress port"),
+    Mutant("dma-read-free", "sim/nic.py",
+           't_ready = t0 if inline else t0 + led.cost("nic", p.dma_read_ns)', "t_ready = t0",
+           "a payload needs no PCIe read before it can leave"),
+    Mutant("message-rate-ceiling-ignored", "sim/nic.py",
+           "self.wqe_ns = max(p.wqe_process_ns, 1e3 / p.max_msg_rate_mops)",
+           "self.wqe_ns = p.wqe_process_ns", "WQEs are parsed faster than max_msg_rate_mops"),
+    Mutant("dma-bandwidth-free", "sim/nic.py",
+           't_ready += led.cost("nic", size * self.dma_ns_per_byte)', "pass",
+           "the payload fetch takes no time however large (dma_gbps ignored)"),
+    Mutant("no-mtu-segmentation", "sim/nic.py", "mtu = p.mtu_bytes\n",
+           "mtu = max(p.mtu_bytes, msg.nbytes)\n", "a write leaves as one packet, whatever its size"),
+    # -- NIC ingress and completions ------------------------------------------------------
+    Mutant("ingress-serialisation-removed", "sim/nic.py",
+           'self.rx_free = max(self.rx_free, now) + self.ledger.cost(\n'
+           '            "wire", (size + self.p.header_bytes) * self.ns_per_byte)',
+           "self.rx_free = now", "packets land on arrival: no line rate on the ingress port"),
+    Mutant("duplicates-not-dropped", "sim/nic.py", "if msg.seen_pkts & bit:", "if False:",
+           "a resent copy of a packet that had landed lands again"),
+    Mutant("duplicate-not-acked", "sim/nic.py",
+           "            if ack_ok:\n"
+           "                msg.qp.nic.ack(msg, now + self.fabric.flight(self.index))\n"
+           "            return",
+           "            return", "a dropped duplicate sends no ACK: a lost ACK is never repaired"),
+    Mutant("visibility-zero", "sim/nic.py",
+           'vis = t_land + self.ledger.cost("visibility", self.rp.visibility_ns)', "vis = t_land",
+           "landed bytes are visible to pollers at once (visibility_ns ignored)"),
+    Mutant("visible-at-first-packet", "sim/nic.py", "if msg.landed == msg.npkts:",
+           "if msg.landed == 1:", "a write is visible when its first packet landed"),
+    Mutant("completion-zero", "sim/nic.py",
+           't = msg.t_complete + self.ledger.cost("nic", self.p.completion_ns)',
+           "t = msg.t_complete", "the CQE is written at the last ACK (completion_ns ignored)"),
+    Mutant("completion-at-last-processed-ack", "sim/nic.py",
+           "        if t_arrive > msg.t_complete:\n            msg.t_complete = t_arrive\n",
+           "        msg.t_complete = t_arrive\n",
+           "the CQE follows the ACK processed last, not the latest to arrive"),
+    # -- native issuer ----------------------------------------------------------------------
+    Mutant("doorbell-batch-ignored", "sim/issuer.py",
+           "limit = min(max(d.doorbell_batch, span), w.platform.nic.max_batch)",
+           "limit = min(span, w.platform.nic.max_batch)", "a doorbell per WQE whatever doorbell_batch"),
+    Mutant("max-batch-cap-ignored", "sim/issuer.py",
+           "limit = min(max(d.doorbell_batch, span), w.platform.nic.max_batch)",
+           "limit = max(d.doorbell_batch, span)", "doorbells may cover more than nic.max_batch WQEs"),
+    Mutant("doorbell-lock-removed", "sim/issuer.py",
+           'locked = self.shared and led.on("lock")', "locked = False",
+           "warps sharing a QP ring their doorbells at once, no slot-order turn"),
+    Mutant("fence-after-doorbell-free", "sim/issuer.py",
+           "if nf > 1:  # the fence after the doorbell", "if False:  # the fence after the doorbell",
+           "the fences after the doorbell cost nothing and hold no turn"),
+    Mutant("deferred-aggregation-ignored", "sim/issuer.py",
+           "if d.deferred_doorbell_aggregation > 1:", "if False:",
+           "each warp rings its own WQEs whatever deferred_doorbell_aggregation"),
+    Mutant("put-many-credit-per-put", "sim/issuer.py",
+           'if self._span_left == 0 and not self.lazy and led.on("credit_wait"):',
+           'if not self.lazy and led.on("credit_wait"):',
+           "a put_many span checks credits per put instead of once"),
+    Mutant("credit-wait-removed", "sim/issuer.py",
+           "if qp.posted - qp.completions.value + need > limit:", "if False:",
+           "the credit check never blocks: the SQ can overflow"),
+    Mutant("credit-read-per-cqe-free", "sim/issuer.py",
+           'yield from self._pay("credit_wait", self.counter_read_ns * (1 + new))',
+           'yield from self._pay("credit_wait", self.counter_read_ns)',
+           "a credit check reads one word, however many CQEs it consumes"),
+    Mutant("flush-does-not-wait", "sim/issuer.py",
+           "        if self.done.value < self.posted:\n"
+           "            yield from self._wait(cat, self.done.reach(self.posted))\n"
+           "        yield from self._pay(cat, self.counter_read_ns)\n"
+           "        self.qp.consumed",
+           "        yield from self._pay(cat, self.counter_read_ns)\n        self.qp.consumed",
+           "flush returns before the send completions"),
+    Mutant("lazy-ignores-sq-bound", "sim/model.py",
+           "if worst > self.platform.nic.sq_depth:", "if False:",
+           "lazy completion is granted even when the SQ could overflow"),
+    # -- receiver ---------------------------------------------------------------------------
+    Mutant("recv-completion-free", "sim/receiver.py",
+           'self._later(led.cost("signal", rp.recv_completion_ns), tag, 1)',
+           "self._later(0.0, tag, 1)", "immediate counting pays no receive-CQE latency"),
+    Mutant("hw-counter-free", "sim/receiver.py",
+           'self._later(led.cost("signal", ctx.platform.nic.completion_ns), tag, 1)',
+           "self._later(0.0, tag, 1)", "the NIC's arrival counter ticks with no completion latency"),
+    Mutant("violation-check-removed", "sim/receiver.py",
+           "        if self.data[tag].value < n:\n", "        if False:\n",
+           "consuming writes that are not all visible goes uncounted"),
+    Mutant("unordered-prefix-ignored", "sim/receiver.py",
+           "target = min(p, self._sig[tag])", "target = self._sig[tag]",
+           "unordered counting trusts the signal sum, not the visible prefix"),
+    Mutant("poll-granularity-free", "sim/receiver.py",
+           "poll = g.poll_interval_ns * self.polls.uniform() + g.device_load_ns",
+           "poll = 0.0", "a poller sees a change at once, at no load cost"),
+    Mutant("proxy-signal-not-held", "sim/receiver.py", "            if v <= have:",
+           "            if True:", "the receiving host delivers a signal before its data"),
+    Mutant("proxy-stripe-counted-at-first", "sim/receiver.py",
+           "if self._stripes[key] == parent.parts:", "if self._stripes[key] == 1:",
+           "a striped put counts as arrived with its first stripe"),
+    # -- proxy --------------------------------------------------------------------------------
+    Mutant("proxy-ring-frees-out-of-order", "sim/proxy.py",
+           "        while ring.inflight and ring.inflight[0].host_done:\n"
+           "            ring.inflight.popleft()\n"
+           "            freed += 1\n",
+           "        ring.inflight.remove(msg)\n        freed = 1\n",
+           "a completed descriptor frees its slot past an incomplete earlier one"),
+    Mutant("proxy-ring-depth-ignored", "sim/proxy.py",
+           "if ring.posted - ring.freed.value >= pp.ring_depth:", "if False:",
+           "the GPU never waits for a full descriptor ring"),
+    # -- NVLink --------------------------------------------------------------------------------
+    Mutant("nvlink-port-not-shared", "sim/nvlink.py",
+           "start = max(now, self.port_free[src])", "start = now",
+           "copies from one GPU overlap instead of sharing its port"),
+    Mutant("nvlink-flag-not-ordered", "sim/protocols/common.py",
+           "lat = max(0.0, w.nvlink.port_free[src] - w.env.now) + w.ledger.cost(\n"
+           '        "forward", w.platform.nvlink.flag_latency_ns)',
+           'lat = w.ledger.cost("forward", w.platform.nvlink.flag_latency_ns)',
+           "an NVLink flag overtakes the stores queued before it"),
+)
+
+# A pytest plugin for the runs: the controller (not the xdist workers) writes one JSON line
+# per failed or errored test or collector, nodeids exact (they may hold spaces).
+PLUGIN = '''
+import json, os
+
+_cfg = None
+
+
+def pytest_configure(config):
+    global _cfg
+    _cfg = config
+
+
+def _note(nodeid, what):
+    if _cfg is None or hasattr(_cfg, "workerinput"):
+        return
+    with open(os.environ["MUT_REPORT"], "a") as f:
+        f.write(json.dumps({"nodeid": nodeid, "what": what}) + "\\n")
+
+
+def pytest_runtest_logreport(report):
+    if report.failed:
+        _note(report.nodeid, report.when)
+
+
+def pytest_collectreport(report):
+    if report.failed:
+        _note(report.nodeid or "<collection>", "collect")
+'''
+
+
+class MutantError(RuntimeError):
+    """A mutant that does not apply as written (the model's text changed)."""
+
+
+@dataclass
+class Outcome:
+    """What the tests did to one mutant (or to the unmutated baseline)."""
+
+    name: str
+    killed: bool = False
+    golden_only: bool = False
+    behaviour_kills: list[str] = field(default_factory=list)  # failing tests outside golden
+    golden: str = "not run"  # killed / survived / not run
+    stages: list[str] = field(default_factory=list)  # "stage: N failed in S s"
+    seconds: float = 0.0
+    why: str = ""
+
+
+def _copy_tree(src: Path, dst: Path) -> None:
+    def ignore(folder: str, names: list[str]) -> set[str]:
+        return {n for n in names if n in SKIP or n.endswith(".egg-info")}
+
+    shutil.copytree(src, dst, ignore=ignore, symlinks=True)
+
+
+def _env(tree: Path, report: Path, plugin_dir: Path) -> dict[str, str]:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([str(tree), str(plugin_dir)])
+    env["MUT_REPORT"] = str(report)
+    env["PYTHONDONTWRITEBYTECODE"] = "1"
+    return env
+
+
+def _check_imports(tree: Path, plugin_dir: Path) -> None:
+    """``lever`` and ``lever.sim`` must come from the copy, not the editable install."""
+    code = "import lever, lever.sim, lever.sim.nic as n; print(lever.sim.__file__); print(n.__file__)"
+    r = subprocess.run([sys.executable, "-c", code], cwd=tree, capture_output=True, text=True,
+                       env=_env(tree, tree / "unused", plugin_dir))
+    paths = r.stdout.split()
+    if r.returncode or not paths or not all(Path(p).resolve().is_relative_to(tree) for p in paths):
+        raise SystemExit(f"lever.sim does not import from the copy {tree}: {r.stdout} {r.stderr}")
+
+
+def _text(m: Mutant, tree: Path) -> str:
+    """The file's text, after checking that the mutant's old text occurs in it exactly once."""
+    path = tree / m.file
+    text = path.read_text() if path.is_file() else ""
+    n = text.count(m.old)
+    if n != 1:
+        raise MutantError(f"{m.name}: the old text occurs {n} times in {m.file}, not once")
+    return text
+
+
+def _apply(m: Mutant, tree: Path) -> None:
+    path = tree / m.file
+    new = _text(m, tree).replace(m.old, m.new)
+    compile(new, str(path), "exec")  # a mutant must still be Python: a SyntaxError kills nothing
+    path.write_text(new)
+
+
+def _stages(tests: list[str], tree: Path) -> list[tuple[str, list[str]]]:
+    """(stage name, pytest paths and options) for the selection, cheapest first."""
+
+    def within(f: str) -> bool:
+        return any(f == t or f.startswith(t.rstrip("/") + "/") for t in tests)
+
+    fast = [f for f in FAST if within(f) and (tree / f).exists()]
+    rest = [t for t in tests if t not in FAST and t != GOLDEN]
+    out: list[tuple[str, list[str]]] = []
+    if fast:
+        out.append(("fast", fast))
+    if rest:
+        ignores = [f"--ignore={f}" for f in (*FAST, GOLDEN) if within(f)]
+        out.append(("rest", rest + ignores))
+    if within(GOLDEN):
+        out.append(("golden", [GOLDEN]))
+    return out
+
+
+def _pytest(tree: Path, plugin_dir: Path, args: list[str], stop_first: bool,
+            deselect: list[str], timeout: float) -> tuple[list[str], str, float]:
+    """Run pytest in ``tree``: (failing nodeids, note, seconds)."""
+    report = tree / ".mut_report.jsonl"
+    report.unlink(missing_ok=True)
+    cmd = [sys.executable, "-m", "pytest", *PYTEST, *(["-x"] if stop_first else []), *args]
+    cmd += [f"--deselect={d}" for d in deselect]
+    t0 = time.perf_counter()
+    note = ""
+    try:
+        r = subprocess.run(cmd, cwd=tree, env=_env(tree, report, plugin_dir), capture_output=True,
+                           text=True, timeout=timeout)
+        rc = r.returncode
+    except subprocess.TimeoutExpired:
+        rc, note = -1, f"timed out after {timeout:.0f} s"
+    dt = time.perf_counter() - t0
+    failed: list[str] = []
+    if report.exists():
+        for line in report.read_text().splitlines():
+            nid = json.loads(line)["nodeid"]
+            if nid not in failed:
+                failed.append(nid)
+    if rc not in (0, 1, 5, -1) and not failed:  # pytest itself broke (usage, internal error)
+        note = f"pytest exit {rc}: {(r.stdout + r.stderr)[-400:]}"
+        failed.append(f"<pytest exit {rc}>")
+    if rc == -1:
+        failed.append("<timeout>")
+    return failed, note, dt
+
+
+def run_one(name: str, tree: Path, plugin_dir: Path, stages: list[tuple[str, list[str]]],
+            deselect: list[str], all_kills: bool, timeout: float, baseline: bool = False,
+            why: str = "") -> Outcome:
+    """Run the stages on one tree; stop after the first stage outside golden that kills."""
+    out = Outcome(name, why=why)
+    t0 = time.perf_counter()
+    for stage, args in stages:
+        if stage == "rest" and out.behaviour_kills and not baseline:
+            continue  # already killed by a behaviour test: the slow files add nothing
+        stop = not baseline and not (all_kills and stage == "fast")
+        failed, note, dt = _pytest(tree, plugin_dir, args, stop, deselect, timeout)
+        out.stages.append(f"{stage}: {len(failed)} failed in {dt:.0f} s{'; ' + note if note else ''}")
+        print(f"  {name} {out.stages[-1]}", file=sys.stderr, flush=True)
+        if stage == "golden":
+            out.golden = "killed" if failed else "survived"
+        else:
+            out.behaviour_kills += failed
+    out.killed = bool(out.behaviour_kills) or out.golden == "killed"
+    out.golden_only = out.golden == "killed" and not out.behaviour_kills
+    out.seconds = round(time.perf_counter() - t0, 1)
+    return out
+
+
+def table_md(outcomes: list[Outcome], baseline: Outcome, command: str) -> str:
+    rows = ["| mutant | killed | golden-only | golden kills | first killing tests |",
+            "|---|---|---|---|---|"]
+    for o in outcomes:
+        first = ", ".join(f"`{k.split('::')[-1]}`" if "::" in k else f"`{k}`"
+                          for k in o.behaviour_kills[:3])
+        more = f" (+{len(o.behaviour_kills) - 3})" if len(o.behaviour_kills) > 3 else ""
+        rows.append(f"| `{o.name}` | {'yes' if o.killed else '**no**'} | "
+                    f"{'**yes**' if o.golden_only else 'no'} | {o.golden} | {first}{more} |")
+    pre = [f"Command: `{command}`", ""]
+    if baseline.behaviour_kills or baseline.golden == "killed":
+        pre += ["Already failing without a mutant (deselected in the mutant runs): "
+                + ", ".join(f"`{k}`" for k in baseline.behaviour_kills), ""]
+    return "\n".join(pre + rows) + "\n"
+
+
+def table_text(outcomes: list[Outcome]) -> str:
+    w = max(len(o.name) for o in outcomes)
+    lines = [f"{'mutant':<{w}}  killed  golden-only  golden    first killing tests"]
+    for o in outcomes:
+        first = ", ".join(k.split("::")[-1] for k in o.behaviour_kills[:3]) or "-"
+        lines.append(f"{o.name:<{w}}  {'yes' if o.killed else 'NO':<6}  "
+                     f"{'YES' if o.golden_only else 'no':<11}  {o.golden:<8}  {first}")
+    return "\n".join(lines)
+
+
+def _selected(names: str | None) -> list[Mutant]:
+    if not names:
+        return list(MUTANTS)
+    by = {m.name: m for m in MUTANTS}
+    want = [n.strip() for n in names.split(",") if n.strip()]
+    unknown = [n for n in want if n not in by]
+    if unknown:
+        raise SystemExit(f"unknown mutants: {', '.join(unknown)} (--list shows them)")
+    return [by[n] for n in want]
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--mutants", help="comma-separated names (default: all)")
+    ap.add_argument("--tests", nargs="+", default=["tests"],
+                    help="test files or folders, relative to the repository (commas work too)")
+    ap.add_argument("--all-kills", action="store_true",
+                    help="run the fast stage without -x: every killing test there, not the first")
+    ap.add_argument("--timeout", type=float, default=1200.0, help="seconds per pytest stage")
+    ap.add_argument("--out", type=Path, help="write the table: .json, .md, or both without suffix")
+    ap.add_argument("--list", action="store_true", help="print the mutants and exit")
+    a = ap.parse_args(argv)
+    mutants = _selected(a.mutants)
+    if a.list:
+        for m in mutants:
+            print(f"{m.name:<34} {m.file:<26} {m.why}")
+        return 0
+    tests = [t.strip().rstrip("/") for arg in a.tests for t in arg.split(",") if t.strip()]
+    command = " ".join(["python", "benchmarks/mutants.py", *(argv if argv is not None else sys.argv[1:])])
+    work = Path(tempfile.mkdtemp(prefix="mut-"))
+    try:
+        plugin_dir = work / "plugin"
+        plugin_dir.mkdir()
+        (plugin_dir / "mut_report.py").write_text(PLUGIN)
+        snap = work / "snapshot"
+        _copy_tree(ROOT, snap)  # one snapshot: concurrent edits of the tree can not mix in
+        for m in mutants:  # every edit must apply before anything runs
+            _text(m, snap)
+        stages = _stages(tests, snap)
+        print(f"snapshot {snap}; stages: {stages}", file=sys.stderr, flush=True)
+        _check_imports(snap, plugin_dir)
+        base = run_one("baseline", snap, plugin_dir, stages, [], False, a.timeout, baseline=True)
+        deselect = [k for k in base.behaviour_kills if not k.startswith("<")]
+        if base.golden == "killed":
+            print("warning: tests/test_golden.py fails without a mutant", file=sys.stderr)
+        if any(k.startswith(f) for k in deselect for f in FAST):
+            print(f"warning: fast tests fail without a mutant: {deselect}", file=sys.stderr)
+        outcomes: list[Outcome] = []
+        for m in mutants:
+            tree = work / m.name
+            _copy_tree(snap, tree)
+            _apply(m, tree)
+            _check_imports(tree, plugin_dir)
+            outcomes.append(run_one(m.name, tree, plugin_dir, stages, deselect, a.all_kills,
+                                    a.timeout, why=m.why))
+            shutil.rmtree(tree)
+        print(table_text(outcomes))
+        if a.out:
+            md = table_md(outcomes, base, command)
+            js = {"command": command, "tests": tests, "baseline": asdict(base),
+                  "mutants": [{**asdict(o), **{k: getattr(m, k) for k in ("file", "old", "new")}}
+                              for o, m in zip(outcomes, mutants, strict=True)]}
+            targets = [a.out] if a.out.suffix in (".json", ".md") else [
+                a.out.with_suffix(".json"), a.out.with_suffix(".md")]
+            for t in targets:
+                t.write_text(json.dumps(js, indent=1) + "\n" if t.suffix == ".json" else md)
+                print(f"wrote {t}", file=sys.stderr)
+        survived = [o.name for o in outcomes if not o.killed or o.golden_only]
+        return 1 if survived else 0
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -23,3 +23,15 @@ class Context:
     trace: Trace
     platform: Platform
     design: Design
+
+    def hold(self, cat: str, t: float) -> simpy.Timeout:
+        """The running process spends ``t`` ns on ``cat`` (yield the result): the timeout,
+        recorded as a segment of its chain when the critical path is recorded."""
+        path = self.ledger.path
+        if path is not None:
+            path.seg(cat, t)
+        return self.env.timeout(t)
+
+    def busy(self, cat: str, ns: float, n: int = 1) -> simpy.Timeout:
+        """A warp's own work: the scaled cost counted for the profiler, then :meth:`hold`."""
+        return self.hold(cat, self.ledger.issue(cat, ns, n))

@@ -33,5 +33,10 @@ class Context:
         return self.env.timeout(t)
 
     def busy(self, cat: str, ns: float, n: int = 1) -> simpy.Timeout:
-        """A warp's own work: the scaled cost counted for the profiler, then :meth:`hold`."""
-        return self.hold(cat, self.ledger.issue(cat, ns, n))
+        """A warp's own work: the scaled cost counted for the profiler, then :meth:`hold`
+        (inlined: one call per token on the hot path)."""
+        led = self.ledger
+        t = led.issue(cat, ns, n)
+        if led.path is not None:
+            led.path.seg(cat, t)
+        return self.env.timeout(t)

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import simpy
+from simpy.core import BoundClass
 from simpy.events import NORMAL, AllOf, Event, Process
 
 Rec = tuple[float, float, str, "Rec | None"]
@@ -373,6 +374,11 @@ class PathEnvironment(simpy.Environment):
 
     def __init__(self) -> None:
         super().__init__()
+        # SimPy binds env.timeout, env.event... to the instance, but only those of the
+        # instance's own class: bind the base class's too (else every call builds a method)
+        for name, obj in simpy.Environment.__dict__.items():
+            if type(obj) is BoundClass and name not in PathEnvironment.__dict__:
+                setattr(self, name, getattr(self, name))
         self.path = CriticalPath(self)
 
     def process(self, generator) -> Process:  # type: ignore[override]

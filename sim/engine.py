@@ -14,7 +14,7 @@ from typing import Any
 
 import simpy
 from simpy.core import BoundClass
-from simpy.events import NORMAL, AllOf, Event, Process
+from simpy.events import NORMAL, AllOf, Event, Process, Timeout
 
 Rec = tuple[float, float, str, "Rec | None"]
 """One segment of simulated time on the critical path: ``(start, end, category,
@@ -348,7 +348,9 @@ class _PathProcess(Process):
     def _resume(self, event: Event) -> None:
         path = self.env.path
         own = self.rec
-        rel = event.__dict__.get("rec")
+        # a timeout is the process's own segment (recorded before it yielded); getattr, not
+        # __dict__: on CPython 3.11 reading __dict__ builds one for every event
+        rel = None if type(event) is Timeout else getattr(event, "rec", None)
         if rel is not None and rel[1] > own[1]:
             own = rel
         path.cur = own
@@ -360,7 +362,7 @@ def _latest_rec(cond: AllOf) -> None:
     """An ``all_of`` is released by the event that ended last (the last warp's chain)."""
     best = None
     for ev in cond._events:
-        r = ev.__dict__.get("rec")
+        r = getattr(ev, "rec", None)
         if r is not None and (best is None or r[1] > best[1]):
             best = r
     cond.rec = best
@@ -414,4 +416,4 @@ def walk(rec: Rec) -> tuple[dict[str, float], float]:
 
 def rec_of(ev: Any) -> Rec | None:
     """The segment an event (a finished process) ended with, when the path was recorded."""
-    return ev.__dict__.get("rec")
+    return getattr(ev, "rec", None)

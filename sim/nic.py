@@ -115,8 +115,6 @@ class Nic:
         msg.npkts = n
         inline = msg.nbytes <= p.inline_bytes
         t_ready = t0 if inline else t0 + led.cost("nic", p.dma_read_ns)
-        if path is not None and not inline:
-            rec = (t0, t_ready, "nic", rec)
         # same-index NIC on the target GPU (rails are matched, as on p5)
         dst_nic = self.peers[msg.dst * self.per_gpu + self.index % self.per_gpu]
         left = msg.nbytes
@@ -126,14 +124,13 @@ class Nic:
             size = min(mtu, left) if left > 0 else 0
             left -= size
             if not inline:
-                t_prev = t_ready
                 t_ready += led.cost("nic", size * self.dma_ns_per_byte)
-                if path is not None:
-                    rec = (t_prev, t_ready, "nic", rec)
             depart = max(self.tx_free, t_ready) + led.cost("wire", (size + hdr) * self.ns_per_byte)
-            if path is not None:  # behind the port's last packet, or behind its own DMA
-                tx = ((self.tx_free, depart, "wire", self.tx_rec) if self.tx_free > t_ready
-                      else (t_ready, depart, "wire", rec))
+            if path is not None:  # behind the port's last packet, or behind its own fetch
+                if self.tx_free > t_ready:
+                    tx = (self.tx_free, depart, "wire", self.tx_rec)
+                else:  # the fetch since the WQE was parsed: one segment, made only when waited on
+                    tx = (t_ready, depart, "wire", rec if inline else (t0, t_ready, "nic", rec))
                 self.tx_rec = tx
             self.tx_free = depart
             self.fabric.launch(msg, k, depart, self.index, dst_nic.index, dst_nic.ingress, tx)
@@ -147,8 +144,8 @@ class Nic:
         if msg.seen_pkts & bit:
             self.ledger.counters["duplicates_dropped"] += 1
             if ack_ok:
-                t_ack = now + self.fabric.flight(self.index)
-                msg.qp.nic.ack(msg, t_ack, None if path is None else (now, t_ack, "wire", path.cur))
+                msg.qp.nic.ack(msg, now + self.fabric.flight(self.index),
+                               None if path is None else path.cur)
             return
         msg.seen_pkts |= bit
         size = min(self.p.mtu_bytes, msg.nbytes - k * self.p.mtu_bytes)
@@ -166,8 +163,7 @@ class Nic:
         cnt["packets_landed"] += 1
         msg.landed += 1
         if ack_ok:
-            t_ack = t_land + self.fabric.flight(self.index)
-            msg.qp.nic.ack(msg, t_ack, None if path is None else (t_land, t_ack, "wire", land))
+            msg.qp.nic.ack(msg, t_land + self.fabric.flight(self.index), land)
         if msg.landed == msg.npkts:
             # land times are monotone at one port: this packet lands last
             vis = t_land + self.ledger.cost("visibility", self.rp.visibility_ns)
@@ -181,13 +177,14 @@ class Nic:
             msg.on_visible(msg)
 
     # -- completions (sender side) ------------------------------------------
-    def ack(self, msg: Message, t_arrive: float, rec: Rec | None = None) -> None:
+    def ack(self, msg: Message, t_arrive: float, sent: Rec | None = None) -> None:
         """An ACK for one packet of ``msg`` reaches this (sender) NIC at ``t_arrive``
-        (``rec``: its flight, when the critical path is recorded)."""
+        (``sent``: the segment it was sent at the end of, when the critical path is recorded)."""
         msg.acked += 1
         if t_arrive > msg.t_complete:
             msg.t_complete = t_arrive
-            msg.ack_rec = rec  # the completion waits for the last ACK
+            if sent is not None:  # the completion waits for the last ACK: its flight
+                msg.ack_rec = (sent[1], t_arrive, "wire", sent)
         if msg.acked == msg.npkts:
             t = msg.t_complete + self.ledger.cost("nic", self.p.completion_ns)
             path = self.ledger.path

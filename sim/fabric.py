@@ -77,7 +77,8 @@ class Fabric:
             for u in rng.random(fp.paths)
         ]
         self._rc_last: dict[tuple[int, int], float] = {}
-        self._rc_rec: dict[tuple[int, int], Rec] = {}  # critical path: each connection's last arrival
+        # critical path: each connection's last arrival
+        self._rc_rec: dict[tuple[int, int], Rec] = {}
 
     def stream(self, nic: int) -> Draws:
         d = self._streams.get(nic)

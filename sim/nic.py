@@ -99,7 +99,8 @@ class Nic:
         for msg in msgs:
             start = max(self.engine_free, now)
             if path is not None:
-                rec = (start, start + wqe_ns, "nic", self.engine_rec if self.engine_free > now else path.cur)
+                pred = self.engine_rec if self.engine_free > now else path.cur
+                rec = (start, start + wqe_ns, "nic", pred)
                 self.engine_rec = rec
             self.engine_free = start + wqe_ns
             if self.trace.enabled:

@@ -132,7 +132,8 @@ class ProxyThread:
                         stripe.qp.nic.doorbell([stripe])
                     did = True
             if did:
-                yield w.hold("proxy_post", led.cost("proxy_post", pp.host_poll_ns * len(self.rings)))
+                poll = led.cost("proxy_post", pp.host_poll_ns * len(self.rings))
+                yield w.hold("proxy_post", poll)
             else:
                 self._kick = env.event()
                 yield self._kick

@@ -139,7 +139,8 @@ class Receiver:
         else:  # the host thread's CQ read (behind its previous one), then the write to the GPU
             self._host_rec = (start, self._host_busy_until, "proxy_post",
                               self._host_rec if busy else path.cur)
-            path.call_at(done, (self._host_busy_until, done, "proxy_queue", self._host_rec), fn, *args)
+            rec = (self._host_busy_until, done, "proxy_queue", self._host_rec)
+            path.call_at(done, rec, fn, *args)
 
     def _host_stripe(self, parent: Message) -> None:
         """The receiving host counts stripes per (peer, sequence); the put is there with the last."""

@@ -46,8 +46,8 @@ def stats(lat_us: list[float]) -> dict[str, float]:
 
 def run_seeds(scn: Scenario, op: str, seeds: int, scale: dict[str, float] | None = None,
               trace: bool = False, critical_path: bool = False) -> list[OpResult]:
-    return [simulate_op(scn, op, s, scale=scale, trace=trace and s == 0, critical_path=critical_path)
-            for s in range(seeds)]
+    return [simulate_op(scn, op, s, scale=scale, trace=trace and s == 0,
+                        critical_path=critical_path) for s in range(seeds)]
 
 
 def profiler_shares(results: list[OpResult], cats: tuple[str, ...] | None = None) -> dict[str, float]:

@@ -17,8 +17,9 @@ from tests.golden_cases import FROZEN
 # EP2, one rank per node, 8 tokens, one expert per rank, two warps, no jitter: every
 # chain is short enough to read, and one cost made large must dominate it
 EP2 = {"workload.ep_ranks": 2, "workload.gpus_per_node": 1, "workload.tokens_per_rank": 8,
-       "workload.num_experts": 2, "workload.top_k": 1, "design.num_sms": 1, "design.warps_per_sm": 2,
-       "platform.fabric.path_spread_ns": 0, "platform.fabric.jitter.distribution": "none"}
+       "workload.num_experts": 2, "workload.top_k": 1, "design.num_sms": 1,
+       "design.warps_per_sm": 2, "platform.fabric.path_spread_ns": 0,
+       "platform.fabric.jitter.distribution": "none"}
 DOMINANT = {
     "wire": {"platform.fabric.base_latency_ns": 500_000},
     "fence": {"platform.gpu.fence_ns": 100_000},
@@ -38,7 +39,8 @@ def assert_sums(r, rel: float = 1e-12) -> None:
 @pytest.mark.parametrize("protocol", ["v2-hybrid", "v2-direct", "v1-ll"])
 @pytest.mark.parametrize("cat", sorted(DOMINANT))
 def test_chain_sums_to_latency_and_names_the_dominant_cost(cat, protocol):
-    scn = scenario.load("decode-ep16-efa-native", {**EP2, **DOMINANT[cat], "design.protocol": protocol})
+    sets = {**EP2, **DOMINANT[cat], "design.protocol": protocol}
+    scn = scenario.load("decode-ep16-efa-native", sets)
     for op in ("dispatch", "combine"):
         r = simulate_op(scn, op, 0, critical_path=True)
         assert_sums(r)
@@ -66,8 +68,8 @@ STREAM = {"workload.ep_ranks": 2, "workload.gpus_per_node": 1, "workload.tokens_
 
 
 def stream(rate_gbps: float) -> Scenario:
-    return scenario.load("decode-ep16-efa-native", {**STREAM, "platform.nic.line_rate_gbps": rate_gbps,
-                                                    "ops": ["dispatch"]})
+    sets = {**STREAM, "platform.nic.line_rate_gbps": rate_gbps, "ops": ["dispatch"]}
+    return scenario.load("decode-ep16-efa-native", sets)
 
 
 def test_chain_sees_fences_the_what_if_does_not_when_the_wire_is_right_behind():

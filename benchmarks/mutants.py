@@ -66,7 +66,7 @@ MUTANTS: tuple[Mutant, ...] = (
            "ack_lost = (not data_lost) and self._lost(src_nic)", "ack_lost = False",
            "ACKs are never lost: no duplicate copies"),
     Mutant("rc-fifo-removed", "sim/fabric.py",
-           "arrive = max(arrive, self._rc_last.get(key, 0.0))", "arrive = arrive",
+           "            arrive = max(arrive, last)\n", "",
            "RC arrivals may overtake earlier ones on a connection"),
     # -- NIC egress -----------------------------------------------------------------------
     Mutant("egress-serialisation-removed", "sim/nic.py",
@@ -92,7 +92,8 @@ MUTANTS: tuple[Mutant, ...] = (
            "a resent copy of a packet that had landed lands again"),
     Mutant("duplicate-not-acked", "sim/nic.py",
            "            if ack_ok:\n"
-           "                msg.qp.nic.ack(msg, now + self.fabric.flight(self.index))\n"
+           "                msg.qp.nic.ack(msg, now + self.fabric.flight(self.index),\n"
+           "                               None if path is None else path.cur)\n"
            "            return",
            "            return", "a dropped duplicate sends no ACK: a lost ACK is never repaired"),
     Mutant("visibility-zero", "sim/nic.py",
@@ -179,10 +180,9 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant("nvlink-port-not-shared", "sim/nvlink.py",
            "start = max(now, self.port_free[src])", "start = now",
            "copies from one GPU overlap instead of sharing its port"),
-    Mutant("nvlink-flag-not-ordered", "sim/protocols/common.py",
-           "lat = max(0.0, w.nvlink.port_free[src] - w.env.now) + w.ledger.cost(\n"
-           '        "forward", w.platform.nvlink.flag_latency_ns)',
-           'lat = w.ledger.cost("forward", w.platform.nvlink.flag_latency_ns)',
+    Mutant("nvlink-flag-not-ordered", "sim/nvlink.py",
+           "lat = max(0.0, self.port_free[src] - now) + led.cost(",
+           "lat = 0.0 * max(0.0, self.port_free[src] - now) + led.cost(",
            "an NVLink flag overtakes the stores queued before it"),
 )
 

@@ -1,7 +1,7 @@
 """Model speed: wall time and events/s per EP size beside bare SimPy's rate, in one run.
 
     python benchmarks/sim_speed.py [--eps 8,16,32,64] [--scenario decode-ep16-efa-native]
-                                   [--out benchmarks/sim_speed.json]
+                                   [--out benchmarks/sim_speed.json] [--critical-path]
 
 Each EP size runs dispatch+combine for one seed in a fresh subprocess, so its
 peak resident memory (ru_maxrss) is its own. Bare SimPy rate: a loop of
@@ -14,6 +14,7 @@ per EP, the model's mean pending-queue length and bare SimPy's rate *at that
 depth*: that many independent callback timeouts (no process, no model code)
 with uniform random delays. ``engine floor s`` is the model's event count at
 that rate: what the same events would cost with the model's work made free.
+``--critical-path`` records the one-run critical path in every run (its overhead).
 """
 
 from __future__ import annotations
@@ -64,21 +65,21 @@ def bare_simpy_rate_at_depth(pending: int, n: int = 400_000, seed: int = 1) -> f
     return (n + pending) / (time.perf_counter() - t)
 
 
-def _one(args: tuple[str, int, str]) -> dict:
-    scenario, ep, q = args
+def _one(args: tuple[str, int, bool]) -> dict:
+    scenario, ep, critical_path = args
     from lever.sim import scenario as scn_mod
     from lever.sim.model import simulate_op
 
     sets = {"workload.ep_ranks": ep}
     if ep < 8:
-        sets.append(f"workload.gpus_per_node={ep}")
+        sets["workload.gpus_per_node"] = ep
     scn = scn_mod.load(scenario, sets)
     t = time.perf_counter()
     events = 0
     lat = {}
     pend = 0.0
     for op in ("dispatch", "combine"):
-        r = simulate_op(scn, op, 0, depth=True)
+        r = simulate_op(scn, op, 0, depth=True, critical_path=critical_path)
         events += r.events
         pend += r.mean_pending * r.events
         lat[op] = max(r.latency_us)
@@ -93,6 +94,7 @@ def main() -> None:
     ap.add_argument("--eps", default="8,16,32,64")
     ap.add_argument("--scenario", default="decode-ep16-efa-native")
     ap.add_argument("--out", default=None)
+    ap.add_argument("--critical-path", action="store_true", help="record the one-run critical path")
     a = ap.parse_args()
     eps = [int(x) for x in a.eps.split(",")]
     bare = bare_simpy_rate()
@@ -100,7 +102,7 @@ def main() -> None:
     rows = []
     with ctx.Pool(1, maxtasksperchild=1) as pool:
         for ep in eps:
-            rows.append(pool.apply(_one, ((a.scenario, ep, ""),)))
+            rows.append(pool.apply(_one, ((a.scenario, ep, a.critical_path),)))
     from rich.console import Console
     from rich.table import Table
 

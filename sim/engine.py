@@ -1,4 +1,5 @@
-"""Shared machinery of the model: waitable counters, the cost ledger, the trace sink.
+"""Shared machinery of the model: waitable counters, the cost ledger, the trace sink,
+and the recorder of the one-run critical path.
 
 Nothing here is physical; the physical pieces (``issuer``, ``proxy``, ``nic``,
 ``fabric``, ``receiver``, ``nvlink``) are built from it.
@@ -9,9 +10,20 @@ from __future__ import annotations
 import heapq
 from collections import defaultdict, deque
 from dataclasses import dataclass, field
+from typing import Any
 
 import simpy
-from simpy.events import NORMAL, Event
+from simpy.core import BoundClass
+from simpy.events import NORMAL, AllOf, Event, Process, Timeout
+
+Rec = tuple[float, float, str, "Rec | None"]
+"""One segment of simulated time on the critical path: ``(start, end, category,
+predecessor)``, the predecessor being the segment whose end let this one start (a
+plain tuple: one is made per cost, packet stage and landing, and tuples are the
+cheapest object CPython builds)."""
+
+ROOT: Rec = (0.0, 0.0, "", None)
+"""Time 0: where every chain starts."""
 
 
 class Counter:
@@ -35,8 +47,13 @@ class Counter:
     def add(self, n: int = 1) -> None:
         self.value += n
         w = self._waiters
-        while w and w[0][0] <= self.value:
-            heapq.heappop(w)[2].succeed()
+        if w and w[0][0] <= self.value:
+            rec = _running(self.env)
+            while w and w[0][0] <= self.value:
+                ev = heapq.heappop(w)[2]
+                if rec is not None:
+                    ev.rec = rec  # what released the wait
+                ev.succeed()
         if self.watchers:
             for c in self.watchers:
                 c.add(1)
@@ -125,12 +142,13 @@ class Lock:
     (``tests/test_engine.py`` runs both side by side).
     """
 
-    __slots__ = ("env", "holder", "_queue")
+    __slots__ = ("env", "holder", "_queue", "_released")
 
     def __init__(self, env: simpy.Environment) -> None:
         self.env = env
         self.holder: Event | None = None
         self._queue: deque[Event] = deque()
+        self._released: Rec | None = None  # the last holder's segment when it let go
 
     def request(self) -> Event:
         ev = Event(self.env)
@@ -142,6 +160,7 @@ class Lock:
     def release(self, req: Event) -> None:
         if self.holder is req:
             self.holder = None
+        self._released = _running(self.env)
         handoff = Event(self.env)
         handoff.callbacks.append(self._on_handoff)
         handoff.succeed()
@@ -149,6 +168,7 @@ class Lock:
     def _grant(self) -> None:
         ev = self._queue.popleft()
         self.holder = ev
+        ev.rec = self._released  # a turn waited for is released by the previous holder
         ev.succeed()
 
     def _on_handoff(self, _ev: Event) -> None:
@@ -165,12 +185,15 @@ class Ledger:
     ``scale[cat]`` multiplies every cost of a category; setting one to 0 is how
     the critical-path attribution asks "what if this cost were free".
     ``events[cat]`` counts occurrences (doorbells rung, fences, signals...).
+    ``path`` is the critical-path recorder of the run when one is recorded (the
+    pieces reach it here, as they reach the costs), else None.
     """
 
     scale: dict[str, float] = field(default_factory=dict)
     busy: dict[str, float] = field(default_factory=lambda: defaultdict(float))
     events: dict[str, int] = field(default_factory=lambda: defaultdict(int))
     counters: dict[str, int] = field(default_factory=lambda: defaultdict(int))
+    path: CriticalPath | None = None
 
     def cost(self, cat: str, ns: float) -> float:
         """Scaled cost of ``cat`` (no bookkeeping: for NIC/wire/receiver work)."""
@@ -227,3 +250,170 @@ class Trace:
             self.events.append({"ph": "M", "name": "process_name", "pid": self._tids[key],
                                 "args": {"name": proc}})
         return self._tids[key]
+
+
+# -- the one-run critical path ------------------------------------------------------------
+
+
+def _running(env: simpy.Environment) -> Rec | None:
+    """The segment of whatever runs now, or None when the run records no path."""
+    path = getattr(env, "path", None)
+    return path.cur if path is not None else None
+
+
+def _fire_path(call: _PathCall) -> None:
+    call.path.cur = call.rec
+    call.fn(*call.args)
+
+
+_FIRE_PATH = (_fire_path,)
+
+
+class _PathCall(_Call):
+    """A :class:`_Call` that runs as the segment it ends (NIC stage, flight, landing...)."""
+
+    __slots__ = ("path", "rec")
+
+    def __init__(self, fn, args: tuple, path: CriticalPath, rec: Rec) -> None:
+        self.callbacks = _FIRE_PATH
+        self._ok = True
+        self._value = None
+        self.fn = fn
+        self.args = args
+        self.path = path
+        self.rec = rec
+
+
+class CriticalPath:
+    """Records, as the model runs, what every piece of simulated time waited on, so the
+    critical path of the op is read from this one run (:func:`walk`).
+
+    ``cur`` is the segment whose end is "now" for the code running: the process's own
+    last segment, the segment a scheduled call ends, or the segment that released the
+    wait a process just left (when it ended later than the process's own). A timed
+    piece of work appends a segment after ``cur``; a shared resource in "free at"
+    arithmetic (the NIC's engine and port, an NVLink port, the receiving host thread)
+    keeps the segment that ends at its free time, so a piece queued behind it follows
+    that one. Recording only builds tuples: it schedules no event and draws no random
+    number, so a recorded run is the same run bit for bit.
+    """
+
+    __slots__ = ("env", "cur")
+
+    def __init__(self, env: simpy.Environment) -> None:
+        self.env = env
+        self.cur: Rec = ROOT
+
+    def seg(self, cat: str, dt: float) -> None:
+        """The running process spends ``dt`` on ``cat`` from now (before it yields the
+        timeout): its own chain grows by that segment, ending where the timeout fires."""
+        now = self.env._now
+        self.cur = (now, now + dt, cat, self.cur)
+
+    def later(self, cat: str, delay: float, fn, *args) -> None:
+        """:func:`call_later`, the delay recorded as a segment of ``cat`` after ``cur``."""
+        now = self.env._now
+        self.call_later(delay, (now, now + delay, cat, self.cur), fn, *args)
+
+    def call_later(self, delay: float, rec: Rec, fn, *args) -> None:
+        """:func:`call_later` (the same queue slot), running ``fn`` as segment ``rec``."""
+        if delay < 0:
+            raise ValueError(f"negative delay {delay}")
+        self.env.schedule(_PathCall(fn, args, self, rec), NORMAL, delay)
+
+    def call_at(self, t: float, rec: Rec, fn, *args) -> None:
+        """:func:`call_at` (the same queue slot), running ``fn`` as segment ``rec``."""
+        env = self.env
+        now = env._now
+        if t < now:
+            raise ValueError(f"time {t} is before now ({now})")
+        heapq.heappush(env._queue, (t, NORMAL, next(env._eid), _PathCall(fn, args, self, rec)))
+
+
+class _PathProcess(Process):
+    """A process that carries its chain across waits.
+
+    ``rec`` is the process's own last segment (and, once it ended, the segment its end
+    is: what an ``all_of`` of it waits for). On resuming, the event's ``rec`` (set by
+    whatever released it: a counter increment, a lock's previous holder, a kick, the
+    last process of an ``all_of``) takes over when it ended later than the process's
+    own: the wait is then charged to the releasing chain; an instant release adds
+    nothing.
+    """
+
+    def __init__(self, env: PathEnvironment, generator) -> None:
+        self.rec: Rec = env.path.cur  # started by whatever runs now
+        super().__init__(env, generator)
+
+    def _resume(self, event: Event) -> None:
+        path = self.env.path
+        own = self.rec
+        # a timeout is the process's own segment (recorded before it yielded); getattr, not
+        # __dict__: on CPython 3.11 reading __dict__ builds one for every event
+        rel = None if type(event) is Timeout else getattr(event, "rec", None)
+        if rel is not None and rel[1] > own[1]:
+            own = rel
+        path.cur = own
+        Process._resume(self, event)
+        self.rec = path.cur
+
+
+def _latest_rec(cond: AllOf) -> None:
+    """An ``all_of`` is released by the event that ended last (the last warp's chain)."""
+    best = None
+    for ev in cond._events:
+        r = getattr(ev, "rec", None)
+        if r is not None and (best is None or r[1] > best[1]):
+            best = r
+    cond.rec = best
+
+
+class PathEnvironment(simpy.Environment):
+    """A SimPy environment whose processes and ``all_of`` carry critical-path records.
+
+    Used only when the path is recorded, so a plain run is plain SimPy; scheduling is
+    SimPy's own either way (same events, same order)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        # SimPy binds env.timeout, env.event... to the instance, but only those of the
+        # instance's own class: bind the base class's too (else every call builds a method)
+        for name, obj in simpy.Environment.__dict__.items():
+            if type(obj) is BoundClass and name not in PathEnvironment.__dict__:
+                setattr(self, name, getattr(self, name))
+        self.path = CriticalPath(self)
+
+    def process(self, generator) -> Process:  # type: ignore[override]
+        return _PathProcess(self, generator)
+
+    def all_of(self, events) -> AllOf:  # type: ignore[override]
+        cond = AllOf(self, events)
+        cond.callbacks.append(_latest_rec)  # before the waiter's resume: registered first
+        return cond
+
+
+def walk(rec: Rec) -> tuple[dict[str, float], float]:
+    """Walk a chain back to time 0: ns per category, and its largest gap.
+
+    Each segment is charged ``end - predecessor's end``, so the entries sum to the
+    chain's end (the rank's latency) up to floating-point rounding. The gap is the
+    largest ``|start - predecessor's end|``: 0 up to rounding when every wait's release
+    was recorded (tests check it; a gap is charged to the segment after it).
+    """
+    out: dict[str, float] = {}
+    gap = 0.0
+    pred = rec[3]
+    while pred is not None:
+        cat = rec[2]
+        out[cat] = out.get(cat, 0.0) + (rec[1] - pred[1])
+        g = abs(rec[0] - pred[1])
+        if g > gap:
+            gap = g
+        rec = pred
+        pred = rec[3]
+    return out, gap
+
+
+def rec_of(ev: Any) -> Rec | None:
+    """The segment an event (a finished process) ended with, when the path was recorded."""
+    return getattr(ev, "rec", None)

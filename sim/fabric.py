@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 import simpy
-from lever.sim.engine import Ledger, call_at
+from lever.sim.engine import Ledger, Rec, call_at
 from lever.sim.params import FabricParams
 
 if TYPE_CHECKING:
@@ -77,6 +77,8 @@ class Fabric:
             for u in rng.random(fp.paths)
         ]
         self._rc_last: dict[tuple[int, int], float] = {}
+        # critical path: each connection's last arrival
+        self._rc_rec: dict[tuple[int, int], Rec] = {}
 
     def stream(self, nic: int) -> Draws:
         d = self._streams.get(nic)
@@ -100,25 +102,43 @@ class Fabric:
         return p > 0 and self.stream(nic).uniform() < p
 
     def launch(self, msg: Message, k: int, depart: float, src_nic: int, dst_nic: int,
-               deliver: Callable[[Message, int, int], None]) -> None:
-        """Packet ``k`` of ``msg`` leaves ``src_nic`` at absolute time ``depart``."""
+               deliver: Callable[[Message, int, int], None], rec: Rec | None = None) -> None:
+        """Packet ``k`` of ``msg`` leaves ``src_nic`` at absolute time ``depart`` (``rec``: the
+        segment ending at ``depart``, when the critical path is recorded)."""
         env = self.env
+        path = self.ledger.path
         data_lost = self._lost(src_nic)
         ack_lost = (not data_lost) and self._lost(src_nic)
         if data_lost or ack_lost:
             # no ACK within the timeout: the sender's SRD layer sends the packet again
             self.ledger.counters["retransmits"] += 1
             t_rt = depart + self.ledger.cost("wire", self.fp.retransmit_timeout_ns)
-            call_at(env, max(env.now, t_rt), self._resend, msg, k, src_nic, dst_nic, deliver)
+            if path is None:
+                call_at(env, max(env.now, t_rt), self._resend, msg, k, src_nic, dst_nic, deliver)
+            else:
+                path.call_at(max(env.now, t_rt), (depart, t_rt, "wire", rec), self._resend, msg, k,
+                             src_nic, dst_nic, deliver)
             if data_lost:
                 return
         arrive = depart + self.flight(src_nic)
+        if path is not None:
+            rec = (depart, arrive, "wire", rec)
         if self.fp.mode == "rc":
             key = (src_nic, dst_nic)
-            arrive = max(arrive, self._rc_last.get(key, 0.0))
+            last = self._rc_last.get(key, 0.0)
+            if path is not None:  # held behind the connection's previous arrival
+                if last > arrive:
+                    rec = self._rc_rec[key]
+                self._rc_rec[key] = rec
+            arrive = max(arrive, last)
             self._rc_last[key] = arrive
         ack_ok = not ack_lost
-        call_at(env, max(env.now, arrive), deliver, msg, k, ack_ok)
+        if path is None:
+            call_at(env, max(env.now, arrive), deliver, msg, k, ack_ok)
+        else:
+            path.call_at(max(env.now, arrive), rec, deliver, msg, k, ack_ok)
 
     def _resend(self, msg: Message, k: int, src_nic: int, dst_nic: int, deliver) -> None:
-        self.launch(msg, k, self.env.now, src_nic, dst_nic, deliver)
+        path = self.ledger.path
+        self.launch(msg, k, self.env.now, src_nic, dst_nic, deliver,
+                    None if path is None else path.cur)

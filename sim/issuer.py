@@ -11,7 +11,9 @@ doorbell aggregation the fence+doorbell is paid once per
 ``deferred_doorbell_aggregation`` warps' worth of WQEs on the QP.
 
 The profiler attribution counts the time spent here per category; the costs
-are all scaled by the ledger so the critical path can zero them one by one.
+are all scaled by the ledger so the what-if can zero them one by one, and each
+is a segment of the warp's chain when the critical path is recorded (a wait
+here, for a doorbell turn or a credit, is charged to whatever released it).
 """
 
 from __future__ import annotations
@@ -66,16 +68,23 @@ class WarpPort:
         t = self.ctx.ledger.issue(cat, ns, n)
         if t > 0:
             t0 = self.env.now
-            yield self.env.timeout(t)
+            yield self.ctx.hold(cat, t)
             self.ctx.trace.span(self.proc, self.track, cat, t0, t)
 
     def _pay_all(self, costs: list[tuple[str, float, int]]):
-        """Pay a run of back-to-back costs as one timeout (spans laid out in order)."""
-        issue = self.ctx.ledger.issue
+        """Pay a run of back-to-back costs as one timeout (spans and critical-path
+        segments laid out in order)."""
+        led = self.ctx.ledger
+        issue = led.issue
+        path = led.path
+        acc = self.env._now
         total = 0.0
         for cat, ns, n in costs:
             t = issue(cat, ns, n)
             if t > 0:
+                if path is not None:  # one segment per category, back to back
+                    path.cur = (acc, acc + t, cat, path.cur)
+                    acc += t
                 total += t
         if total > 0:
             t0 = self.env.now

@@ -26,7 +26,7 @@ class Message:
     __slots__ = (
         "src", "dst", "nbytes", "tag", "kind", "value", "qp", "npkts",
         "landed", "acked", "seen_pkts", "t_post", "on_complete", "on_visible", "seq",
-        "ring", "port", "host_done", "t_complete", "parent", "parts", "parts_done",
+        "ring", "port", "host_done", "t_complete", "parent", "parts", "parts_done", "ack_rec",
     )
 
     def __init__(
@@ -60,6 +60,7 @@ class Message:
         self.parent: Message | None = None  # proxy path: the put this stripe belongs to
         self.parts = 1
         self.parts_done = 0
+        self.ack_rec: Any = None  # critical path: the flight of the ACK that came last
 
 
 class Messages:

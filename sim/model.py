@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import simpy
 from lever.sim.context import Context
-from lever.sim.engine import Ledger, Trace
+from lever.sim.engine import Ledger, PathEnvironment, Trace, rec_of, walk
 from lever.sim.errors import UserError
 from lever.sim.fabric import Draws, Fabric
 from lever.sim.issuer import NativePort, Port
@@ -44,13 +44,16 @@ class World:
     """
 
     def __init__(self, scn: Scenario, op: str, seed: int, ledger: Ledger, trace: Trace,
-                 routing: Routing) -> None:
+                 routing: Routing, record_path: bool = False) -> None:
         self.scn = scn
         self.platform = scn.platform
         self.workload = scn.workload
         self.design = scn.design
         self.op = op
-        self.env = simpy.Environment()
+        # recording the critical path takes an environment whose processes carry it; a
+        # plain run keeps SimPy's own (the pieces see the recorder, or None, on the ledger)
+        self.env = PathEnvironment() if record_path else simpy.Environment()
+        ledger.path = self.env.path if record_path else None
         self.ledger = ledger
         self.trace = trace
         self.routing = routing
@@ -192,19 +195,26 @@ class OpResult:
     trace: Trace | None = None
     counters: dict[str, int] = field(default_factory=dict)
     mean_pending: float | None = None  # mean length of SimPy's event queue (with ``depth=True``)
+    # with ``critical_path=True``: per rank, us per category along the chain that ended it
+    # (sums to ``latency_us[rank]``), and the largest gap found in any chain (ns, ~0)
+    critical_path: list[dict[str, float]] | None = None
+    path_gap_ns: float | None = None
 
 
 def simulate_op(scn: Scenario, op: str, seed: int, scale: dict[str, float] | None = None,
-                trace: bool = False, depth: bool = False) -> OpResult:
+                trace: bool = False, depth: bool = False, critical_path: bool = False) -> OpResult:
     """Run one op for one seed; ``scale`` zeroes or scales cost categories.
 
     ``depth`` also samples how many events are pending (the heap SimPy pops
     from), for the speed benchmark: SimPy's own cost per event grows with it.
+    ``critical_path`` records, in the same run, what released every wait and what
+    every timed segment was (``sim/engine.py``, :class:`CriticalPath`), and walks each
+    rank's chain back from its end; the run itself is the same bit for bit.
     """
     ledger = Ledger(scale=dict(scale or {}))
     tr = Trace(enabled=trace)
     routing = Routing.for_scenario(scn, seed)
-    world = World(scn, op, seed, ledger, tr, routing)
+    world = World(scn, op, seed, ledger, tr, routing, record_path=critical_path)
     done = run_protocol(world)
     env = world.env
     mean_pending = None
@@ -217,8 +227,16 @@ def simulate_op(scn: Scenario, op: str, seed: int, scale: dict[str, float] | Non
         if not ev.triggered:
             raise ModelError(f"{op}: rank {r} never completed (deadlock in the model)")
         lat.append(float(ev.value) / 1e3)
-    return OpResult(op, seed, lat, ledger, n_events, tr if trace else None, dict(ledger.counters),
-                    mean_pending)
+    res = OpResult(op, seed, lat, ledger, n_events, tr if trace else None, dict(ledger.counters),
+                   mean_pending)
+    if critical_path:
+        res.critical_path, res.path_gap_ns = [], 0.0
+        for ev in done:
+            ns, gap = walk(rec_of(ev))
+            res.critical_path.append({c: float(v) / 1e3 for c, v in ns.items() if c})
+            res.path_gap_ns = max(res.path_gap_ns, float(gap))
+        ledger.path = None  # the recorder holds the environment: not part of the result
+    return res
 
 
 @contextmanager

@@ -15,7 +15,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 import simpy
-from lever.sim.engine import Counter, Ledger, Lock, Trace, call_at
+from lever.sim.engine import ROOT, Counter, Ledger, Lock, Rec, Trace, call_at
 from lever.sim.params import NicParams, ReceiverParams
 
 if TYPE_CHECKING:
@@ -70,6 +70,11 @@ class Nic:
         self.engine_free = 0.0
         self.tx_free = 0.0
         self.rx_free = 0.0
+        # critical path: the segments that end at engine_free, tx_free and rx_free (a WQE or
+        # packet queued behind them follows them), kept only when the path is recorded
+        self.engine_rec: Rec = ROOT
+        self.tx_rec: Rec = ROOT
+        self.rx_rec: Rec = ROOT
         self.ns_per_byte = 8.0 / p.line_rate_gbps
         self.dma_ns_per_byte = 8.0 / p.dma_gbps
         self.wqe_ns = max(p.wqe_process_ns, 1e3 / p.max_msg_rate_mops)
@@ -80,19 +85,32 @@ class Nic:
     def doorbell(self, msgs: list[Message]) -> None:
         """WQEs become visible to the NIC (the producer counter moved)."""
         led = self.ledger
+        path = led.path
         now = self.env.now
         wqe_ns = led.cost("nic", self.wqe_ns)
+        rec = None
         if self.p.doorbell_process_ns:  # once per doorbell, before its WQEs are parsed
+            busy = self.engine_free > now
+            start = max(self.engine_free, now)
             self.engine_free = max(self.engine_free, now) + led.cost("nic", self.p.doorbell_process_ns)
+            if path is not None:
+                self.engine_rec = (start, self.engine_free, "nic",
+                                   self.engine_rec if busy else path.cur)
         for msg in msgs:
             start = max(self.engine_free, now)
+            if path is not None:
+                pred = self.engine_rec if self.engine_free > now else path.cur
+                rec = (start, start + wqe_ns, "nic", pred)
+                self.engine_rec = rec
             self.engine_free = start + wqe_ns
             if self.trace.enabled:
                 self.trace.span(f"nic{self.index}", "wqe engine", msg.kind, start, wqe_ns)
-            self._transmit(msg, self.engine_free)
+            self._transmit(msg, self.engine_free, rec)
 
-    def _transmit(self, msg: Message, t0: float) -> None:
+    def _transmit(self, msg: Message, t0: float, rec: Rec | None = None) -> None:
+        """Fetch the payload and serialise the packets; ``rec`` is the WQE's parse segment."""
         p, led = self.p, self.ledger
+        path = led.path
         mtu = p.mtu_bytes
         n = max(1, -(-msg.nbytes // mtu))
         msg.npkts = n
@@ -102,54 +120,79 @@ class Nic:
         dst_nic = self.peers[msg.dst * self.per_gpu + self.index % self.per_gpu]
         left = msg.nbytes
         hdr = p.header_bytes
+        tx = None
         for k in range(n):
             size = min(mtu, left) if left > 0 else 0
             left -= size
             if not inline:
                 t_ready += led.cost("nic", size * self.dma_ns_per_byte)
             depart = max(self.tx_free, t_ready) + led.cost("wire", (size + hdr) * self.ns_per_byte)
+            if path is not None:  # behind the port's last packet, or behind its own fetch
+                if self.tx_free > t_ready:
+                    tx = (self.tx_free, depart, "wire", self.tx_rec)
+                else:  # the fetch since the WQE was parsed: one segment, made only when waited on
+                    tx = (t_ready, depart, "wire", rec if inline else (t0, t_ready, "nic", rec))
+                self.tx_rec = tx
             self.tx_free = depart
-            self.fabric.launch(msg, k, depart, self.index, dst_nic.index, dst_nic.ingress)
+            self.fabric.launch(msg, k, depart, self.index, dst_nic.index, dst_nic.ingress, tx)
 
     # -- ingress ----------------------------------------------------------
     def ingress(self, msg: Message, k: int, ack_ok: bool) -> None:
         """Packet ``k`` arrived at this (target) NIC: drop duplicates, land it, ACK it."""
         now = self.env.now
+        path = self.ledger.path
         bit = 1 << k
         if msg.seen_pkts & bit:
             self.ledger.counters["duplicates_dropped"] += 1
             if ack_ok:
-                msg.qp.nic.ack(msg, now + self.fabric.flight(self.index))
+                msg.qp.nic.ack(msg, now + self.fabric.flight(self.index),
+                               None if path is None else path.cur)
             return
         msg.seen_pkts |= bit
         size = min(self.p.mtu_bytes, msg.nbytes - k * self.p.mtu_bytes)
+        busy = self.rx_free > now
+        start = max(self.rx_free, now)
         self.rx_free = max(self.rx_free, now) + self.ledger.cost(
             "wire", (size + self.p.header_bytes) * self.ns_per_byte)
         t_land = self.rx_free + self.ledger.cost("nic", self.rp.land_ns)
+        land = None
+        if path is not None:  # ingress serialisation behind the port's last packet, then landing
+            self.rx_rec = (start, self.rx_free, "wire", self.rx_rec if busy else path.cur)
+            land = (self.rx_free, t_land, "nic", self.rx_rec)
         cnt = self.ledger.counters
         cnt["bytes_landed"] += size
         cnt["packets_landed"] += 1
         msg.landed += 1
         if ack_ok:
-            msg.qp.nic.ack(msg, t_land + self.fabric.flight(self.index))
+            msg.qp.nic.ack(msg, t_land + self.fabric.flight(self.index), land)
         if msg.landed == msg.npkts:
             # land times are monotone at one port: this packet lands last
             vis = t_land + self.ledger.cost("visibility", self.rp.visibility_ns)
-            call_at(self.env, vis, self._visible, msg)
+            if path is None:
+                call_at(self.env, vis, self._visible, msg)
+            else:
+                path.call_at(vis, (t_land, vis, "visibility", land), self._visible, msg)
 
     def _visible(self, msg: Message) -> None:
         if msg.on_visible is not None:
             msg.on_visible(msg)
 
     # -- completions (sender side) ------------------------------------------
-    def ack(self, msg: Message, t_arrive: float) -> None:
-        """An ACK for one packet of ``msg`` reaches this (sender) NIC at ``t_arrive``."""
+    def ack(self, msg: Message, t_arrive: float, sent: Rec | None = None) -> None:
+        """An ACK for one packet of ``msg`` reaches this (sender) NIC at ``t_arrive``
+        (``sent``: the segment it was sent at the end of, when the critical path is recorded)."""
         msg.acked += 1
         if t_arrive > msg.t_complete:
             msg.t_complete = t_arrive
+            if sent is not None:  # the completion waits for the last ACK: its flight
+                msg.ack_rec = (sent[1], t_arrive, "wire", sent)
         if msg.acked == msg.npkts:
             t = msg.t_complete + self.ledger.cost("nic", self.p.completion_ns)
-            call_at(self.env, t, self._complete, msg)
+            path = self.ledger.path
+            if path is None:
+                call_at(self.env, t, self._complete, msg)
+            else:
+                path.call_at(t, (msg.t_complete, t, "nic", msg.ack_rec), self._complete, msg)
 
     def _complete(self, msg: Message) -> None:
         msg.t_complete = self.env.now

@@ -98,6 +98,9 @@ class ProxyThread:
 
     def kick(self) -> None:
         if self._kick is not None and not self._kick.triggered:
+            path = self.ctx.ledger.path
+            if path is not None:
+                self._kick.rec = path.cur  # the idle thread is woken by this (CQE, descriptor)
             self._kick.succeed()
 
     def _loop(self):
@@ -109,7 +112,7 @@ class ProxyThread:
             while self.cq:
                 msg = self.cq.popleft()
                 t0 = env.now
-                yield env.timeout(led.cost("proxy_post", pp.host_cq_poll_ns))
+                yield w.hold("proxy_post", led.cost("proxy_post", pp.host_cq_poll_ns))
                 w.trace.span(self.proc, self.track, "cq", t0, env.now - t0)
                 if msg.parent is None:
                     self._progress(msg)
@@ -123,13 +126,14 @@ class ProxyThread:
                     for i, stripe in enumerate(self._stripes(msg)):
                         t0 = env.now
                         post = pp.host_post_ns if i == 0 else pp.stripe_post_ns
-                        yield env.timeout(led.cost("proxy_post", post))
+                        yield w.hold("proxy_post", led.cost("proxy_post", post))
                         w.trace.span(self.proc, self.track, "post", t0, env.now - t0)
                         stripe.qp.posted += 1
                         stripe.qp.nic.doorbell([stripe])
                     did = True
             if did:
-                yield env.timeout(led.cost("proxy_post", pp.host_poll_ns * len(self.rings)))
+                poll = led.cost("proxy_post", pp.host_poll_ns * len(self.rings))
+                yield w.hold("proxy_post", poll)
             else:
                 self._kick = env.event()
                 yield self._kick
@@ -174,8 +178,12 @@ class ProxyThread:
             ring.inflight.popleft()
             freed += 1
         port: ProxyPort = msg.port
-        lat = self.ctx.ledger.cost("proxy_queue", self.ctx.platform.proxy.host_to_gpu_ns)
-        call_later(self.env, lat, _host_reported, ring, freed, port)
+        led = self.ctx.ledger
+        lat = led.cost("proxy_queue", self.ctx.platform.proxy.host_to_gpu_ns)
+        if led.path is None:
+            call_later(self.env, lat, _host_reported, ring, freed, port)
+        else:
+            led.path.later("proxy_queue", lat, _host_reported, ring, freed, port)
 
 
 class ProxyPort(WarpPort):
@@ -204,7 +212,11 @@ class ProxyPort(WarpPort):
         ring.posted += 1
         self.posted += 1
         w.ledger.counters["descriptors"] += 1
-        call_later(self.env, w.ledger.cost("proxy_queue", pp.gpu_to_host_ns), _descriptor_seen, ring, msg)
+        lat = w.ledger.cost("proxy_queue", pp.gpu_to_host_ns)
+        if w.ledger.path is None:
+            call_later(self.env, lat, _descriptor_seen, ring, msg)
+        else:
+            w.ledger.path.later("proxy_queue", lat, _descriptor_seen, ring, msg)
 
     def finish(self):
         return

@@ -27,7 +27,7 @@ from __future__ import annotations
 from collections import defaultdict
 from typing import TYPE_CHECKING
 
-from lever.sim.engine import Counter, call_at, call_later
+from lever.sim.engine import ROOT, Counter, Rec, call_at, call_later
 
 if TYPE_CHECKING:
     from lever.sim.context import Context
@@ -58,6 +58,7 @@ class Receiver:
         self._stripes: dict[int, int] = defaultdict(int)  # proxy: stripes arrived per put (id)
         self._host_counted: dict[Tag, int] = defaultdict(int)  # proxy: data writes the host counted
         self._host_busy_until = 0.0
+        self._host_rec: Rec = ROOT  # critical path: the host thread's segment ending at busy_until
         self._held: dict[Tag, list[int]] = defaultdict(list)  # proxy: signals awaiting their data
 
     # -- arrivals ----------------------------------------------------------------
@@ -95,7 +96,11 @@ class Receiver:
         self.flags[tag].add(1)
 
     def _later(self, dt: float, tag, n: int) -> None:
-        call_later(self.env, dt, self._know, tag, n)
+        path = self.ctx.ledger.path
+        if path is None:
+            call_later(self.env, dt, self._know, tag, n)
+        else:
+            path.later("signal", dt, self._know, tag, n)
 
     def _know(self, tag, n: int) -> None:
         self.known[tag].add(n)
@@ -116,17 +121,26 @@ class Receiver:
         pp = self.ctx.platform.proxy
         led = self.ctx.ledger
         now = self.env.now
+        path = led.path
+        busy = self._host_busy_until > now
         start = max(now, self._host_busy_until)
         self._host_busy_until = start + led.cost("proxy_post", pp.host_cq_poll_ns)
         done = self._host_busy_until + led.cost("proxy_queue", pp.host_to_gpu_ns)
         tag = msg.tag
         if msg.kind == "stripe":  # one rail's part of a striped put: count until all arrived
-            call_at(self.env, done, self._host_stripe, msg.parent)
+            fn, args = self._host_stripe, (msg.parent,)
         elif msg.kind == "data":
             self.data[tag].add(1)
-            call_at(self.env, done, self._host_data, tag)
+            fn, args = self._host_data, (tag,)
         else:
-            call_at(self.env, done, self._host_signal, tag, msg.value)
+            fn, args = self._host_signal, (tag, msg.value)
+        if path is None:
+            call_at(self.env, done, fn, *args)
+        else:  # the host thread's CQ read (behind its previous one), then the write to the GPU
+            self._host_rec = (start, self._host_busy_until, "proxy_post",
+                              self._host_rec if busy else path.cur)
+            rec = (self._host_busy_until, done, "proxy_queue", self._host_rec)
+            path.call_at(done, rec, fn, *args)
 
     def _host_stripe(self, parent: Message) -> None:
         """The receiving host counts stripes per (peer, sequence); the put is there with the last."""
@@ -171,8 +185,7 @@ class Receiver:
             yield k.reach(n)
         dt = self.env.now - t0
         led.waited(cat, dt)
-        t = led.issue(cat, self.poll_ns())
-        yield self.env.timeout(t)
+        yield self.ctx.busy(cat, self.poll_ns())  # the poll that sees it: ``poll_wait`` on the path
         if tr.enabled:
             tr.span(f"rank{self.rank}", track, cat, t0, self.env.now - t0, tag=str(tag))
         if check:

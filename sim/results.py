@@ -1,4 +1,4 @@
-"""From simulated ops to the numbers engineers read: latency statistics and the two attributions.
+"""From simulated ops to the numbers engineers read: latency statistics and the attributions.
 
 *Profiler* attribution: share of the GPU warps' time per category, summed over
 every issuing, polling and forwarding warp of every rank and seed: what a
@@ -6,10 +6,16 @@ sampling profiler on those warps sees. ``put_path`` restricts it to the time
 inside the put call (the campaign's "share of the put path"): WQE, fence,
 doorbell, lock, credit check and proxy hand-off.
 
-*Critical path* attribution: for each category c, the p50 latency of the op
-minus its p50 when every cost of c is set to zero (waits of c's kind
-skipped), on the same seeds. A category can be busy on the profiler yet
-worth ~0 here when its time overlaps the wire; the two disagree by design.
+*Critical path* (one run): the chain of segments that ended the rank at the op's
+p50 latency, walked back from its end to time 0 along what released every wait
+(``CriticalPath`` in ``sim/engine.py``), in us per category; it sums to the p50.
+
+*What-if* (``what_if_us``, on request): for each category c, the p50 latency of
+the op minus its p50 when every cost of c is set to zero (waits of c's kind
+skipped), on the same seeds: 14 reruns, overlapping entries that do not sum to
+the latency. A category can be busy on the profiler and on the chain yet worth
+~0 here when a parallel chain is almost as long; they disagree by design
+(docs/attributions.md).
 """
 
 from __future__ import annotations
@@ -39,8 +45,9 @@ def stats(lat_us: list[float]) -> dict[str, float]:
 
 
 def run_seeds(scn: Scenario, op: str, seeds: int, scale: dict[str, float] | None = None,
-              trace: bool = False) -> list[OpResult]:
-    return [simulate_op(scn, op, s, scale=scale, trace=trace and s == 0) for s in range(seeds)]
+              trace: bool = False, critical_path: bool = False) -> list[OpResult]:
+    return [simulate_op(scn, op, s, scale=scale, trace=trace and s == 0,
+                        critical_path=critical_path) for s in range(seeds)]
 
 
 def profiler_shares(results: list[OpResult], cats: tuple[str, ...] | None = None) -> dict[str, float]:
@@ -56,21 +63,53 @@ def profiler_shares(results: list[OpResult], cats: tuple[str, ...] | None = None
 
 
 def cp_entry(base_p50: float, whatif_lat_us: list[float]) -> float:
-    """One critical-path entry: the p50 drop when a category's costs are zeroed."""
+    """One what-if entry: the p50 drop when a category's costs are zeroed."""
     return round(base_p50 - stats(whatif_lat_us)["p50_us"], 4)
 
 
-def critical_path(scn: Scenario, op: str, base_p50: float, seeds: int,
-                  cats: tuple[str, ...] = CATEGORIES) -> dict[str, float]:
+def what_if_reruns(scn: Scenario, op: str, base_p50: float, seeds: int,
+            cats: tuple[str, ...] = CATEGORIES) -> dict[str, float]:
+    """The what-if column: per category, ``base_p50`` minus the p50 of seeds 0..seeds-1
+    rerun with that category's costs zeroed (one rerun per category and seed)."""
     return {c: cp_entry(base_p50, [x for r in run_seeds(scn, op, seeds, scale={c: 0.0})
                                    for x in r.latency_us])
             for c in cats}
 
 
-def _op_job(job: tuple[Scenario, str, int, dict[str, float] | None, bool]) -> OpResult | list[float]:
+critical_path = what_if_reruns
+"""The what-if's name from before the one-run chain (``lever predict`` still reports it)."""
+
+
+def chain_at_p50(results: list[OpResult]) -> dict[str, float]:
+    """The one-run critical path of an op: us per category (every category), summing to
+    the op's p50 latency over every rank of every seed (``OpStats.p50_us``).
+
+    The ranks of all seeds are pooled and ordered by latency as the p50 is; the chain is
+    that of the rank at the median, or with an even count the two middle ranks' chains
+    weighted as ``np.percentile`` interpolates their latencies. p50 rather than the mean
+    over ranks: the op's headline latency, the what-if column and lever predictions are
+    all p50s, so the chain sums to the number it explains and compares entry by entry
+    with the what-if; and it stays one (or two) real causal chains, where a mean would
+    blend ranks that ended through different resources.
+    """
+    lat = [x for r in results for x in r.latency_us]
+    chains = [c for r in results for c in (r.critical_path or [])]
+    if len(chains) != len(lat):
+        raise ValueError("chain_at_p50 needs results simulated with critical_path=True")
+    order = np.argsort(np.asarray(lat), kind="stable")
+    pos = (len(lat) - 1) * 0.5
+    i = int(pos)
+    f = pos - i
+    lo = chains[order[i]]
+    hi = chains[order[min(i + 1, len(lat) - 1)]]
+    return {c: (1.0 - f) * lo.get(c, 0.0) + f * hi.get(c, 0.0) for c in CATEGORIES}
+
+
+def _op_job(job: tuple[Scenario, str, int, dict[str, float] | None, bool, bool]
+            ) -> OpResult | list[float]:
     """One (op, seed, what-if scale) run; what-if runs send back only their latencies."""
-    scn, op, seed, scale, trace = job
-    r = simulate_op(scn, op, seed, scale=scale, trace=trace)
+    scn, op, seed, scale, trace, path = job
+    r = simulate_op(scn, op, seed, scale=scale, trace=trace, critical_path=path)
     return r if scale is None else r.latency_us
 
 
@@ -105,17 +144,21 @@ class OpStats:
 
 @dataclass(frozen=True)
 class OpAttribution:
-    """The two attributions of one op: profiler shares (all warps and the put path) and,
-    when computed, the critical path (us per category)."""
+    """The attributions of one op: profiler shares (all warps and the put path) and, when
+    computed, the one-run critical path (us per category, summing to the op's p50:
+    :func:`chain_at_p50`) and the what-if column (us per category: :func:`what_if_reruns`)."""
 
     profiler: dict[str, float]
     put_path: dict[str, float]
     critical_path: dict[str, float] | None = None
+    what_if_us: dict[str, float] | None = None
 
     def to_json(self) -> dict[str, dict[str, float]]:
         out = {"profiler": self.profiler, "put_path": self.put_path}
         if self.critical_path is not None:
             out["critical_path"] = self.critical_path
+        if self.what_if_us is not None:
+            out["what_if_us"] = self.what_if_us
         return out
 
 
@@ -143,20 +186,22 @@ class SimulationResult:
 
 
 def simulate(scn: Scenario, seeds: int = 1, with_critical_path: bool = True, cp_seeds: int = 1,
-             trace: bool = False, workers: int = 1) -> SimulationResult:
-    """Every op of ``scn`` on seeds 0..seeds-1, with both attributions.
+             trace: bool = False, workers: int = 1, what_if: bool = False) -> SimulationResult:
+    """Every op of ``scn`` on seeds 0..seeds-1, with the attributions.
 
-    The base runs and the critical path's what-if runs (one per category, op and
-    seed: most of the work) are independent, so ``workers`` > 1 spreads them over
-    processes; the numbers are identical to a serial run.
+    ``with_critical_path`` records the one-run critical path in every base run (no extra
+    run; a run takes ~10% (EP16) to ~30% (EP32) longer). ``what_if`` adds the what-if
+    column: one rerun per category, op and seed 0..cp_seeds-1 (most of the work when
+    asked for). The runs are independent, so ``workers`` > 1 spreads them over processes;
+    the numbers are identical to a serial run.
     """
     t0 = time.perf_counter()
     kcp = max(1, min(cp_seeds, seeds))
-    cp_cats = CATEGORIES if with_critical_path else ()
+    cp_cats = CATEGORIES if what_if else ()
     jobs: list = []
     for op in scn.ops:
-        jobs += [(scn, op, s, None, trace and s == 0) for s in range(seeds)]
-        jobs += [(scn, op, s, {c: 0.0}, False) for c in cp_cats for s in range(kcp)]
+        jobs += [(scn, op, s, None, trace and s == 0, with_critical_path) for s in range(seeds)]
+        jobs += [(scn, op, s, {c: 0.0}, False, False) for c in cp_cats for s in range(kcp)]
     done = iter(_run_jobs(jobs, workers))
     out = SimulationResult(scn.name, seeds, 0, {}, {}, {}, {})
     for op in scn.ops:
@@ -168,11 +213,13 @@ def simulate(scn: Scenario, seeds: int = 1, with_critical_path: bool = True, cp_
             round(float(np.mean([r.latency_us[k] for r in res])), 4) for k in range(len(res[0].latency_us))
         ]
         out.events += sum(r.events for r in res)
-        cp = None
-        if with_critical_path:
+        chain = chain_at_p50(res) if with_critical_path else None
+        wi = None
+        if what_if:
             base = stats([x for r in res[:kcp] for x in r.latency_us])["p50_us"]
-            cp = {c: cp_entry(base, v) for c, v in whatif.items()}
-        out.attribution[op] = OpAttribution(profiler_shares(res), profiler_shares(res, PUT_PATH), cp)
+            wi = {c: cp_entry(base, v) for c, v in whatif.items()}
+        out.attribution[op] = OpAttribution(profiler_shares(res), profiler_shares(res, PUT_PATH),
+                                            chain, wi)
         cnt: dict[str, int] = {}
         for r in res:
             for key, v in r.counters.items():

@@ -5,8 +5,9 @@ from __future__ import annotations
 import json
 
 import pytest
-from lever.cli import main
 from lever.sim.scenario import ScenarioError, compose, load
+
+from lever.cli import main
 
 SMALL = {"workload.tokens_per_rank": 8}
 

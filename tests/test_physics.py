@@ -254,9 +254,9 @@ def test_completion_comes_completion_ns_after_the_latest_ack():
     acks: list[float] = []
     orig = wire.nics[0].ack
 
-    def ack(msg: Message, t_arrive: float) -> None:
+    def ack(msg: Message, t_arrive: float, *rest) -> None:
         acks.append(t_arrive)
-        orig(msg, t_arrive)
+        orig(msg, t_arrive, *rest)
 
     wire.nics[0].ack = ack  # type: ignore[method-assign]
     m = wire.write(0, 1, 10 * p.mtu_bytes)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from lever.sim.engine import Counter, call_later
+from lever.sim.engine import Counter
 from lever.sim.tags import NotifyTag
 
 if TYPE_CHECKING:
@@ -83,9 +83,6 @@ def nvlink_put(w: World, src: int, dst: int, nbytes: int, tag, track: str, count
 def nvlink_flag(w: World, src: int, dst: int, tag, value: int):
     """An intra-node flag: ordered after the writer's earlier NVLink stores."""
     rcv = w.receivers[dst]
-    # issued after the writer's earlier stores on the same link: never overtakes them
-    lat = max(0.0, w.nvlink.port_free[src] - w.env.now) + w.ledger.cost(
-        "forward", w.platform.nvlink.flag_latency_ns)
 
     def land():
         k = rcv.known[tag]
@@ -93,7 +90,7 @@ def nvlink_flag(w: World, src: int, dst: int, tag, value: int):
             k.add(value - k.value)
         rcv.flags[tag].add(1)
 
-    call_later(w.env, lat, land)
+    w.nvlink.flag(src, land)  # issued after the writer's earlier stores on the same link
 
 
 def notify_exchange(w: World, rank: int, peers: list[int]):

@@ -90,7 +90,7 @@ def _rank(w: World, r: int, items, counts, nbytes: int, dispatch: bool):
         last_token = -1
         for _c, dst, tag, tok in by_ch.get(c, []):
             if dispatch and tok != last_token:
-                yield env.timeout(w.ledger.issue("compute", g.token_prep_ns))
+                yield w.ctx.busy("compute", g.token_prep_ns)
             last_token = tok
             if nvl and w.same_node(r, dst):
                 yield from nvlink_put(w, r, dst, nbytes, tag, track)
@@ -128,5 +128,5 @@ def _rank(w: World, r: int, items, counts, nbytes: int, dispatch: bool):
         g = w.platform.gpu
         kib = w.workload.combine_bytes_per_token / 1024
         ns = g.reduce_ns_per_kib * kib * w.workload.top_k * w.workload.tokens_per_rank / C
-        yield env.timeout(w.ledger.issue("compute", ns))
+        yield w.ctx.busy("compute", ns)
     return env.now

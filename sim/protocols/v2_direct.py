@@ -73,7 +73,7 @@ def _rank(w: World, r: int, items, n_to, dispatch: bool):
         last = -1
         for _c, dst, tok in by_ch.get(c, []):
             if dispatch and tok != last:
-                yield env.timeout(w.ledger.issue("compute", g.token_prep_ns))
+                yield w.ctx.busy("compute", g.token_prep_ns)
             last = tok
             if dst == r:
                 continue
@@ -103,5 +103,5 @@ def _rank(w: World, r: int, items, n_to, dispatch: bool):
     if not dispatch:
         kib = wl.combine_bytes_per_token / 1024
         ns = g.reduce_ns_per_kib * kib * wl.top_k * wl.tokens_per_rank / C
-        yield env.timeout(w.ledger.issue("compute", ns))
+        yield w.ctx.busy("compute", ns)
     return env.now

@@ -87,7 +87,7 @@ def _dispatch_rank(w: World, r: int, sh: _Shared):
         port = w.port(r, c)
         sent = [0] * N
         for t in range(c, wl.tokens_per_rank, C):
-            yield env.timeout(w.ledger.issue("compute", g.token_prep_ns))
+            yield w.ctx.busy("compute", g.token_prep_ns)
             for m in rt.dst_nodes[r][t]:
                 if m == n:
                     for dst in rt.dst_ranks[r][t]:
@@ -146,7 +146,7 @@ def _dispatch_rank(w: World, r: int, sh: _Shared):
                 t0 = env.now
                 yield wake.reach(mark + 1)
                 w.ledger.waited("poll_wait", env.now - t0)
-                yield env.timeout(w.ledger.issue("poll_wait", rcv.poll_ns()))
+                yield w.ctx.busy("poll_wait", rcv.poll_ns())
                 if w.trace.enabled:
                     w.trace.span(f"rank{r}", track, "poll_wait", t0, env.now - t0)
 
@@ -198,7 +198,7 @@ def _combine_rank(w: World, r: int, sh: _Shared):
         track = f"cmb{c}"
         for s, t in held[c::C]:
             ns = g.reduce_ns_per_kib * kib * rt.hits[s][t][r]
-            yield env.timeout(w.ledger.issue("compute", ns))
+            yield w.ctx.busy("compute", ns)
             fwd = sh.rank(n, s % sh.rpn)  # forwarder for s on this node
             if w.node_of(s) == n:
                 fwd = s  # same node: straight to the source
@@ -223,7 +223,7 @@ def _combine_rank(w: World, r: int, sh: _Shared):
         for s, t in work[j::F]:
             contrib = sum(1 for x in rt.dst_ranks[s][t] if w.node_of(x) == n)
             yield from rcv.wait(PartialTag(s, t), contrib, track)
-            yield env.timeout(w.ledger.issue("compute", g.reduce_ns_per_kib * kib * contrib))
+            yield w.ctx.busy("compute", g.reduce_ns_per_kib * kib * contrib)
             seq = sent_to[s]  # claimed before posting: forward warps run concurrently
             sent_to[s] += 1
             yield from put(w, port, r, s, nbytes, CombineTag(n, s), seq=seq)
@@ -257,7 +257,7 @@ def _combine_rank(w: World, r: int, sh: _Shared):
             if local:
                 yield from rcv.wait(PartialTag(r, t), local, "rx")
         ns = g.reduce_ns_per_kib * kib * len(mine) * N / C
-        yield env.timeout(w.ledger.issue("compute", ns))
+        yield w.ctx.busy("compute", ns)
 
     procs.append(env.process(source_side()))
     yield env.all_of(procs)

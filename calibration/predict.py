@@ -13,8 +13,9 @@ normal in log space and applied as ``--set`` overrides to *both* sides; the
 spread of their deltas widens the band (``band_kind = "noise+params"``).
 Otherwise the band is ``"noise-only"``.
 
-Attribution: per op, profiler shares (all warps, and the put path) and
-critical-path microseconds of the baseline and the lever, so the reader sees
+Attribution: per op, profiler shares (all warps, and the put path) and the
+one-run critical path (us per category of the p50 rank's chain, recorded in the
+same runs: no reruns) of the baseline and the lever, so the reader sees
 which category the lever moves.
 """
 
@@ -34,7 +35,7 @@ from lever.sim import levers as levers_mod
 from lever.sim import scenario as scn_mod
 from lever.sim.errors import UserError
 from lever.sim.params import Scenario
-from lever.sim.results import PUT_PATH, critical_path, profiler_shares, run_seeds, stats
+from lever.sim.results import PUT_PATH, chain_at_p50, profiler_shares, stats
 from lever.sim.scenario import Overrides
 
 BAND_LEVEL = 0.90
@@ -61,7 +62,7 @@ def _side(scn: Scenario, seeds: list[int], with_cp: bool, cp_seeds: int) -> dict
 
     out: dict[str, Any] = {}
     for op in scn.ops:
-        res = [simulate_op(scn, op, s) for s in seeds]
+        res = [simulate_op(scn, op, s, critical_path=with_cp) for s in seeds]
         lat = [x for r in res for x in r.latency_us]
         per_seed = [float(np.percentile(r.latency_us, 50)) for r in res]
         cnt: dict[str, int] = {}
@@ -77,12 +78,8 @@ def _side(scn: Scenario, seeds: list[int], with_cp: bool, cp_seeds: int) -> dict
             "put_path": {k: float(v) for k, v in profiler_shares(res, PUT_PATH).items()},
             "counters": cnt,
         }
-        if with_cp:
-            k = max(1, min(cp_seeds, len(seeds)))
-            # critical_path reruns seeds 0..k-1: its base p50 is taken on the same seeds
-            first = res[:k] if seeds[:k] == list(range(k)) else run_seeds(scn, op, k)
-            base = stats([x for r in first for x in r.latency_us])["p50_us"]
-            side["critical_path"] = critical_path(scn, op, base, k)
+        if with_cp:  # the one-run chain of the p50 rank: no reruns (sim/results.py)
+            side["critical_path"] = {c: round(v, 4) for c, v in chain_at_p50(res).items()}
         out[op] = side
     return out
 

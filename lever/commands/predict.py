@@ -31,7 +31,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--critical-path", dest="cp", action="store_true", default=None,
                    help="compute the critical-path attribution (default on for one lever, off for --all)")
     p.add_argument("--no-critical-path", dest="cp", action="store_false")
-    seeds_option(p, 1, "seeds used for the critical path", flag="--cp-seeds")
+    seeds_option(p, 1, "kept for older scripts: the critical path now comes from the paired runs themselves", flag="--cp-seeds")
     p.add_argument("--unpaired", action="store_true", help="lever on other seeds than the baseline (for checks)")
     workers_option(p, "process pool size (default: CPU count)")
     p.add_argument("--json", action="store_true", help="print one JSON object on stdout")

@@ -215,10 +215,6 @@ class Workload(Strict):
 
     @model_validator(mode="after")
     def _shape(self) -> Workload:
-        if self.num_experts % self.ep_ranks:
-            raise ValueError(
-                f"num_experts ({self.num_experts}) must be a multiple of ep_ranks ({self.ep_ranks})"
-            )
         if self.top_k > self.num_experts:
             raise ValueError(f"top_k ({self.top_k}) exceeds num_experts ({self.num_experts})")
         if self.ep_ranks % self.gpus_per_node and self.ep_ranks > self.gpus_per_node:

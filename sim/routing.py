@@ -1,7 +1,9 @@
 """Top-k routing of tokens to experts: seeded uniform, or read from a file.
 
-Experts are laid out contiguously: rank ``e // experts_per_rank`` hosts
-expert ``e``. The routing is drawn per seed (not per op) so dispatch and
+Experts are laid out contiguously and spread as evenly as they can be: with E
+experts on R ranks, the first ``E mod R`` ranks host ``ceil(E / R)`` and the
+rest ``floor(E / R)`` (EP24 with 256 experts: 16 ranks of 11, 8 of 10), so
+``experts_per_rank`` shows the split and ``rank_of`` is a table lookup. The routing is drawn per seed (not per op) so dispatch and
 combine of one seed see the same tokens.
 """
 
@@ -27,7 +29,11 @@ class Routing:
         self.topk = topk
         self.R = len(topk)
         self.num_experts = num_experts
-        self.epr = num_experts // self.R
+        base, extra = divmod(num_experts, self.R)
+        self.first = [r * base + min(r, extra) for r in range(self.R + 1)]
+        self.experts_per_rank = [self.first[r + 1] - self.first[r] for r in range(self.R)]
+        self._owner = np.repeat(np.arange(self.R), self.experts_per_rank)
+        self._owner_list = self._owner.tolist()
         self.rpn = ranks_per_node
 
     @classmethod
@@ -46,12 +52,16 @@ class Routing:
                    wl.ranks_per_node)
 
     def rank_of(self, expert: int) -> int:
-        return expert // self.epr
+        return self._owner_list[expert]
+
+    def experts_of(self, rank: int) -> range:
+        """The experts rank ``rank`` hosts (contiguous)."""
+        return range(self.first[rank], self.first[rank + 1])
 
     @cached_property
     def hits(self) -> list[list[Counter[int]]]:
         """Per source rank, per token: how many of its experts each destination rank hosts."""
-        return [[Counter(row) for row in (t // self.epr).tolist()] for t in self.topk]
+        return [[Counter(row) for row in self._owner[t].tolist()] for t in self.topk]
 
     @cached_property
     def dst_ranks(self) -> list[list[tuple[int, ...]]]:

@@ -73,12 +73,11 @@ def _rank(w: World, r: int, items, counts, nbytes: int, dispatch: bool):
     for it in items:
         by_ch.setdefault(it[0], []).append(it)
     barrier = Barrier(w, C)
-    epr = rt.epr
     # signals this rank sends: one per (expert, peer) pair it talks to, zero counts included
     if dispatch:
         sig = [(e, rt.rank_of(e)) for e in range(rt.num_experts)]
     else:
-        sig = [(e, p) for e in range(r * epr, (r + 1) * epr) for p in range(R)]
+        sig = [(e, p) for e in rt.experts_of(r) for p in range(R)]
 
     nvl = w.design.ll_intranode_nvlink
     cached = w.v1_cached  # counts known from the reused handle: no count messages
@@ -121,7 +120,7 @@ def _rank(w: World, r: int, items, counts, nbytes: int, dispatch: bool):
             n = counts.get((s, r, e), 0)
             yield from rcv.wait(ExpertTag(s, e), n, track, flags=0 if cached else 1)
 
-    rx_experts = list(range(r * epr, (r + 1) * epr)) if dispatch else list(range(rt.num_experts))
+    rx_experts = list(rt.experts_of(r)) if dispatch else list(range(rt.num_experts))
     yield env.all_of([env.process(warp(c)) for c in range(C)])
     if not dispatch:
         # reduce the top-k BF16 rows of every token, spread over the channels

@@ -21,6 +21,7 @@ the latency. A category can be busy on the profiler and on the chain yet worth
 from __future__ import annotations
 
 import time
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -113,15 +114,27 @@ def _op_job(job: tuple[Scenario, str, int, dict[str, float] | None, bool, bool]
     return r if scale is None else r.latency_us
 
 
-def _run_jobs(jobs: list, workers: int) -> list:
-    """Every job is a pure function of (scenario, op, seed, scale): a process pool
-    returns, in order, exactly what a serial loop would."""
-    if workers > 1 and len(jobs) > 1:
-        from concurrent.futures import ProcessPoolExecutor
+def _run_jobs(jobs: Iterable, workers: int) -> Iterator:
+    """Every job is a pure function of (scenario, op, seed, scale): a process pool yields,
+    in order, exactly what a serial loop would. Jobs are taken from ``jobs`` as results
+    are consumed (at most a few per worker in flight), so memory does not grow with the
+    number of seeds."""
+    it = iter(jobs)
+    if workers <= 1:
+        for j in it:
+            yield _op_job(j)
+        return
+    from collections import deque
+    from concurrent.futures import ProcessPoolExecutor
 
-        with ProcessPoolExecutor(max_workers=min(workers, len(jobs))) as ex:
-            return list(ex.map(_op_job, jobs))
-    return [_op_job(j) for j in jobs]
+    with ProcessPoolExecutor(max_workers=workers) as ex:
+        window: deque = deque()
+        for j in it:
+            window.append(ex.submit(_op_job, j))
+            if len(window) >= 4 * workers:
+                yield window.popleft().result()
+        while window:
+            yield window.popleft().result()
 
 
 @dataclass(frozen=True)
@@ -185,6 +198,55 @@ class SimulationResult:
                 "counters": self.counters, "per_rank_us": self.per_rank_us, "wall_s": self.wall_s}
 
 
+class _OpAccumulator:
+    """One op's seeds folded in as they arrive: latencies (every rank, kept for the
+    percentiles), profiler busy time, counters and, when recorded, each rank's chain as a
+    tuple per category. The seed's OpResult is dropped once added."""
+
+    def __init__(self, chains: bool) -> None:
+        self.lat: list[list[float]] = []
+        self.busy: dict[str, float] = {}
+        self.busy_put: dict[str, float] = {}
+        self.counters: dict[str, int] = {}
+        self.ledger_events: dict[str, int] = {}
+        self.events = 0
+        self.chains: list[tuple[float, ...]] | None = [] if chains else None
+
+    def add(self, r: OpResult) -> None:
+        self.lat.append(r.latency_us)
+        self.events += r.events
+        for c, v in r.ledger.busy.items():  # summed in the order profiler_shares sums them
+            self.busy[c] = self.busy.get(c, 0.0) + v
+            if c in PUT_PATH:
+                self.busy_put[c] = self.busy_put.get(c, 0.0) + v
+        for k, v in r.counters.items():
+            self.counters[k] = self.counters.get(k, 0) + v
+        for k, v in r.ledger.events.items():
+            self.ledger_events[k] = self.ledger_events.get(k, 0) + v
+        if self.chains is not None:
+            self.chains += [tuple(ch.get(c, 0.0) for c in CATEGORIES) for ch in r.critical_path or []]
+
+    def chain_at_p50(self, lat: list[float]) -> dict[str, float]:
+        """As :func:`chain_at_p50`, on the folded chains."""
+        chains = self.chains or []
+        if len(chains) != len(lat):
+            raise ValueError("chain_at_p50 needs results simulated with critical_path=True")
+        order = np.argsort(np.asarray(lat), kind="stable")
+        pos = (len(lat) - 1) * 0.5
+        i = int(pos)
+        f = pos - i
+        lo = chains[order[i]]
+        hi = chains[order[min(i + 1, len(lat) - 1)]]
+        return {c: (1.0 - f) * lo[k] + f * hi[k] for k, c in enumerate(CATEGORIES)}
+
+
+def _shares(busy: dict[str, float]) -> dict[str, float]:
+    total = sum(busy.values())
+    if total <= 0:
+        return {}
+    return {c: round(busy[c] / total, 6) for c in CATEGORIES if busy.get(c, 0.0) > 0}
+
+
 def simulate(scn: Scenario, seeds: int = 1, with_critical_path: bool = True, cp_seeds: int = 1,
              trace: bool = False, workers: int = 1, what_if: bool = False) -> SimulationResult:
     """Every op of ``scn`` on seeds 0..seeds-1, with the attributions.
@@ -198,39 +260,39 @@ def simulate(scn: Scenario, seeds: int = 1, with_critical_path: bool = True, cp_
     t0 = time.perf_counter()
     kcp = max(1, min(cp_seeds, seeds))
     cp_cats = CATEGORIES if what_if else ()
-    jobs: list = []
-    for op in scn.ops:
-        jobs += [(scn, op, s, None, trace and s == 0, with_critical_path) for s in range(seeds)]
-        jobs += [(scn, op, s, {c: 0.0}, False, False) for c in cp_cats for s in range(kcp)]
-    done = iter(_run_jobs(jobs, workers))
+
+    def jobs():  # made as they are consumed: nothing per seed is held up front
+        for op in scn.ops:
+            for s in range(seeds):
+                yield (scn, op, s, None, trace and s == 0, with_critical_path)
+            for c in cp_cats:
+                for s in range(kcp):
+                    yield (scn, op, s, {c: 0.0}, False, False)
+
+    done = _run_jobs(jobs(), workers)
     out = SimulationResult(scn.name, seeds, 0, {}, {}, {}, {})
     for op in scn.ops:
-        res: list[OpResult] = [next(done) for _ in range(seeds)]
+        acc = _OpAccumulator(with_critical_path)
+        for s in range(seeds):
+            r = next(done)
+            acc.add(r)
+            if trace and s == 0:
+                out.traces.append((op, r.trace))
         whatif = {c: [x for _ in range(kcp) for x in next(done)] for c in cp_cats}
-        lat = [x for r in res for x in r.latency_us]
+        lat = [x for row in acc.lat for x in row]
         out.ops[op] = OpStats.of(lat)
         out.per_rank_us[op] = [
-            round(float(np.mean([r.latency_us[k] for r in res])), 4) for k in range(len(res[0].latency_us))
+            round(float(np.mean([row[k] for row in acc.lat])), 4) for k in range(len(acc.lat[0]))
         ]
-        out.events += sum(r.events for r in res)
-        chain = chain_at_p50(res) if with_critical_path else None
+        out.events += acc.events
+        chain = acc.chain_at_p50(lat) if with_critical_path else None
         wi = None
         if what_if:
-            base = stats([x for r in res[:kcp] for x in r.latency_us])["p50_us"]
+            base = stats([x for row in acc.lat[:kcp] for x in row])["p50_us"]
             wi = {c: cp_entry(base, v) for c, v in whatif.items()}
-        out.attribution[op] = OpAttribution(profiler_shares(res), profiler_shares(res, PUT_PATH),
-                                            chain, wi)
-        cnt: dict[str, int] = {}
-        for r in res:
-            for key, v in r.counters.items():
-                cnt[key] = cnt.get(key, 0) + v
-        ev: dict[str, int] = {}
-        for r in res:
-            for key, v in r.ledger.events.items():
-                ev[key] = ev.get(key, 0) + v
-        cnt.update({f"events_{k}": v for k, v in ev.items()})
+        out.attribution[op] = OpAttribution(_shares(acc.busy), _shares(acc.busy_put), chain, wi)
+        cnt = dict(acc.counters)
+        cnt.update({f"events_{k}": v for k, v in acc.ledger_events.items()})
         out.counters[op] = cnt
-        if trace:
-            out.traces.append((op, res[0].trace))
     out.wall_s = round(time.perf_counter() - t0, 4)
     return out

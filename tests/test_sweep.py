@@ -86,8 +86,8 @@ def test_random_axes_seeded_in_range_and_integer():
 
 
 def test_bad_point_fails_before_any_run(tmp_path):
-    pts = sw.enumerate_points(SCN, [sw.parse_grid("workload.ep_ranks=16,7")], sets=TINY)
-    with pytest.raises(sw.SweepError, match="ep_ranks=7"):
+    pts = sw.enumerate_points(SCN, [sw.parse_grid("workload.ep_ranks=16,12")], sets=TINY)
+    with pytest.raises(sw.SweepError, match="ep_ranks=12"):
         sw.run_sweep(pts, tmp_path / "r.csv", workers=1, progress=False)
     assert not (tmp_path / "r.csv").exists()
 
@@ -168,7 +168,7 @@ def test_cli_sweep_json_resume_and_plot(tmp_path):
     assert json.loads(r.stdout)["ran"] == 4 and png.stat().st_size > 10_000
     r = subprocess.run(args, capture_output=True, text=True, cwd=ROOT, timeout=300)
     assert json.loads(r.stdout) == {**json.loads(r.stdout), "ran": 0, "skipped": 4}
-    bad = subprocess.run([*args[:6], "workload.ep_ranks=7", "--out", str(tmp_path / "x.csv")],
+    bad = subprocess.run([*args[:6], "workload.ep_ranks=12", "--out", str(tmp_path / "x.csv")],
                          capture_output=True, text=True, cwd=ROOT, timeout=300)
     assert bad.returncode == 2 and "ep_ranks" in bad.stderr and bad.stderr.count("\n") == 1
 

@@ -21,7 +21,7 @@ the latency. A category can be busy on the profiler and on the chain yet worth
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -248,7 +248,8 @@ def _shares(busy: dict[str, float]) -> dict[str, float]:
 
 
 def simulate(scn: Scenario, seeds: int = 1, with_critical_path: bool = True, cp_seeds: int = 1,
-             trace: bool = False, workers: int = 1, what_if: bool = False) -> SimulationResult:
+             trace: bool = False, workers: int = 1, what_if: bool = False,
+             progress: Callable[[int, int], None] | None = None) -> SimulationResult:
     """Every op of ``scn`` on seeds 0..seeds-1, with the attributions.
 
     ``with_critical_path`` records the one-run critical path in every base run (no extra
@@ -269,7 +270,15 @@ def simulate(scn: Scenario, seeds: int = 1, with_critical_path: bool = True, cp_
                 for s in range(kcp):
                     yield (scn, op, s, {c: 0.0}, False, False)
 
-    done = _run_jobs(jobs(), workers)
+    total = len(scn.ops) * (seeds + len(cp_cats) * kcp)
+
+    def counted():  # progress(done, total) after each run
+        for k, r in enumerate(_run_jobs(jobs(), workers), 1):
+            if progress is not None:
+                progress(k, total)
+            yield r
+
+    done = counted()
     out = SimulationResult(scn.name, seeds, 0, {}, {}, {}, {})
     for op in scn.ops:
         acc = _OpAccumulator(with_critical_path)

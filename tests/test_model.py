@@ -172,3 +172,13 @@ def test_seeds_are_streamed_not_built_up_front():
     first = next(it)
     assert first.seed == 0 and len(pulled) <= 4 * 2 + 1
     it.close()
+
+
+def test_simulate_reports_progress_of_every_run():
+    from lever.sim.results import simulate
+
+    scn = scenario.load("decode-ep8-efa-native", {"workload.tokens_per_rank": 2})
+    seen: list[tuple[int, int]] = []
+    simulate(scn, seeds=2, what_if=True, workers=1, progress=lambda d, t: seen.append((d, t)))
+    total = 2 * (2 + 14)  # ops x (seeds + one what-if rerun per category)
+    assert seen == [(k, total) for k in range(1, total + 1)]

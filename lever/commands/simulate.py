@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -67,10 +68,15 @@ def main(args: argparse.Namespace) -> int:
 
     scn = load_scenario(args)
     try:
-        res = simulate(scn, seeds=args.seeds, with_critical_path=not args.no_critical_path,
-                       what_if=args.what_if,
-                       cp_seeds=args.cp_seeds, trace=bool(args.trace or args.plot),
-                       workers=args.workers or os.cpu_count() or 1)
+        from lever.reports.progress import progress_bar
+
+        with progress_bar(sys.stderr.isatty(), "runs") as bar:
+            task = bar.add_task(f"simulate {scn.name}", total=None)
+            res = simulate(scn, seeds=args.seeds, with_critical_path=not args.no_critical_path,
+                           what_if=args.what_if, cp_seeds=args.cp_seeds,
+                           trace=bool(args.trace or args.plot),
+                           workers=args.workers or os.cpu_count() or 1,
+                           progress=lambda done, total: bar.update(task, completed=done, total=total))
     except ModelError as e:
         raise UserError(f"{scn.name}: {e}") from None
     if args.trace:

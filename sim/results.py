@@ -94,7 +94,17 @@ def chain_at_p50(results: list[OpResult]) -> dict[str, float]:
     blend ranks that ended through different resources.
     """
     lat = [x for r in results for x in r.latency_us]
-    chains = [c for r in results for c in (r.critical_path or [])]
+    chains = [_as_row(c) for r in results for c in (r.critical_path or [])]
+    return _median_chain(lat, chains)
+
+
+def _as_row(chain: dict[str, float]) -> tuple[float, ...]:
+    return tuple(chain.get(c, 0.0) for c in CATEGORIES)
+
+
+def _median_chain(lat: list[float], chains: list[tuple[float, ...]]) -> dict[str, float]:
+    """The chain (a row per rank, in CATEGORIES order) at the p50 of ``lat``, interpolated
+    between the two middle ranks as ``np.percentile`` does."""
     if len(chains) != len(lat):
         raise ValueError("chain_at_p50 needs results simulated with critical_path=True")
     order = np.argsort(np.asarray(lat), kind="stable")
@@ -103,7 +113,7 @@ def chain_at_p50(results: list[OpResult]) -> dict[str, float]:
     f = pos - i
     lo = chains[order[i]]
     hi = chains[order[min(i + 1, len(lat) - 1)]]
-    return {c: (1.0 - f) * lo.get(c, 0.0) + f * hi.get(c, 0.0) for c in CATEGORIES}
+    return {c: (1.0 - f) * lo[k] + f * hi[k] for k, c in enumerate(CATEGORIES)}
 
 
 def _op_job(job: tuple[Scenario, str, int, dict[str, float] | None, bool, bool]
@@ -224,20 +234,11 @@ class _OpAccumulator:
         for k, v in r.ledger.events.items():
             self.ledger_events[k] = self.ledger_events.get(k, 0) + v
         if self.chains is not None:
-            self.chains += [tuple(ch.get(c, 0.0) for c in CATEGORIES) for ch in r.critical_path or []]
+            self.chains += [_as_row(ch) for ch in r.critical_path or []]
 
     def chain_at_p50(self, lat: list[float]) -> dict[str, float]:
         """As :func:`chain_at_p50`, on the folded chains."""
-        chains = self.chains or []
-        if len(chains) != len(lat):
-            raise ValueError("chain_at_p50 needs results simulated with critical_path=True")
-        order = np.argsort(np.asarray(lat), kind="stable")
-        pos = (len(lat) - 1) * 0.5
-        i = int(pos)
-        f = pos - i
-        lo = chains[order[i]]
-        hi = chains[order[min(i + 1, len(lat) - 1)]]
-        return {c: (1.0 - f) * lo[k] + f * hi[k] for k, c in enumerate(CATEGORIES)}
+        return _median_chain(lat, self.chains or [])
 
 
 def _shares(busy: dict[str, float]) -> dict[str, float]:

@@ -102,13 +102,12 @@ def _needs(rec: RunRecord) -> list[tuple[SimLink, set[str]]]:
 
 def plan_jobs(records: list[RunRecord]) -> list[Job]:
     ops: dict[tuple, set[str]] = {}
-    for r in records:
-        for link, need in _needs(r):
-            ops.setdefault(link_key(link), set()).update(need)
     links: dict[tuple, SimLink] = {}
     for r in records:
-        for link, _ in _needs(r):
-            links.setdefault(link_key(link), link)
+        for link, need in _needs(r):
+            key = link_key(link)
+            ops.setdefault(key, set()).update(need)
+            links.setdefault(key, link)
     return [Job(k[0], k[1], tuple(sorted(links[k].set.items())), tuple(o for o in OPS if o in v))
             for k, v in ops.items()]
 

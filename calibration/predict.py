@@ -56,7 +56,7 @@ def t_quantile(level: float, dof: int) -> float:
     return float(t.ppf(0.5 + level / 2.0, dof))
 
 
-def _side(scn: Scenario, seeds: list[int], with_cp: bool, cp_seeds: int) -> dict[str, Any]:
+def _side(scn: Scenario, seeds: list[int], with_cp: bool) -> dict[str, Any]:
     """Run one scenario on the given seeds; a picklable summary per op."""
     from lever.sim.model import simulate_op
 
@@ -85,9 +85,9 @@ def _side(scn: Scenario, seeds: list[int], with_cp: bool, cp_seeds: int) -> dict
 
 
 def _side_job(args: tuple) -> dict[str, Any]:
-    baseline, lever_names, sets, seeds, with_cp, cp_seeds = args
+    baseline, lever_names, sets, seeds, with_cp = args
     scn = levers_mod.load_with_levers(baseline, lever_names, sets)
-    return _side(scn, seeds, with_cp, cp_seeds)
+    return _side(scn, seeds, with_cp)
 
 
 def _noise_band(d: np.ndarray, level: float = BAND_LEVEL) -> float:
@@ -186,7 +186,7 @@ def split_sets(lev: levers_mod.Lever, sets: Overrides) -> tuple[dict[str, Any], 
 
 
 def predict(lever: str, seeds: int = 3, sets: Overrides | None = None, param_samples: int = 0,
-            with_cp: bool = True, cp_seeds: int = 1, paired: bool = True, baseline: str | None = None,
+            with_cp: bool = True, paired: bool = True, baseline: str | None = None,
             lever_names: list[str] | None = None, workers: int = 1,
             progress: Callable[[int, int], None] | None = None) -> dict[str, Any]:
     """Baseline vs lever on common random numbers: the ``lever predict --json`` object.
@@ -204,13 +204,13 @@ def predict(lever: str, seeds: int = 3, sets: Overrides | None = None, param_sam
     base_seeds = list(range(seeds))
     lev_seeds = base_seeds if paired else list(range(seeds, 2 * seeds))
 
-    jobs = [(base_name, [], common, base_seeds, with_cp, cp_seeds),
-            (base_name, names, {**common, **lever_only}, lev_seeds, with_cp, cp_seeds)]
+    jobs = [(base_name, [], common, base_seeds, with_cp),
+            (base_name, names, {**common, **lever_only}, lev_seeds, with_cp)]
     psets = param_sets(base_scn, param_samples)
     p_seeds = base_seeds[: max(1, min(2, seeds))]
     for ps in psets:
-        jobs.append((base_name, [], {**common, **ps}, p_seeds, False, 1))
-        jobs.append((base_name, names, {**common, **lever_only, **ps}, p_seeds, False, 1))
+        jobs.append((base_name, [], {**common, **ps}, p_seeds, False))
+        jobs.append((base_name, names, {**common, **lever_only, **ps}, p_seeds, False))
     sides = _run_sides(jobs, workers, progress)
     base, levr = sides[0], sides[1]
 
@@ -283,7 +283,7 @@ def _run_sides(jobs: list[tuple], workers: int,
     return out
 
 
-def predict_all(seeds: int = 2, with_cp: bool = False, cp_seeds: int = 1,
+def predict_all(seeds: int = 2, with_cp: bool = False,
                 sets: Overrides | None = None, workers: int | None = None,
                 progress: Callable[[int, int], None] | None = None) -> list[dict[str, Any]]:
     """Every lever on its baseline; baselines shared; runs in a process pool. Sorted by gain."""
@@ -295,8 +295,8 @@ def predict_all(seeds: int = 2, with_cp: bool = False, cp_seeds: int = 1,
     seeds_l = list(range(seeds))
     baselines = sorted({lv.baseline for lv in levs.values()})
     sets = dict(sets or {})
-    jobs = [(b, [], sets, seeds_l, with_cp, cp_seeds) for b in baselines]
-    jobs += [(levs[n].baseline, [n], sets, seeds_l, with_cp, cp_seeds) for n in names]
+    jobs = [(b, [], sets, seeds_l, with_cp) for b in baselines]
+    jobs += [(levs[n].baseline, [n], sets, seeds_l, with_cp) for n in names]
     errors: dict[str, str] = {}
     with ProcessPoolExecutor(max_workers=workers) as ex:
         futs = [ex.submit(_side_job, j) for j in jobs]

@@ -26,7 +26,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any, Literal
 
-from lever.sim.errors import UserError
+from lever.sim.errors import UserError, read_user_file
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 SCHEMA_VERSION = 1
@@ -274,16 +274,7 @@ def parse_record(data: Any, label: str = "<record>") -> RunRecord:
 def load_record(path: str | Path) -> RunRecord:
     """Read and validate a record file."""
     p = Path(path)
-    try:
-        text = p.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise RecordError(f"{p}: file not found") from None
-    except IsADirectoryError:
-        raise RecordError(f"{p}: is a directory, not a record file") from None
-    except UnicodeDecodeError as e:
-        raise RecordError(f"{p}: not UTF-8 text (byte {e.start}): not a JSON record") from None
-    except OSError as e:
-        raise RecordError(f"{p}: can not be read: {e.strerror}") from None
+    text = read_user_file(p, RecordError, "JSON record")
     try:
         data = json.loads(text, parse_constant=_no_constant)
     except json.JSONDecodeError as e:

@@ -101,8 +101,8 @@ def _sets(space: list[dict[str, Any]], row: np.ndarray) -> dict[str, Any]:
 def _eval(job: tuple) -> dict[str, float]:
     """One sample: baseline and lever on the same seeds; the mean paired p50 delta per op."""
     base_name, names, common, lever_only, ps, seeds = job
-    b = pr._side_job((base_name, [], {**common, **ps}, seeds, False, 1))
-    x = pr._side_job((base_name, names, {**common, **lever_only, **ps}, seeds, False, 1))
+    b = pr._side_job((base_name, [], {**common, **ps}, seeds, False))
+    x = pr._side_job((base_name, names, {**common, **lever_only, **ps}, seeds, False))
     return {op: pr.paired_delta(b, x, op)[0] for op in b}
 
 

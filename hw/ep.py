@@ -31,6 +31,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from lever.hw import reference as ref
 from lever.hw.profiler import attribution as prof_attribution
 from lever.hw.profiler import decode as prof_decode
 from lever.hw.reference import Shape
@@ -115,9 +116,10 @@ def load_scenario(ranks: int, faults: bool, extra: Mapping[str, Any], levers: li
     """The scenario the model runs for this variant: the levers' files, then the run's overrides."""
     from lever.sim.levers import all_levers, load_with_levers
 
+    shipped = all_levers()
     for name in levers:
-        if name not in all_levers():
-            raise EpError(f"--lever {name}: unknown lever (shipped: {', '.join(all_levers())})")
+        if name not in shipped:
+            raise EpError(f"--lever {name}: unknown lever (shipped: {', '.join(shipped)})")
     return load_with_levers(PLATFORM, levers, base=scenario_overrides(ranks, faults, extra, path),
                             base_source="lever hw ep")
 
@@ -266,8 +268,7 @@ class Runner:
         self.rx_depth = 1 << (need - 1).bit_length()
         self.prof_cap = 1 << 17
         self.timeout_ns = int(timeout_ms * 1e6)
-        self.inputs = __import__("lever.hw.reference", fromlist=["make_inputs"]).make_inputs(shape, seed)
-        ref = __import__("lever.hw.reference", fromlist=["x"])
+        self.inputs = ref.make_inputs(shape, seed)
         self.layouts = ref.dispatch_layout(shape, self.inputs)
         self.y = ref.make_expert_outputs(shape, self.layouts, seed + 1)
         self.ref_comb = ref.combine(shape, self.inputs, self.layouts, self.y)
@@ -461,8 +462,6 @@ class Runner:
         """Compare every rank's outputs with the reference; returns failure strings (empty: pass)."""
         t, s = self.t, self.shape
         El, R, T, H = s.experts_per_rank, self.R, s.tokens, s.hidden
-        from lever.hw.reference import dispatch_payload
-
         fails = []
         for r in range(R):
             b, lay = self.bufs[r], self.layouts[r]
@@ -475,7 +474,7 @@ class Runner:
             if not t.equal(t.where(valid, src, -1), lay["src"]):
                 fails.append(f"rank {r}: dispatch source indices differ")
             rx = b["recv_x"].view(El, R, T, DMSG).cpu()
-            xr, scr = dispatch_payload(s, self.inputs, lay)
+            xr, scr = ref.dispatch_payload(s, self.inputs, lay)
             got_x = t.where(valid[..., None], rx[..., :H], 0)
             got_s = t.where(valid[..., None], rx[..., H:H + 4 * s.scales].contiguous().view(t.float32), 0)
             if not t.equal(got_x, xr):

@@ -77,8 +77,6 @@ def what_if_reruns(scn: Scenario, op: str, base_p50: float, seeds: int,
             for c in cats}
 
 
-critical_path = what_if_reruns
-"""The what-if's name from before the one-run chain (``lever predict`` still reports it)."""
 
 
 def chain_at_p50(results: list[OpResult]) -> dict[str, float]:
@@ -274,7 +272,7 @@ def simulate(scn: Scenario, seeds: int = 1, with_critical_path: bool = True, cp_
     total = len(scn.ops) * (seeds + len(cp_cats) * kcp)
 
     def counted():  # progress(done, total) after each run
-        for k, r in enumerate(_run_jobs(jobs(), workers), 1):
+        for k, r in enumerate(_run_jobs(jobs(), min(workers, total)), 1):
             if progress is not None:
                 progress(k, total)
             yield r

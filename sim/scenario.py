@@ -19,7 +19,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from lever.sim.errors import UserError
+from lever.sim.errors import UserError, read_user_file
 from lever.sim.params import Scenario
 from pydantic import ValidationError
 
@@ -50,16 +50,7 @@ def resolve(name_or_path: str | Path, kind: str = "") -> Path:
 
 
 def _read_toml(path: Path) -> dict[str, Any]:
-    try:
-        text = path.read_bytes().decode("utf-8")
-    except FileNotFoundError:
-        raise ScenarioError(f"{path}: file not found") from None
-    except IsADirectoryError:
-        raise ScenarioError(f"{path}: is a directory, not a TOML file") from None
-    except UnicodeDecodeError as e:
-        raise ScenarioError(f"{path}: not UTF-8 text (byte {e.start}): not a TOML file") from None
-    except OSError as e:
-        raise ScenarioError(f"{path}: can not be read: {e.strerror}") from None
+    text = read_user_file(path, ScenarioError, "TOML")
     try:
         return tomllib.loads(text)
     except tomllib.TOMLDecodeError as e:

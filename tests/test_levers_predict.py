@@ -7,7 +7,7 @@ import json
 from lever.calibration import predict as pr
 from lever.sim import levers as levers_mod
 from lever.sim.model import simulate_op
-from lever.sim.results import PUT_PATH, critical_path, profiler_shares, run_seeds, stats
+from lever.sim.results import PUT_PATH, profiler_shares, run_seeds, stats, what_if_reruns
 
 from lever.cli import main as lever_main
 
@@ -37,7 +37,7 @@ def test_lazy_completion_removes_credit_wait():
             scn = levers_mod.load_with_levers(BASE, levs, SMALL)
             res = run_seeds(scn, op, 1)
             p50 = stats([x for r in res for x in r.latency_us])["p50_us"]
-            cp = critical_path(scn, op, p50, 1, cats=("credit_wait",))["credit_wait"]
+            cp = what_if_reruns(scn, op, p50, 1, cats=("credit_wait",))["credit_wait"]
             sides[name] = (profiler_shares(res, PUT_PATH).get("credit_wait", 0.0), cp,
                            res[0].counters.get("lazy_refused", 0))
         assert sides["base"][0] > 0 and sides["base"][1] > 0, sides

@@ -40,9 +40,9 @@ def test_lazy_completion_zeroes_credit_wait_in_both_attributions():
     rl = simulate(lazy, seeds=1, with_critical_path=False).to_json()
     assert rb["attribution"]["dispatch"]["put_path"].get("credit_wait", 0) > 0.02
     assert rl["attribution"]["dispatch"]["put_path"].get("credit_wait", 0) == 0
-    from lever.sim.results import critical_path
+    from lever.sim.results import what_if_reruns
 
-    cp = critical_path(lazy, "dispatch", rl["ops"]["dispatch"]["p50_us"], 1, ("credit_wait",))
+    cp = what_if_reruns(lazy, "dispatch", rl["ops"]["dispatch"]["p50_us"], 1, ("credit_wait",))
     assert cp["credit_wait"] == 0.0
     assert rl["counters"]["dispatch"].get("lazy_refused", 0) == 0
 
@@ -59,9 +59,9 @@ def test_issue_work_dominates_profiler_yet_cutting_it_leaves_latency_flat():
     cut = p50(scn, seeds=2, scale={"fence": 0.0, "doorbell": 0.0})
     assert abs(base - cut) / base < 0.03, (base, cut)
     # the critical path says why: the wire carries the latency, not the fences
-    from lever.sim.results import critical_path
+    from lever.sim.results import what_if_reruns
 
-    cp = critical_path(scn, "dispatch", p50(scn), 1, ("fence", "wire"))
+    cp = what_if_reruns(scn, "dispatch", p50(scn), 1, ("fence", "wire"))
     assert cp["wire"] > 10 * max(cp["fence"], 0.1), cp
     # ...and with a fast wire the same cut is visible: the test can fail
     fast = scenario.load("decode-ep16-efa-native", {**sets, "platform.nic.line_rate_gbps": 400, "platform.fabric.base_latency_ns": 1000})
@@ -103,7 +103,7 @@ def test_depth_sampling_runs_the_same_events_and_reads_the_queue():
 def test_parallel_simulate_equals_serial_and_the_what_if_reruns():
     """``workers`` spreads independent runs over processes: the JSON object is the same,
     and each critical-path entry is the p50 drop of its own zeroed rerun."""
-    from lever.sim.results import critical_path
+    from lever.sim.results import what_if_reruns
 
     scn = scenario.load("decode-ep16-efa-native", {"workload.tokens_per_rank": 8})
     a = simulate(scn, seeds=2, cp_seeds=2, workers=1, what_if=True).to_json()
@@ -113,7 +113,7 @@ def test_parallel_simulate_equals_serial_and_the_what_if_reruns():
     assert a == b
     for op in ("dispatch", "combine"):
         base = a["ops"][op]["p50_us"]
-        ref = critical_path(scn, op, base, 2, cats=("fence", "wire"))
+        ref = what_if_reruns(scn, op, base, 2, cats=("fence", "wire"))
         got = a["attribution"][op]["what_if_us"]
         assert got["fence"] == ref["fence"] and got["wire"] == ref["wire"]
         assert got["wire"] > 0  # the wire is on every op's critical path

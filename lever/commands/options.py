@@ -46,17 +46,6 @@ def count(lo: int, hi: int) -> Callable[[str], int]:
     return parse
 
 
-def positive(text: str) -> float:
-    """A finite number > 0."""
-    try:
-        v = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number, got '{text}'") from None
-    if not (v > 0 and v < float("inf")):
-        raise argparse.ArgumentTypeError(f"must be a finite number > 0, got {text}")
-    return v
-
-
 def output_file(suffix: str = "") -> Callable[[str], Path]:
     """A file the command will write: its folder exists and is writable, it is not a folder,
     and (when ``suffix`` is given) it ends in ``suffix``. Checked before the run starts."""

@@ -31,7 +31,6 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--critical-path", dest="cp", action="store_true", default=None,
                    help="compute the critical-path attribution (default on for one lever, off for --all)")
     p.add_argument("--no-critical-path", dest="cp", action="store_false")
-    seeds_option(p, 1, "kept for older scripts: the critical path now comes from the paired runs themselves", flag="--cp-seeds")
     p.add_argument("--unpaired", action="store_true", help="lever on other seeds than the baseline (for checks)")
     workers_option(p, "process pool size (default: CPU count)")
     p.add_argument("--json", action="store_true", help="print one JSON object on stdout")
@@ -62,7 +61,7 @@ def main_predict(args: argparse.Namespace) -> int:
         if args.out:
             raise UserError("--out: preregister one lever at a time")
         with _bar("every lever") as tick:
-            rows = pr.predict_all(seeds=seeds, with_cp=bool(args.cp), cp_seeds=args.cp_seeds,
+            rows = pr.predict_all(seeds=seeds, with_cp=bool(args.cp),
                                   sets=parse_sets(args.set), workers=workers, progress=tick)
         wall = round(time.perf_counter() - t0, 2)
         if args.json:
@@ -74,7 +73,7 @@ def main_predict(args: argparse.Namespace) -> int:
         with _bar(args.lever) as tick:
             res = pr.predict(args.lever, seeds=seeds, sets=parse_sets(args.set),
                              param_samples=args.param_samples, with_cp=args.cp is not False,
-                             cp_seeds=args.cp_seeds, paired=not args.unpaired,
+                             paired=not args.unpaired,
                              baseline=args.baseline, workers=workers, progress=tick)
     except ModelError as e:
         raise UserError(f"{args.lever}: {e}") from None

@@ -1,10 +1,11 @@
 """The GPU issuer: a warp posting RDMA writes itself (native GPU-initiated path).
 
 Per put, in the order the EFA-GDA post path does it: a credit check against
-send-queue overflow (a completion poll: one read of the completion counter
-or CQ, plus one read per CQE consumed), the QP lock when the queue is shared,
-a slot reservation (one atomic per span of ``put_many_span`` WQEs), the 64 B
-WQE stores, then every ``doorbell_batch`` WQEs (at most the NIC's
+send-queue overflow (a completion poll: one read of the device's completion
+counter where it has one, else of the CQ plus one read per CQE consumed), the
+QP lock when the queue is shared, a slot reservation (one atomic per span of
+``put_many_span`` WQEs), the WQE stores (64 B, or 128 B where inline data does
+not fit beside the 32 B descriptor), then every ``doorbell_batch`` WQEs (at most the NIC's
 ``max_batch``) a fence, the 32-bit doorbell and a fence. A put_many span is
 one post group: one credit check, one reservation, one doorbell for the span. With deferred
 doorbell aggregation the fence+doorbell is paid once per
@@ -118,8 +119,14 @@ class NativePort(WarpPort):
         self.pending: list[Message] = []
         self._since_check = 0
         self._span_left = 0
-        g = ctx.platform.gpu
-        self.counter_read_ns = g.device_load_ns if g.completion_counter_in_device_memory else g.pcie_read_ns
+        g, nic = ctx.platform.gpu, ctx.platform.nic
+        # the send completions are read from a completion counter (the device's own, or one the
+        # NIC writes into GPU memory) or from the CQ itself; in host memory each read crosses PCIe
+        self.counter = nic.hw_counters
+        in_device = g.completion_counter_in_device_memory or nic.hw_counters
+        self.counter_read_ns = g.device_load_ns if in_device else g.pcie_read_ns
+        self.inline_bytes = nic.inline_bytes
+        self.wqe_room = max(0, 64 - nic.wqe_meta_bytes)  # inline bytes beside the descriptor
 
     # -- posting ----------------------------------------------------------------
     def post(self, msg: Message):
@@ -152,7 +159,8 @@ class NativePort(WarpPort):
             costs.append(("wqe", g.atomic_ns, 1))  # reserve slots on the producer counter
             self._span_left = d.put_many_span
         self._span_left -= 1
-        costs.append(("wqe", g.wqe_store_ns, 1))
+        blocks = self.wqe_blocks(msg.nbytes)
+        costs.append(("wqe", g.wqe_store_ns * blocks, blocks))
         qp.posted += 1
         self.posted += 1
         if d.deferred_doorbell_aggregation > 1:
@@ -168,6 +176,13 @@ class NativePort(WarpPort):
             yield from self._pay_all(costs)
             return
         yield from self._ring(batch, costs)
+
+    def wqe_blocks(self, nbytes: int) -> int:
+        """64 B blocks of the WQE of an ``nbytes`` write: one, unless inline data does not fit
+        beside the descriptor (EFA: 32 B inline in a 64 B WQE, a 128 B WQE beyond)."""
+        if nbytes > self.inline_bytes or nbytes <= self.wqe_room:
+            return 1
+        return 1 + -(-(nbytes - self.wqe_room) // 64)
 
     def _ring(self, batch: list[Message], costs: list | None = None):
         """Fence after the WQE stores, wait for the doorbell turn on a shared QP,
@@ -209,7 +224,9 @@ class NativePort(WarpPort):
         qp, nic = self.qp, self.qp.nic
         new = qp.completions.value - qp.consumed
         qp.consumed = qp.completions.value
-        yield from self._pay("credit_wait", self.counter_read_ns * (1 + new))
+        # a completion counter is one read; a CQ is one read plus one per CQE it consumes
+        reads = 1 if self.counter else 1 + new
+        yield from self._pay("credit_wait", self.counter_read_ns * reads)
         limit = nic.p.sq_depth
         if qp.posted - qp.completions.value + need > limit:
             yield from self._wait("credit_wait", qp.completions.reach(qp.posted + need - limit))

@@ -55,7 +55,12 @@ class GpuParams(Strict):
     device_load_ns: float = Field(150.0, ge=0, description="dependent load, device memory")
     atomic_ns: float = Field(600.0, ge=0, description="device-scope atomic round trip (slot reservation, lock)")
     token_prep_ns: float = Field(200.0, ge=0, description="per-token pack/cast work of a warp before its put")
-    reduce_ns_per_kib: float = Field(8.0, ge=0, description="combine reduction cost per KiB of BF16")
+    reduce_ns_per_kib: float = Field(
+        8.0, ge=0, description="one warp reducing BF16 rows: ns per KiB of input rows it reads "
+        "(its loads are latency-bound; a reduction spread over W warps takes 1/W of it)")
+    hbm_gbytes_per_s: float = Field(
+        3350.0, gt=0, description="device-memory bandwidth: a reduction spread over many warps "
+        "still reads every input row once, so it takes at least its bytes over this")
     poll_interval_ns: float = Field(200.0, ge=0, description="time between two polls of a spinning warp")
     completion_counter_in_device_memory: bool = Field(
         True, description="NIC writes its completion counter into GPU memory (else polled over PCIe)"
@@ -78,7 +83,16 @@ class NicParams(Strict):
     sq_depth: int = Field(4096, ge=1, description="send-queue entries per QP")
     max_batch: int = Field(16, ge=1, description="doorbell must be rung at least every max_batch WQEs")
     completion_ns: float = Field(300.0, ge=0, description="CQE/counter write after the last ACK")
-    inline_bytes: int = Field(32, ge=0)
+    inline_bytes: int = Field(32, ge=0, description="largest payload written inline into the WQE")
+    wqe_meta_bytes: int = Field(
+        32, ge=0, description="WQE descriptor before any inline data (EFA: efa_io_tx_meta_desc); "
+        "a WQE is 64 B blocks: one, or more when inline data does not fit beside the descriptor")
+    hw_counters: bool = Field(
+        False, description="the device has completion counters (EFA on p5en and newer): a local "
+        "completion counter and a remote-write counter that ticks once per inbound write")
+    unsolicited_write_recv: bool = Field(
+        False, description="a write-with-immediate consumes no posted receive (EFA capability, "
+        "rdma-core 52+); without it every one consumes a receive WR the target must repost")
     header_bytes: int = Field(
         64, ge=0, description="per-packet wire overhead (SRD/transport headers and framing), "
         "serialised with the payload at egress and ingress")
@@ -110,7 +124,13 @@ class ReceiverParams(Strict):
     land_ns: float = Field(400.0, ge=0, description="PCIe write of a packet into GPU memory")
     visibility_ns: float = Field(700.0, ge=0, description="landed until visible to a polling SM")
     recv_completion_ns: float = Field(500.0, ge=0, description="receive CQE generation (write-imm)")
-    cq_poll_ns: float = Field(300.0, ge=0, description="GPU cost per receive-CQE consumed")
+    cq_poll_ns: float = Field(
+        300.0, ge=0, description="GPU work per receive CQE consumed (parse it, advance the "
+        "consumer index), on top of the read of the CQ line it sits in")
+    cqe_bytes: int = Field(32, ge=1, le=64, description="receive CQE size; a 64 B line holds 64 / this")
+    rq_repost_ns: float = Field(
+        100.0, ge=0, description="reposting one receive WR (a 16 B RQ entry and its doorbell) after "
+        "a write-with-immediate consumed it, unless the QP has unsolicited write receive")
 
 
 class ProxyParams(Strict):
@@ -176,6 +196,31 @@ class Calibrated(Strict):
     unidentifiable: list[str] = Field(default_factory=list)
 
 
+SourceKind = Literal["measured", "published", "fitted", "assumed"]
+"""Where a parameter's value comes from (docs/physics.md, "Parameter sources"):
+
+- ``measured``: a primitive record of this project (``ref`` names the record and metric);
+- ``published``: a public document (``ref`` names it: instance docs, a provider header);
+- ``fitted``: written by ``lever calibrate`` (``ref`` names the records), inside a prior
+  range that cites why;
+- ``assumed``: a first value with no measurement or document behind it; ``rel_sigma`` says
+  how far off it may be. Records that do not constrain it leave it there, and say so.
+
+Whether a value is *shared* (one value for every platform of the same GPU class) is not a
+kind: it is where the value is set, a ``scenarios/gpus/`` fragment the platform includes.
+"""
+
+
+class ParamSource(Strict):
+    """The provenance of one parameter's value: kind, reference, 1-sigma relative uncertainty."""
+
+    kind: SourceKind
+    ref: str = Field(min_length=1, description="record id and metric, document, or why")
+    rel_sigma: float | None = Field(
+        None, gt=0, description="1-sigma relative uncertainty of the value (log scale)"
+    )
+
+
 class Platform(Strict):
     """The hardware: what a calibration fits."""
 
@@ -183,6 +228,9 @@ class Platform(Strict):
     description: str = ""
     nic_kind: Literal["efa", "ib", "emulated-srd", "any"] = Field(
         "any", description="the NIC of the records this platform may be calibrated on"
+    )
+    gpu_class: str = Field(
+        "", description="GPUs of one class share their GPU-side costs (scenarios/gpus/CLASS.toml)"
     )
     gpu: GpuParams = Field(default_factory=GpuParams)
     nic: NicParams = Field(default_factory=NicParams)
@@ -193,7 +241,53 @@ class Platform(Strict):
     free: dict[str, FreeParam] = Field(
         default_factory=dict, description="dotted path (e.g. gpu.fence_ns) -> bounds/prior"
     )
+    sources: dict[str, ParamSource] = Field(
+        default_factory=dict, description="dotted path -> where its value comes from"
+    )
     calibrated: Calibrated | None = None
+
+    @model_validator(mode="after")
+    def _paths(self) -> Platform:
+        for kind, paths in (("free", self.free), ("sources", self.sources)):
+            for path in paths:
+                if parameter_value(self, path) is None:
+                    raise ValueError(f"{kind}: '{path}' is not a numeric platform parameter")
+        return self
+
+    def numeric_parameters(self) -> dict[str, float]:
+        """Every numeric parameter by dotted path (``gpu.fence_ns`` -> value)."""
+        out: dict[str, float] = {}
+        for part in PLATFORM_PARTS:
+            sub = getattr(self, part)
+            for name, v in sub:
+                if isinstance(v, BaseModel):
+                    for n2, v2 in v:
+                        if _is_number(v2):
+                            out[f"{part}.{name}.{n2}"] = float(v2)
+                elif _is_number(v):
+                    out[f"{part}.{name}"] = float(v)
+        return out
+
+
+PLATFORM_PARTS: tuple[str, ...] = ("gpu", "nic", "fabric", "receiver", "proxy", "nvlink")
+"""The physical pieces of a platform, in the order tables list them."""
+
+
+def _is_number(v: object) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+def parameter_value(plat: Platform, path: str) -> float | None:
+    """The numeric value at a dotted path (``gpu.fence_ns``), or None if there is none."""
+    obj: object = plat
+    keys = path.split(".")
+    if keys[0] not in PLATFORM_PARTS:
+        return None
+    for k in keys:
+        if not isinstance(obj, BaseModel) or k not in type(obj).model_fields:
+            return None
+        obj = getattr(obj, k)
+    return float(obj) if _is_number(obj) else None
 
 
 class Workload(Strict):
@@ -275,6 +369,9 @@ class Design(Strict):
         True, description="v1-ll: same-node peers over NVLink (False: pure RDMA, DeepEP LL's reference)"
     )
     notify_bytes: int = Field(64, ge=1)
+    reduce_warps: int = Field(
+        0, ge=0, description="warps that run a rank's final combine reduction together (DeepEP "
+        "LL: every warp of every SM of the kernel); 0: the data channels")
     nvlink_chunk_tokens: int = Field(4, ge=1, description="hybrid: tokens a forward warp moves at once")
 
     @model_validator(mode="after")
@@ -297,3 +394,11 @@ class Scenario(Strict):
     seed: int = Field(0, ge=0)
     ops: list[Literal["dispatch", "combine"]] = Field(
         default_factory=lambda: ["dispatch", "combine"], min_length=1)
+
+    @model_validator(mode="after")
+    def _counters_exist(self) -> Scenario:
+        if self.design.signal_mode == "hw-counter" and not self.platform.nic.hw_counters:
+            raise ValueError(
+                f"design.signal_mode 'hw-counter' needs a NIC with completion counters "
+                f"(platform {self.platform.name}: nic.hw_counters is false)")
+        return self

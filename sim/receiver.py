@@ -8,9 +8,11 @@ the signalling strategy, and that is this module:
   flush) the data before it is known landed. On SRD a flag sent without a
   flush can overtake its data: consuming then is an *ordering violation*,
   which the model counts instead of hiding.
-- ``imm-counting``: every data write carries an immediate; the poller counts
-  receive completions (``recv_completion_ns`` after landing, ``cq_poll_ns`` of
-  poller time each).
+- ``imm-counting``: every data write carries an immediate; its receive CQE is
+  written ``recv_completion_ns`` after landing and counted only when the thread
+  owning that CQ consumed it, in order (``sim/recv_cq.py``: one read per line of
+  CQEs, over PCIe where the CQ is in host memory, plus ``cq_poll_ns`` and the
+  receive repost per CQE).
 - ``hw-counter``: the NIC bumps a counter in GPU memory per landed write.
 - ``unordered-counting``: in-band headers per sub-part plus a weak SignalAdd;
   a prefix of sub-parts is accepted only when every header in it is visible
@@ -28,6 +30,7 @@ from collections import defaultdict
 from typing import TYPE_CHECKING
 
 from lever.sim.engine import ROOT, Counter, Rec, call_at, call_later
+from lever.sim.recv_cq import RecvCq
 
 if TYPE_CHECKING:
     from lever.sim.context import Context
@@ -60,6 +63,9 @@ class Receiver:
         self._host_busy_until = 0.0
         self._host_rec: Rec = ROOT  # critical path: the host thread's segment ending at busy_until
         self._held: dict[Tag, list[int]] = defaultdict(list)  # proxy: signals awaiting their data
+        # native imm-counting: one receive CQ per NIC (rail) of this rank, made when first used
+        self.cqs: dict[int, RecvCq] = {}
+        self._rails = ctx.platform.nic.nics_per_gpu
 
     # -- arrivals ----------------------------------------------------------------
     def on_visible(self, msg: Message) -> None:
@@ -76,8 +82,12 @@ class Receiver:
             return
         if msg.kind == "data":
             self.data[tag].add(1)
-            if self.mode == "imm-counting":
-                self._later(led.cost("signal", rp.recv_completion_ns), tag, 1)
+            if self.mode == "imm-counting":  # a receive CQE on the CQ of the rail it came in on
+                rail = msg.qp.nic.index % self._rails if msg.qp is not None else 0
+                cq = self.cqs.get(rail)
+                if cq is None:
+                    cq = self.cqs[rail] = RecvCq(ctx, self._counted)
+                self._after(led.cost("signal", rp.recv_completion_ns), cq.cqe, tag)
             elif self.mode == "hw-counter":
                 self._later(led.cost("signal", ctx.platform.nic.completion_ns), tag, 1)
             elif self.mode == "unordered-counting":
@@ -96,14 +106,21 @@ class Receiver:
         self.flags[tag].add(1)
 
     def _later(self, dt: float, tag, n: int) -> None:
+        self._after(dt, self._know, tag, n)
+
+    def _after(self, dt: float, fn, *args) -> None:
         path = self.ctx.ledger.path
         if path is None:
-            call_later(self.env, dt, self._know, tag, n)
+            call_later(self.env, dt, fn, *args)
         else:
-            path.later("signal", dt, self._know, tag, n)
+            path.later("signal", dt, fn, *args)
 
     def _know(self, tag, n: int) -> None:
         self.known[tag].add(n)
+
+    def _counted(self, tag) -> None:
+        """The CQ's owner consumed one receive CQE of ``tag``: the count moves."""
+        self.known[tag].add(1)
 
     def _advance_prefix(self, tag) -> None:
         seen = self._prefix[tag]
@@ -193,13 +210,11 @@ class Receiver:
 
     def poll_ns(self) -> float:
         """The poll loop's granularity after the awaited value changed: it is seen at the next
-        poll (uniform phase over ``poll_interval_ns``) plus one load, plus consuming the
-        receive CQE when counting immediates on the GPU. Draws from the rank's own stream."""
+        poll (uniform phase over ``poll_interval_ns``) plus one load. (Consuming receive CQEs
+        is the CQ owner's work, before the count moves: ``sim/recv_cq.py``.) Draws from the
+        rank's own stream."""
         g = self.ctx.platform.gpu
-        poll = g.poll_interval_ns * self.polls.uniform() + g.device_load_ns
-        if self.mode == "imm-counting" and not self.proxy:
-            poll += self.ctx.platform.receiver.cq_poll_ns
-        return poll
+        return g.poll_interval_ns * self.polls.uniform() + g.device_load_ns
 
     def check(self, tag, n: int) -> None:
         """Consuming ``n`` writes of ``tag``: count a violation if they are not all visible."""

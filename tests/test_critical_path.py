@@ -55,7 +55,8 @@ def test_chain_sums_to_latency_and_names_the_dominant_cost(cat, protocol):
 
 
 # One warp streams 64 tokens to the other node's rank on its own QP (cached, lazy
-# completions, receive-completion counting: nothing but the puts and the wire). A put costs
+# completions, receive-completion counting from a CQ in GPU memory: nothing but the puts and
+# the wire). A put costs
 # the warp 2957 ns (token packing 200, slot atomic and WQE stores 199, doorbell 19, two
 # fences 2538); at 21 Gb/s its 7568 B packet takes 2883 ns of port time. Issue is the
 # bottleneck by 74 ns per token.
@@ -64,6 +65,9 @@ STREAM = {"workload.ep_ranks": 2, "workload.gpus_per_node": 1, "workload.tokens_
           "design.num_sms": 1, "design.warps_per_sm": 1, "design.cached": True,
           "design.signal_mode": "imm-counting", "design.lazy_completion_dispatch": True,
           "design.qp_ownership": "owned", "platform.nic.nics_per_gpu": 1,
+          # the receive CQ in GPU memory without reposts: its owner keeps up with the wire
+          "platform.gpu.completion_counter_in_device_memory": True,
+          "platform.nic.unsolicited_write_recv": True,
           "platform.fabric.path_spread_ns": 0, "platform.fabric.jitter.distribution": "none"}
 
 

@@ -354,7 +354,7 @@ def test_send_completion_latency_is_on_the_critical_path_of_a_flush():
 
 @pytest.mark.parametrize("sets, knob", [
     ({"design.protocol": "v1-ll", "design.cached": True}, "receiver.recv_completion_ns"),
-    ({"design.signal_mode": "hw-counter"}, "nic.completion_ns"),
+    ({"design.signal_mode": "hw-counter", "platform.nic.hw_counters": True}, "nic.completion_ns"),
 ], ids=["imm-counting", "hw-counter"])
 def test_receiver_side_counting_pays_its_completion_latency(sets, knob):
     """Counting at the target: each write counts ``recv_completion_ns`` (a receive CQE of a

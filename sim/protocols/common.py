@@ -68,6 +68,16 @@ def _provider_tail(w: World, port: NativePort, src: int, dst: int, tag, value: i
     env.process(proc())
 
 
+def final_reduce_ns(w: World, kib: float) -> float:
+    """A rank's final combine reduction of ``kib`` KiB of BF16 input rows, spread over the
+    design's reducing warps (``reduce_warps``, else the data channels): each warp's loads are
+    latency-bound (``reduce_ns_per_kib``), and all of them together still read every row once
+    from device memory (at least ``kib`` over ``hbm_gbytes_per_s``)."""
+    g = w.platform.gpu
+    warps = w.design.reduce_warps or w.channels
+    return max(g.reduce_ns_per_kib * kib / warps, kib * 1024.0 / g.hbm_gbytes_per_s)
+
+
 def nvlink_put(w: World, src: int, dst: int, nbytes: int, tag, track: str, count: int = 1):
     """Intra-node data over NVLink (``count`` items of ``nbytes`` each, one stream of stores):
     visible (and ordered) at the peer after the link latency."""

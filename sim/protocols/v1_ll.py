@@ -22,7 +22,14 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from lever.sim.protocols.common import Barrier, nvlink_flag, nvlink_put, publish, put
+from lever.sim.protocols.common import (
+    Barrier,
+    final_reduce_ns,
+    nvlink_flag,
+    nvlink_put,
+    publish,
+    put,
+)
 from lever.sim.tags import ExpertTag
 
 if TYPE_CHECKING:
@@ -123,9 +130,7 @@ def _rank(w: World, r: int, items, counts, nbytes: int, dispatch: bool):
     rx_experts = list(rt.experts_of(r)) if dispatch else list(range(rt.num_experts))
     yield env.all_of([env.process(warp(c)) for c in range(C)])
     if not dispatch:
-        # reduce the top-k BF16 rows of every token, spread over the channels
-        g = w.platform.gpu
+        # reduce the top-k BF16 rows of every token, spread over the reducing warps
         kib = w.workload.combine_bytes_per_token / 1024
-        ns = g.reduce_ns_per_kib * kib * w.workload.top_k * w.workload.tokens_per_rank / C
-        yield w.ctx.busy("compute", ns)
+        yield w.ctx.busy("compute", final_reduce_ns(w, kib * w.workload.top_k * w.workload.tokens_per_rank))
     return env.now

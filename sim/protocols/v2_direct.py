@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 
 from lever.sim.protocols.common import (
     Barrier,
+    final_reduce_ns,
     notify_exchange,
     nvlink_flag,
     nvlink_put,
@@ -102,6 +103,5 @@ def _rank(w: World, r: int, items, n_to, dispatch: bool):
         yield from rcv.wait(RankTag(p), n_to[p][r], "barrier", flags=1)
     if not dispatch:
         kib = wl.combine_bytes_per_token / 1024
-        ns = g.reduce_ns_per_kib * kib * wl.top_k * wl.tokens_per_rank / C
-        yield w.ctx.busy("compute", ns)
+        yield w.ctx.busy("compute", final_reduce_ns(w, kib * wl.top_k * wl.tokens_per_rank))
     return env.now

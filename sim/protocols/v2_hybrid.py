@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING
 from lever.sim.engine import Counter
 from lever.sim.protocols.common import (
     Barrier,
+    final_reduce_ns,
     notify_exchange,
     nvlink_flag,
     nvlink_put,
@@ -256,8 +257,7 @@ def _combine_rank(w: World, r: int, sh: _Shared):
             local = sum(1 for x in rt.dst_ranks[r][t] if w.node_of(x) == n)
             if local:
                 yield from rcv.wait(PartialTag(r, t), local, "rx")
-        ns = g.reduce_ns_per_kib * kib * len(mine) * N / C
-        yield w.ctx.busy("compute", ns)
+        yield w.ctx.busy("compute", final_reduce_ns(w, kib * len(mine) * N))
 
     procs.append(env.process(source_side()))
     yield env.all_of(procs)

@@ -1,0 +1,212 @@
+"""Behaviour tests of the mechanisms the EFA fits were standing in for (issue 15): receive
+completions counted one by one from a CQ, the receive queue write-with-immediate consumes,
+the device's completion counters, WQEs larger than 64 B, and a final reduction spread over
+the reducing warps but bounded by device memory. Each test fails when its mechanism is
+removed (``benchmarks/mutants.py`` removes them one at a time)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import simpy
+from lever.sim import scenario
+from lever.sim.context import Context
+from lever.sim.engine import Ledger, Trace
+from lever.sim.model import World, simulate_op
+from lever.sim.protocols.common import final_reduce_ns, put
+from lever.sim.recv_cq import CQ_LINE_BYTES, RecvCq
+from lever.sim.routing import Routing
+from lever.sim.scenario import ScenarioError
+from lever.sim.tags import RankTag
+
+NATIVE = "decode-ep16-efa-native"
+EP2 = {"workload.ep_ranks": 2, "workload.gpus_per_node": 1, "workload.tokens_per_rank": 4}
+QUIET = {"platform.fabric.path_spread_ns": 0.0, "platform.fabric.jitter.distribution": "none"}
+
+
+def _load(sets: dict, name: str = NATIVE):
+    return scenario.load(name, {**EP2, **sets})
+
+
+def _world(scn) -> World:
+    return World(scn, "dispatch", 0, Ledger(), Trace(), Routing.for_scenario(scn, 0))
+
+
+def _cq(sets: dict) -> tuple[simpy.Environment, RecvCq, list[float], Context]:
+    scn = _load(sets)
+    env = simpy.Environment()
+    ctx = Context(env, Ledger(), Trace(), scn.platform, scn.design)
+    seen: list[float] = []
+    return env, RecvCq(ctx, lambda _item: seen.append(env.now)), seen, ctx
+
+
+# -- the receive CQ ---------------------------------------------------------------------------
+
+@pytest.mark.parametrize("in_device", [True, False])
+def test_a_burst_of_cqes_is_consumed_in_order_one_line_per_read(in_device):
+    """Eight CQEs written at once: the owner reads them a line at a time (64 B / cqe_bytes per
+    read) and counts each after its line's read plus per-CQE work; the read is a load from
+    GPU memory or a PCIe read, as the CQ's placement says."""
+    env, cq, seen, ctx = _cq({"platform.gpu.completion_counter_in_device_memory": in_device})
+    g, rp, nic = ctx.platform.gpu, ctx.platform.receiver, ctx.platform.nic
+    for i in range(8):
+        cq.cqe(i)
+    env.run()
+    per_line = CQ_LINE_BYTES // rp.cqe_bytes
+    read = g.device_load_ns if in_device else g.pcie_read_ns
+    per_cqe = rp.cq_poll_ns + (0.0 if nic.unsolicited_write_recv else rp.rq_repost_ns)
+    lines = -(-8 // per_line)
+    assert cq.reads == lines
+    assert seen[-1] == pytest.approx(lines * read + 8 * per_cqe)
+    assert seen[0] == pytest.approx(read + per_line * per_cqe)  # the first line's CQEs together
+    assert seen == sorted(seen)
+
+
+def test_cqes_that_share_a_line_are_read_together():
+    """16 B CQEs put four in a line: a burst of eight takes two reads, 64 B CQEs eight; CQEs
+    arriving one at a time, each after the owner went idle, take a read each."""
+    reads = {}
+    for size in (16, 64):
+        env, cq, _seen, _ctx = _cq({"platform.receiver.cqe_bytes": size})
+        for i in range(8):
+            cq.cqe(i)
+        env.run()
+        reads[size] = cq.reads
+    assert reads == {16: 2, 64: 8}
+    env, cq, seen, _ctx = _cq({"platform.receiver.cqe_bytes": 16})
+    for i in range(4):
+        env.run(until=env.now + 10_000.0)
+        cq.cqe(i)
+    env.run()
+    assert cq.reads == 4
+
+
+def test_unsolicited_write_receive_saves_the_repost_of_every_cqe():
+    done = {}
+    for unsolicited in (False, True):
+        env, cq, seen, ctx = _cq({"platform.nic.unsolicited_write_recv": unsolicited})
+        for i in range(6):
+            cq.cqe(i)
+        env.run()
+        done[unsolicited] = seen[-1]
+    assert done[False] - done[True] == pytest.approx(6 * ctx.platform.receiver.rq_repost_ns)
+
+
+def test_imm_counting_dispatch_pays_the_cq_over_pcie_where_the_cq_is_in_host_memory():
+    """Cached V1 LL dispatch counts receive CQEs: a slower PCIe read lengthens it when the CQ is
+    in host memory (each line read crosses PCIe) and not when it is in GPU memory."""
+    base = {**QUIET, "design.protocol": "v1-ll", "design.cached": True}
+
+    def p50(sets: dict) -> float:
+        scn = _load({**base, **sets})
+        return float(np.median([x for s in range(2) for x in simulate_op(scn, "dispatch", s).latency_us]))
+
+    for in_device, moves in ((False, True), (True, False)):
+        sets = {"platform.gpu.completion_counter_in_device_memory": in_device}
+        slow = {**sets, "platform.gpu.pcie_read_ns": 20000.0}
+        gain = p50(slow) - p50(sets)
+        if moves:
+            assert gain > 15.0, gain  # us: at least one 20 us read on the path
+        else:
+            assert abs(gain) < 1.0, gain
+
+
+def test_imm_counting_counts_every_write_once_through_the_cq():
+    scn = _load({**QUIET, "design.protocol": "v1-ll", "design.cached": True})
+    w = _world(scn)
+    simulate = simulate_op(scn, "dispatch", 0)
+    assert simulate.counters["recv_cqes"] == simulate.counters["messages_data"]
+    assert w.receivers[0].cqs == {}  # made only when a write-with-immediate lands
+
+
+# -- completion counters ---------------------------------------------------------------------
+
+def _credit_reads(sets: dict) -> tuple[float, float]:
+    w = _world(_load({"design.num_sms": 1, "design.warps_per_sm": 1, **sets}))
+    port = w.port(0, 0)
+
+    def warp():
+        for i in range(3):
+            yield from put(w, port, 0, 1, 1024, RankTag(0), seq=i)
+        yield from port.finish()
+        yield w.env.timeout(10 * w.platform.fabric.base_latency_ns)  # all three completed
+        yield from put(w, port, 0, 1, 1024, RankTag(0), seq=3)
+        yield from port.flush()
+
+    w.env.process(warp())
+    w.env.run()
+    return w.ledger.busy["credit_wait"], port.counter_read_ns
+
+
+def test_a_device_completion_counter_is_one_read_from_gpu_memory_whatever_completed():
+    """Without counters the fourth credit check reads the CQ plus its three new CQEs, through
+    PCIe on p5; with the device's counter every check is one read of GPU memory."""
+    cq_busy, cq_read = _credit_reads({})
+    hw_busy, hw_read = _credit_reads({"platform.nic.hw_counters": True})
+    g = _load({}).platform.gpu
+    assert cq_read == g.pcie_read_ns and hw_read == g.device_load_ns
+    assert cq_busy == pytest.approx(7 * cq_read)
+    assert hw_busy == pytest.approx(4 * hw_read)
+
+
+def test_hw_counter_signalling_is_refused_on_a_nic_without_counters():
+    with pytest.raises(ScenarioError, match="nic.hw_counters"):
+        _load({"design.signal_mode": "hw-counter"})
+    assert _load({"design.signal_mode": "hw-counter", "platform.nic.hw_counters": True})
+
+
+# -- WQE size ------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("inline, nbytes, blocks", [
+    (32, 32, 1),    # fits beside the 32 B descriptor
+    (32, 64, 1),    # not inline: the payload is fetched by DMA, the WQE stays 64 B
+    (96, 64, 2),    # inline beyond 32 B: a 128 B WQE
+    (96, 96, 2),
+    (160, 160, 3),
+])
+def test_a_wqe_grows_by_64_b_blocks_when_inline_data_does_not_fit(inline, nbytes, blocks):
+    w = _world(_load({"platform.nic.inline_bytes": inline}))
+    assert w.port(0, 0).wqe_blocks(nbytes) == blocks
+
+
+def test_inline_signals_in_128_b_wqes_pay_twice_the_stores_and_no_payload_fetch():
+    """64 B writes: with 32 B inline they are fetched by DMA from 64 B WQEs; with 96 B inline
+    they ride in 128 B WQEs (two blocks of stores each) and skip the DMA read."""
+    out = {}
+    for inline in (32, 96):
+        scn = _load({**QUIET, "platform.nic.inline_bytes": inline, "design.num_sms": 1,
+                     "design.warps_per_sm": 1, "design.qp_ownership": "owned"})
+        w = _world(scn)
+        port = w.port(0, 0)
+        t = {}
+
+        def warp(w=w, port=port, t=t):
+            for i in range(4):
+                yield from put(w, port, 0, 1, 64, RankTag(0), seq=i)
+            yield from port.flush()
+            t["end"] = w.env.now
+
+        w.env.process(warp())
+        w.env.run()
+        out[inline] = (w.ledger.events["wqe"], w.ledger.busy["wqe"], t["end"])
+    g = _load({}).platform.gpu
+    assert out[96][1] - out[32][1] == pytest.approx(4 * g.wqe_store_ns)
+    assert out[96][0] - out[32][0] == 4
+    nic = _load({}).platform.nic
+    assert out[32][2] - out[96][2] > 0.9 * nic.dma_read_ns - 4 * g.wqe_store_ns
+
+
+# -- the final reduction -------------------------------------------------------------------
+
+def test_the_final_reduction_spreads_over_the_reducing_warps_down_to_the_hbm_floor():
+    kib = 14400 / 1024 * 8 * 128  # V1 LL combine at decode shape: top-8 rows of 128 tokens
+    few = _world(_load({"design.reduce_warps": 96}))
+    many = _world(_load({"design.reduce_warps": 96 * 40}))
+    g = few.platform.gpu
+    assert final_reduce_ns(few, kib) == pytest.approx(g.reduce_ns_per_kib * kib / 96)
+    floor = kib * 1024 / g.hbm_gbytes_per_s
+    assert final_reduce_ns(many, kib) == pytest.approx(max(g.reduce_ns_per_kib * kib / 3840, floor))
+    fast = _world(_load({"design.reduce_warps": 96 * 40, "platform.gpu.reduce_ns_per_kib": 1.0}))
+    assert final_reduce_ns(fast, kib) == pytest.approx(floor)
+    chan = _world(_load({}))
+    assert final_reduce_ns(chan, kib) == pytest.approx(max(g.reduce_ns_per_kib * kib / chan.channels, floor))

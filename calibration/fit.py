@@ -67,15 +67,39 @@ class FitError(UserError, ValueError):
 
 @dataclass(frozen=True)
 class Job:
-    """One simulation: scenario + levers + overrides, the ops it must run."""
+    """One simulation: scenario + levers + overrides, the ops it must run.
+
+    A joint fit (``calibration/joint.py``) runs records of several platforms at once: a job
+    then belongs to one platform ``group`` whose base platform ``base`` (flattened overrides)
+    it runs on, and takes of the fitted values the shared ones and those named
+    ``PATH@GROUP`` (:func:`job_values`)."""
 
     scenario: str
     levers: tuple[str, ...]
     sets: tuple[tuple[str, Any], ...]
     ops: tuple[str, ...]
+    group: str = ""
+    base: tuple[tuple[str, Any], ...] = ()
 
     def key(self) -> tuple:
         return (self.scenario, self.levers, _canonical(self.sets))
+
+
+GROUP_SEP = "@"
+"""``fabric.base_latency_ns@efa-p5``: a parameter fitted for one platform of a joint fit."""
+
+
+def job_values(job: Job, values: Mapping[str, float]) -> dict[str, float]:
+    """The fitted values one job runs with: shared names as they are, ``PATH@GROUP`` names of
+    the job's own group without the suffix, other groups' not at all."""
+    out: dict[str, float] = {}
+    for n, v in values.items():
+        path, sep, group = n.partition(GROUP_SEP)
+        if not sep:
+            out[path] = v
+        elif group == job.group:
+            out[path] = v
+    return out
 
 
 def _canonical(sets: Any) -> str:
@@ -113,10 +137,10 @@ def plan_jobs(records: list[RunRecord]) -> list[Job]:
 
 
 def flatten_platform(plat: dict, prefix: str = "platform") -> dict[str, Any]:
-    """A platform table as overrides (``free`` and ``calibrated`` are not model inputs)."""
+    """A platform table as overrides (``free``, ``sources`` and ``calibrated`` are not model inputs)."""
     out: dict[str, Any] = {}
     for k, v in plat.items():
-        if prefix == "platform" and k in ("free", "calibrated"):
+        if prefix == "platform" and k in ("free", "calibrated", "sources"):
             continue
         if isinstance(v, dict):
             out.update(flatten_platform(v, f"{prefix}.{k}"))
@@ -131,9 +155,11 @@ def run_job(job: Job, base_sets: Mapping[str, Any], values: dict[str, float], se
     from lever.sim.results import simulate
 
     # the record's run configuration before its levers, the fitted values after everything
+    values = job_values(job, values)
     scn = load_with_levers(job.scenario, list(job.levers),
                            {**{f"platform.{k}": v for k, v in values.items()}, "ops": list(job.ops)},
-                           base={**base_sets, **dict(job.sets)}, base_source="record sim.set")
+                           base={**base_sets, **dict(job.base), **dict(job.sets)},
+                           base_source="record sim.set")
     res = simulate(scn, seeds=seeds, with_critical_path=False)
     out = {}
     for op in job.ops:
@@ -228,6 +254,23 @@ class FitResult:
     nfev: int
     status: str
     priors: dict[str, FreeParam] = field(default_factory=dict)
+    jac: np.ndarray | None = None
+    """d residual / d log parameter at the estimate, one row per data row (priors left out)."""
+
+    def constrained_by(self, share: float = 0.05) -> dict[str, list[str]]:
+        """Per parameter, the records that constrain it: those holding at least ``share`` of
+        the information the data carries about it (sum of squared Jacobian entries)."""
+        out: dict[str, list[str]] = {n: [] for n in self.names}
+        if self.jac is None:
+            return out
+        for i, n in enumerate(self.names):
+            info: dict[str, float] = {}
+            for row, d in zip(self.rows, self.jac[:, i], strict=True):
+                info[row.record] = info.get(row.record, 0.0) + float(d) ** 2
+            total = sum(info.values())
+            if total > 1e-9:
+                out[n] = sorted(r for r, v in info.items() if v >= share * total)
+        return out
 
     def params(self) -> list[dict]:
         out = []
@@ -266,6 +309,7 @@ class Evaluator:
         self.workers = max(1, workers or os.cpu_count() or 1)
         self.pool = ProcessPoolExecutor(self.workers) if self.workers > 1 else None
         self.cache: dict[tuple, dict[tuple, dict]] = {}
+        self.job_cache: dict[tuple, dict] = {}
         self.evaluations = 0
         self.progress = progress
 
@@ -273,11 +317,24 @@ class Evaluator:
         if self.pool:
             self.pool.shutdown(cancel_futures=True)
 
+    def _job_key(self, job: Job, vals: dict[str, float]) -> tuple:
+        return (job.group, job.key(), tuple(sorted(job_values(job, vals).items())))
+
     def many(self, xs: list[np.ndarray]) -> list[dict[tuple, dict]]:
+        """Simulate every job at every parameter vector of ``xs``; a job runs once per
+        distinct set of the values it takes (a joint fit's Jacobian column of one platform's
+        parameter re-runs only that platform's jobs)."""
         keys = [tuple(np.round(x, 12)) for x in xs]
-        todo = [k for k in dict.fromkeys(keys) if k not in self.cache]
-        tasks = [(j, self.base_sets, {n: float(v) for n, v in zip(self.names, k, strict=True)}, self.seeds)
-                 for k in todo for j in self.jobs]
+        plan: dict[tuple, tuple] = {}
+        for k in dict.fromkeys(keys):
+            if k in self.cache:
+                continue
+            vals = {n: float(v) for n, v in zip(self.names, k, strict=True)}
+            for j in self.jobs:
+                jk = self._job_key(j, vals)
+                if jk not in self.job_cache and jk not in plan:
+                    plan[jk] = (j, self.base_sets, vals, self.seeds)
+        tasks = list(plan.values())
         if self.pool:
             results = []
             for r in self.pool.map(_run_job_star, tasks):
@@ -291,16 +348,20 @@ class Evaluator:
                 if self.progress:
                     self.progress(1)
         self.evaluations += len(tasks)
-        for i, k in enumerate(todo):
-            chunk = results[i * len(self.jobs):(i + 1) * len(self.jobs)]
-            self.cache[k] = {j.key(): r for j, r in zip(self.jobs, chunk, strict=True)}
+        for jk, r in zip(plan, results, strict=True):
+            self.job_cache[jk] = r
+        for k in dict.fromkeys(keys):
+            if k not in self.cache:
+                vals = {n: float(v) for n, v in zip(self.names, k, strict=True)}
+                self.cache[k] = {j.key(): self.job_cache[self._job_key(j, vals)] for j in self.jobs}
         return [self.cache[k] for k in keys]
 
 
 def fit(records: list[RunRecord], platform: Platform, base_sets: Mapping[str, Any] | None = None,
         free: dict[str, FreeParam] | None = None, seeds: int = 1, max_nfev: int = 10,
         workers: int | None = None, progress: Callable[[int, int], None] | None = None,
-        starts: int = 1) -> FitResult:
+        starts: int = 1, jobs: list[Job] | None = None,
+        start: Mapping[str, float] | None = None) -> FitResult:
     """Fit ``free`` (default: ``platform.free``) to ``records``; ``base_sets`` swap in a platform.
 
     ``starts`` > 1 runs that many local fits: from the platform's own values and from
@@ -308,6 +369,10 @@ def fit(records: list[RunRecord], platform: Platform, base_sets: Mapping[str, An
     so a calibration is reproducible), and keeps the lowest robust cost. A single local
     fit from hand-set values can settle where two costs trade off (per-doorbell against
     per-WQE NIC work) far from the records.
+
+    ``jobs`` and ``start`` (the simulations to run, the starting value of every free name)
+    are given by a joint fit over several platforms; by default they come from the records
+    and the platform.
     """
     free = dict(platform.free if free is None else free)
     if not free:
@@ -317,9 +382,9 @@ def fit(records: list[RunRecord], platform: Platform, base_sets: Mapping[str, An
     names = sorted(free)
     lo = np.log([free[n].lo for n in names])
     hi = np.log([free[n].hi for n in names])
-    x0 = np.log([_get(platform, n) for n in names])
+    x0 = np.log([start[n] if start is not None else _get(platform, n) for n in names])
     x0 = np.clip(x0, lo + 1e-9, hi - 1e-9)
-    jobs = plan_jobs(records)
+    jobs = plan_jobs(records) if jobs is None else jobs
     t0 = time.perf_counter()
     total = max_nfev * (len(names) + 1) * len(jobs) * max(starts, 1)
     done = [0]
@@ -404,7 +469,7 @@ def fit(records: list[RunRecord], platform: Platform, base_sets: Mapping[str, An
     return FitResult(names=names, x=np.exp(res.x), log_cov=cov, se_log=se, corr=corr,
                      unidentifiable=unid, at_bound=at_bound, cost=float(res.cost), rows=rows,
                      evaluations=ev.evaluations, wall_s=time.perf_counter() - t0, nfev=int(res.nfev),
-                     status=str(res.message), priors=free)
+                     status=str(res.message), priors=free, jac=J[: len(rows)])
 
 
 def predict(records: list[RunRecord], base_sets: Mapping[str, Any] | None = None, values: dict[str, float] | None = None,
@@ -445,6 +510,11 @@ def calibrated_platform(platform: Platform, result: FitResult, records: list[Run
     data["name"] = name
     data["description"] = (f"{platform.description} -- calibrated by lever calibrate on "
                            f"{len(records)} records")
+    ids = ", ".join(r.id for r in records)
+    for n in result.names:  # the fitted value's source: the records, and the prior's reason
+        was = platform.sources.get(n)
+        why = f"; prior: {was.ref}" if was is not None else ""
+        data.setdefault("sources", {})[n] = {"kind": "fitted", "ref": f"lever calibrate on {ids}{why}"}
     data["calibrated"] = {
         "names": result.names, "log_mean": [float(np.log(v)) for v in result.x],
         "log_cov": [[float(c) for c in row] for row in result.log_cov],
@@ -486,6 +556,11 @@ def platform_toml(plat: Platform, header: str = "") -> str:
         for k, v in scalars.items():
             lines.append(f"{_key(k)} = {_toml_value(v)}")
         for k, v in subs.items():
+            if k == "sources":  # dotted paths as quoted keys, one inline table each
+                lines.append(f"\n[{name}.sources]")
+                for sk, sv in v.items():
+                    lines.append(f"{_toml_value(sk)} = {_toml_value(sv)}")
+                continue
             if name.endswith(".free") or k == "free":
                 if k == "free":
                     for fk, fv in v.items():

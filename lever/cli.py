@@ -23,6 +23,7 @@ REGISTRARS = [
     "lever.commands.sweep",
     "lever.commands.record",
     "lever.commands.designs",
+    "lever.commands.params",
 ]
 
 

@@ -248,10 +248,12 @@ class Platform(Strict):
 
     @model_validator(mode="after")
     def _paths(self) -> Platform:
-        for kind, paths in (("free", self.free), ("sources", self.sources)):
-            for path in paths:
-                if parameter_value(self, path) is None:
-                    raise ValueError(f"{kind}: '{path}' is not a numeric platform parameter")
+        for path in self.free:
+            if parameter_value(self, path) is None:
+                raise ValueError(f"free: '{path}' is not a numeric platform parameter")
+        for path in self.sources:
+            if not has_parameter(self, path):
+                raise ValueError(f"sources: '{path}' is not a platform parameter")
         return self
 
     def numeric_parameters(self) -> dict[str, float]:
@@ -277,17 +279,27 @@ def _is_number(v: object) -> bool:
     return isinstance(v, (int, float)) and not isinstance(v, bool)
 
 
-def parameter_value(plat: Platform, path: str) -> float | None:
-    """The numeric value at a dotted path (``gpu.fence_ns``), or None if there is none."""
+def _leaf(plat: Platform, path: str) -> tuple[bool, object]:
     obj: object = plat
     keys = path.split(".")
     if keys[0] not in PLATFORM_PARTS:
-        return None
+        return False, None
     for k in keys:
         if not isinstance(obj, BaseModel) or k not in type(obj).model_fields:
-            return None
+            return False, None
         obj = getattr(obj, k)
-    return float(obj) if _is_number(obj) else None
+    return not isinstance(obj, BaseModel), obj
+
+
+def has_parameter(plat: Platform, path: str) -> bool:
+    """Whether a dotted path names a parameter (a number, flag or choice) of the platform."""
+    return _leaf(plat, path)[0]
+
+
+def parameter_value(plat: Platform, path: str) -> float | None:
+    """The numeric value at a dotted path (``gpu.fence_ns``), or None if there is none."""
+    ok, obj = _leaf(plat, path)
+    return float(obj) if ok and _is_number(obj) else None
 
 
 class Workload(Strict):

@@ -19,9 +19,17 @@ BASE_PLATFORM = {"efa": "platforms/efa-p5.toml", "ib": "platforms/ib-cx7.toml"}
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("calibrate", help="fit a platform's free parameters to run records")
-    p.add_argument("records", nargs="+", metavar="RECORD", help="run-record JSON files")
-    p.add_argument("--out", required=True, metavar="PLATFORM", type=output_file(".toml"),
-                   help="calibrated platform TOML to write")
+    p.add_argument("records", nargs="*", metavar="RECORD",
+                   help="run-record JSON files (--joint: default every shipped record with a sim link)")
+    p.add_argument("--out", metavar="PLATFORM", type=output_file(".toml"),
+                   help="calibrated platform TOML to write (required without --joint)")
+    p.add_argument("--joint", action="store_true",
+                   help="fit the records of every NIC together, GPU-class parameters shared "
+                        "(calibration/joint.py); writes one calibrated platform per NIC")
+    p.add_argument("--out-dir", metavar="DIR", type=Path,
+                   help="--joint: where the calibrated platforms go (default: a dry run, nothing written)")
+    p.add_argument("--base", action="append", default=[], metavar="NIC=TOML",
+                   help="--joint: the base platform of a NIC's records (default per NIC)")
     p.add_argument("--platform", metavar="TOML",
                    help="base platform (its values and [platform.free]) swapped into every record's "
                         "scenario; default: the platform of the first record's scenario")
@@ -45,13 +53,20 @@ def register(sub: argparse._SubParsersAction) -> None:
     v.set_defaults(func=main_validate)
 
 
-def load_records(paths: list[str]) -> list[RunRecord]:
+def load_records_any(paths: list[str]) -> list[RunRecord]:
+    """Records by path, ids unique (of any NICs)."""
     recs = [load_record(p) for p in paths]
     ids: dict[str, str] = {}
     for p, r in zip(paths, recs, strict=True):
         if r.id in ids:
             raise RecordError(f"{p}: id: '{r.id}' already used by {ids[r.id]}")
         ids[r.id] = p
+    return recs
+
+
+def load_records(paths: list[str]) -> list[RunRecord]:
+    """Records of one NIC (one platform per fit)."""
+    recs = load_records_any(paths)
     nics = {r.nic for r in recs}
     if len(nics) > 1:
         raise RecordError(f"{paths[0]}: nic: records mix NIC kinds {sorted(nics)} (one platform per fit)")
@@ -88,6 +103,14 @@ def resolve_platform(records: list[RunRecord], platform: str | None):
 
 
 def main_calibrate(args: argparse.Namespace) -> int:
+    if args.joint:
+        from lever.commands.calibrate_joint import main_joint
+
+        return main_joint(args)
+    if not args.records or args.out is None:
+        raise UserError("calibrate: give RECORD... and --out PLATFORM (or --joint)")
+    if args.out_dir is not None or args.base:
+        raise UserError("calibrate: --out-dir and --base go with --joint")
     from lever.calibration.fit import (
         FitError,
         calibrated_platform,

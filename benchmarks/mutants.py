@@ -38,8 +38,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-FAST = ("tests/test_physics.py", "tests/test_fabric.py", "tests/test_protocols.py",
-        "tests/test_model.py")
+FAST = ("tests/test_physics.py", "tests/test_mechanisms.py", "tests/test_fabric.py",
+        "tests/test_protocols.py", "tests/test_model.py")
 GOLDEN = "tests/test_golden.py"
 PYTEST = ("-q", "-p", "no:benchmark", "-n", "2", "-p", "mut_report", "--no-header")
 SKIP = {".git", "__pycache__", ".pytest_cache", ".ruff_cache", "build", ".whl", ".gl",
@@ -132,9 +132,18 @@ MUTANTS: tuple[Mutant, ...] = (
            "if qp.posted - qp.completions.value + need > limit:", "if False:",
            "the credit check never blocks: the SQ can overflow"),
     Mutant("credit-read-per-cqe-free", "sim/issuer.py",
-           'yield from self._pay("credit_wait", self.counter_read_ns * (1 + new))',
-           'yield from self._pay("credit_wait", self.counter_read_ns)',
+           "reads = 1 if self.counter else 1 + new", "reads = 1",
            "a credit check reads one word, however many CQEs it consumes"),
+    Mutant("completion-counter-ignored", "sim/issuer.py",
+           "reads = 1 if self.counter else 1 + new", "reads = 1 + new",
+           "the device's completion counter is read like a CQ, one read per CQE"),
+    Mutant("counter-read-over-pcie", "sim/issuer.py",
+           "in_device = g.completion_counter_in_device_memory or nic.hw_counters",
+           "in_device = g.completion_counter_in_device_memory",
+           "the device's completion counter is polled through PCIe like a host CQ"),
+    Mutant("wqe-always-64-bytes", "sim/issuer.py",
+           "        if nbytes > self.inline_bytes or nbytes <= self.wqe_room:\n            return 1\n",
+           "        return 1\n", "inline data beyond 32 B still fits a 64 B WQE"),
     Mutant("flush-does-not-wait", "sim/issuer.py",
            "        if self.done.value < self.posted:\n"
            "            yield from self._wait(cat, self.done.reach(self.posted))\n"
@@ -147,8 +156,24 @@ MUTANTS: tuple[Mutant, ...] = (
            "lazy completion is granted even when the SQ could overflow"),
     # -- receiver ---------------------------------------------------------------------------
     Mutant("recv-completion-free", "sim/receiver.py",
-           'self._later(led.cost("signal", rp.recv_completion_ns), tag, 1)',
-           "self._later(0.0, tag, 1)", "immediate counting pays no receive-CQE latency"),
+           'self._after(led.cost("signal", rp.recv_completion_ns), cq.cqe, tag)',
+           "self._after(0.0, cq.cqe, tag)", "immediate counting pays no receive-CQE latency"),
+    Mutant("recv-cq-bypassed", "sim/receiver.py",
+           'self._after(led.cost("signal", rp.recv_completion_ns), cq.cqe, tag)',
+           'self._after(led.cost("signal", rp.recv_completion_ns), self._counted, tag)',
+           "a receive CQE counts when written: no owner consumes the CQ"),
+    Mutant("recv-cq-read-free", "sim/recv_cq.py",
+           'dt = led.cost("signal", self.read_ns)', "dt = 0.0",
+           "reading a line of the receive CQ costs nothing, also through PCIe"),
+    Mutant("recv-cq-one-per-read", "sim/recv_cq.py",
+           "n = min(len(self.queue), room)", "n = 1",
+           "one receive CQE per read: CQEs sharing a line are not read together"),
+    Mutant("recv-cq-whole-queue-per-read", "sim/recv_cq.py",
+           "n = min(len(self.queue), room)", "n = len(self.queue)",
+           "one read returns every written CQE, not one line of them"),
+    Mutant("rq-repost-free", "sim/recv_cq.py",
+           "(0.0 if nic.unsolicited_write_recv else rp.rq_repost_ns)", "0.0",
+           "a write-with-immediate consumes no receive WR to repost"),
     Mutant("hw-counter-free", "sim/receiver.py",
            'self._later(led.cost("signal", ctx.platform.nic.completion_ns), tag, 1)',
            "self._later(0.0, tag, 1)", "the NIC's arrival counter ticks with no completion latency"),
@@ -180,6 +205,14 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant("nvlink-port-not-shared", "sim/nvlink.py",
            "start = max(now, self.port_free[src])", "start = now",
            "copies from one GPU overlap instead of sharing its port"),
+    # -- protocols ----------------------------------------------------------------------------
+    Mutant("final-reduce-hbm-floor-removed", "sim/protocols/common.py",
+           "return max(g.reduce_ns_per_kib * kib / warps, kib * 1024.0 / g.hbm_gbytes_per_s)",
+           "return g.reduce_ns_per_kib * kib / warps",
+           "a reduction over many warps reads its rows faster than device memory delivers them"),
+    Mutant("final-reduce-over-channels", "sim/protocols/common.py",
+           "warps = w.design.reduce_warps or w.channels", "warps = w.channels",
+           "the final reduction runs on the data channels whatever reduce_warps says"),
     Mutant("nvlink-flag-not-ordered", "sim/nvlink.py",
            "lat = max(0.0, self.port_free[src] - now) + led.cost(",
            "lat = 0.0 * max(0.0, self.port_free[src] - now) + led.cost(",

@@ -164,7 +164,7 @@ def parameter_table(name_or_path: str | Path, compare: bool = True) -> tuple[Loa
     plat = lp.platform
     cal = plat.calibrated
     shared_vals, shared_sig = class_values(plat.gpu_class)
-    gpus_dir = str(scn_mod.SCENARIO_DIR / GPUS)
+    gpus_dir = (scn_mod.SCENARIO_DIR / GPUS).resolve()
     others = _shipped_same_class(plat, lp.path) if compare and shared_vals else []
     rows: list[ParamRow] = []
     for path, value in plat.numeric_parameters().items():
@@ -176,7 +176,8 @@ def parameter_table(name_or_path: str | Path, compare: bool = True) -> tuple[Loa
         if fitted and not ref:
             ref = "lever calibrate on " + ", ".join(cal.records)
         set_in = lp.origin.get(path, "")
-        shared = plat.gpu_class if (path in shared_vals and set_in.startswith(gpus_dir)) else ""
+        from_class = bool(set_in) and Path(set_in).resolve().parent == gpus_dir
+        shared = plat.gpu_class if (path in shared_vals and from_class) else ""
         row = ParamRow(path, value, unit_of(path), None, kind, shared, ref)
         sd = _log_sigma(plat, path)
         row.rel_sigma = sd

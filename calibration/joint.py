@@ -77,9 +77,12 @@ def _class_free(gpu_class: str) -> dict[str, FreeParam]:
     return {k: FreeParam.model_validate(v) for k, v in data.get("free", {}).items()}
 
 
-def plan(groups: list[Group]) -> JointPlan:
+def plan(groups: list[Group], warm: Mapping[str, Platform] | None = None) -> JointPlan:
     """Name every free parameter (shared or ``PATH@PLATFORM``) and plan one job per distinct
-    simulation of each platform's records."""
+    simulation of each platform's records. ``warm`` (group name -> a platform, e.g. its last
+    calibrated file) gives start values where it has them: a local fit then starts near the
+    last optimum instead of at the hand-set values."""
+    warm = warm or {}
     if not groups:
         raise FitError("joint fit: no records")
     free: dict[str, FreeParam] = {}
@@ -100,12 +103,12 @@ def plan(groups: list[Group]) -> JointPlan:
                     free[name] = FreeParam(lo=lo, hi=hi, prior=cf.prior)
                 else:
                     free[name] = FreeParam(lo=max(fp.lo, cf.lo), hi=min(fp.hi, cf.hi), prior=cf.prior)
-                    start[name] = _get(plat, path)
+                    start[name] = _start(plat, warm.get(g.name), path)
                 shared.add(name)
             else:
                 name = f"{path}{GROUP_SEP}{g.name}"
                 free[name] = fp
-                start[name] = _get(plat, path)
+                start[name] = _start(plat, warm.get(g.name), path)
     jobs: list[Job] = []
     for g in groups:
         ops: dict[tuple, set[str]] = {}
@@ -130,9 +133,37 @@ def plan(groups: list[Group]) -> JointPlan:
     return JointPlan(groups, free, start, jobs, sorted(shared))
 
 
+def _start(plat: Platform, warm: Platform | None, path: str) -> float:
+    if warm is not None:
+        from lever.sim.params import parameter_value
+
+        v = parameter_value(warm, path)
+        if v is not None and v > 0:
+            return v
+    return _get(plat, path)
+
+
+def warm_starts(groups: list[Group]) -> dict[str, Platform]:
+    """Each group's shipped calibrated platform (``scenarios/platforms/<base>-calibrated.toml``)
+    where there is one that loads."""
+    from lever.calibration.paramtable import load_platform
+    from lever.sim import scenario as scn_mod
+
+    out: dict[str, Platform] = {}
+    for g in groups:
+        p = scn_mod.SCENARIO_DIR / "platforms" / f"{g.name}-calibrated.toml"
+        if p.is_file():
+            try:
+                out[g.name] = load_platform(p).platform
+            except scn_mod.ScenarioError:
+                continue
+    return out
+
+
 def joint_fit(groups: list[Group], seeds: int = 1, max_nfev: int = 10, workers: int | None = None,
-              progress: Callable[[int, int], None] | None = None) -> tuple[JointPlan, FitResult]:
-    p = plan(groups)
+              progress: Callable[[int, int], None] | None = None,
+              warm: Mapping[str, Platform] | None = None) -> tuple[JointPlan, FitResult]:
+    p = plan(groups, warm)
     records = [r for g in groups for r in g.records]
     res = fit(records, groups[0].platform, {}, free=p.free, seeds=seeds, max_nfev=max_nfev,
               workers=workers, progress=progress, jobs=p.jobs, start=p.start)

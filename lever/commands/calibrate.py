@@ -30,6 +30,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="--joint: where the calibrated platforms go (default: a dry run, nothing written)")
     p.add_argument("--base", action="append", default=[], metavar="NIC=TOML",
                    help="--joint: the base platform of a NIC's records (default per NIC)")
+    p.add_argument("--warm", action="store_true",
+                   help="--joint: start from each platform's shipped calibrated values")
     p.add_argument("--platform", metavar="TOML",
                    help="base platform (its values and [platform.free]) swapped into every record's "
                         "scenario; default: the platform of the first record's scenario")
@@ -109,8 +111,8 @@ def main_calibrate(args: argparse.Namespace) -> int:
         return main_joint(args)
     if not args.records or args.out is None:
         raise UserError("calibrate: give RECORD... and --out PLATFORM (or --joint)")
-    if args.out_dir is not None or args.base:
-        raise UserError("calibrate: --out-dir and --base go with --joint")
+    if args.out_dir is not None or args.base or args.warm:
+        raise UserError("calibrate: --out-dir, --base and --warm go with --joint")
     from lever.calibration.fit import (
         FitError,
         calibrated_platform,

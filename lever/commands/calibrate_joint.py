@@ -41,7 +41,7 @@ def shipped_fittable() -> list[str]:
 
 def main_joint(args: argparse.Namespace) -> int:
     from lever.calibration.fit import FitError, calibrated_platform, platform_toml, write_atomic
-    from lever.calibration.joint import group_result, joint_fit, report, resolve_groups
+    from lever.calibration.joint import group_result, joint_fit, report, resolve_groups, warm_starts
     from lever.commands.calibrate import load_records_any
 
     if args.out is not None:
@@ -63,15 +63,16 @@ def main_joint(args: argparse.Namespace) -> int:
             def progress(done: int, total: int) -> None:
                 bar.update(task, completed=done, total=total)
 
+            warm = warm_starts(groups) if args.warm else None
             plan, res = joint_fit(groups, seeds=args.seeds, max_nfev=args.max_nfev,
-                                  workers=args.workers, progress=progress)
+                                  workers=args.workers, progress=progress, warm=warm)
     except FitError as e:
         raise UserError(str(e)) from None
     rep = report(plan, res)
     written = []
     if args.out_dir is not None:
         cmd = ("lever calibrate --joint " + " ".join(args.records) + f" --out-dir {args.out_dir}"
-               f" --seeds {args.seeds} --max-nfev {args.max_nfev}"
+               f" --seeds {args.seeds} --max-nfev {args.max_nfev}" + (" --warm" if args.warm else "")
                + "".join(f" --base {b}" for b in args.base))
         for g in groups:
             sub = group_result(res, g, plan.shared)

@@ -8,11 +8,13 @@ calibration's covariance; of any other from its source's ``rel_sigma``.
 
 What it reports as a model defect instead of hiding it:
 
-- a fitted value at a bound of its free range (the model wanted to go further);
+- a fitted value at a bound of its free range (the model wanted to go further), or
+  more than 1.5 prior sigmas from its prior;
 - a fitted value the records did not identify (it stays where its prior put it);
 - a shared GPU-side parameter whose value on this platform differs from another
-  platform of the same GPU class beyond both uncertainties (2 sigma in log space),
-  or from the class file's own value, with no record that says why;
+  platform of the same GPU class beyond both uncertainties (2 sigma in log space:
+  calibrated platforms against calibrated ones, hand-set against hand-set), or, where
+  it was not fitted, from the class file's own value;
 - a parameter with no source at all.
 """
 
@@ -30,6 +32,7 @@ GPUS = "gpus"
 """The folder of GPU-class files under ``scenarios/``: what every platform of a class shares."""
 
 DISAGREE_SIGMAS = 2.0
+FAR_FROM_PRIOR_SIGMAS = 1.5
 AT_BOUND_LOG = 1e-3
 
 UNITS: tuple[tuple[str, str], ...] = (
@@ -141,7 +144,9 @@ def _shipped_same_class(plat: Platform, path: Path) -> list[LoadedPlatform]:
             other = load_platform(p)
         except scn_mod.ScenarioError:
             continue
-        if other.platform.gpu_class == plat.gpu_class and other.platform.name != plat.name:
+        # a calibrated platform against the calibrated ones, a hand-set one against hand-set
+        same_kind = (other.platform.calibrated is None) == (plat.calibrated is None)
+        if other.platform.gpu_class == plat.gpu_class and other.platform.name != plat.name and same_kind:
             out.append(other)
     return out
 
@@ -189,11 +194,18 @@ def parameter_table(name_or_path: str | Path, compare: bool = True) -> tuple[Loa
                 lv = math.log(value)
                 if lv <= math.log(fp.lo) + AT_BOUND_LOG or lv >= math.log(fp.hi) - AT_BOUND_LOG:
                     row.defects.append(f"fitted at a bound of [{fp.lo:g}, {fp.hi:g}]: a mechanism is missing")
+            prior = fp.prior if fp is not None else None
+            if prior is not None and value > 0:
+                z = abs(math.log(value / prior.value)) / prior.rel_sigma
+                if z > FAR_FROM_PRIOR_SIGMAS:
+                    row.defects.append(
+                        f"fitted x{value / prior.value:.3g} from its prior {prior.value:g} "
+                        f"({z:.1f} sigma): the value carries something the model lacks")
             if path in cal.unidentifiable:
                 row.defects.append("not identified by the records: it stays near its prior")
         if path in shared_vals:
             bad, gap = _differs(value, sd, shared_vals[path], shared_sig.get(path))
-            if bad and not shared:
+            if bad and not shared and not fitted:  # a fit may move it: its bounds say how far
                 row.defects.append(
                     f"shared {plat.gpu_class} parameter: {value:g} here against the class's "
                     f"{shared_vals[path]:g} (x{math.exp(gap):.3g}), beyond both uncertainties")

@@ -1,4 +1,5 @@
-"""The shipped calibrated platforms reproduce their training numbers (docs/physics.md) within 5%.
+"""The shipped calibrated platforms reproduce their training numbers (docs/physics.md) within 5%,
+but for the known misses listed with their reasons.
 
 Deltas are judged in % of their latency level (a -2.8 us change can not be held to 5% of
 itself by a stochastic model); absolute medians in % of themselves. Slow: ~1 min on 2 cores.
@@ -13,33 +14,64 @@ from lever.commands.calibrate import load_records, shipped_records
 
 pytestmark = pytest.mark.slow
 
-# Training numbers the model can not reach by mechanism yet, with the reason. Each also has
-# a strict xfail below: when the model gains the mechanism the xfail fails, and this list
-# must shrink.
-KNOWN_MISSES = {
-    "efa-ep16-qp-fanout-fix": "8 -> 9 data QPs (V2's min(num_sms, 9) per call, one kept for notify) "
-    "moves the modelled dispatch by ~1%; the campaign's -32% came from an earlier state whose "
-    "shape (SMs and QPs per call) the records do not give. Where QPs are scarce the model does "
-    "predict large fan-out gains (held out on 2xH200: 1->2 and 2->3 data QPs for 96 warps, "
-    "tests/test_emulated_scenario.py)",
+# Training numbers the model can not reach by mechanism yet, with the reason, per (record,
+# quantity). Each also has a test below that fails when the model gains the mechanism; this
+# list must then shrink. Since the joint calibration (one Hopper value for the
+# GPU-side costs of IB, EFA and the emulator, published line rates) the platforms no longer
+# reproduce every training number: the misses say what the EFA-only and IB-only fits had
+# been hiding in strange values.
+QP_FANOUT = ("8 -> 9 data QPs (V2's min(num_sms, 9) per call, one kept for notify) moves the "
+             "modelled dispatch by ~1%; the campaign's -32% came from an earlier state whose shape "
+             "(SMs and QPs per call) the records do not give. Where QPs are scarce the model does "
+             "predict large fan-out gains (held out on 2xH200, tests/test_emulated_scenario.py)")
+KNOWN_MISSES: dict[tuple[str, str], str] = {
+    ("efa-ep16-qp-fanout-fix", "dispatch.delta"): QP_FANOUT,
+    ("efa-ep16-lazy-completion-dispatch", "dispatch.delta"):
+        "the credit checks read the completion CQ at the measured PCIe read (1073 ns, shared "
+        "Hopper value) instead of the EFA-only fit's 1798 ns: the model's credit wait is a third "
+        "of the campaign's -30 us; what else a real credit check waits on is not modelled",
+    ("efa-ep16-native-headline", "combine.p50"):
+        "the reduction is one Hopper value for IB, EFA and the emulator (175 ns/KiB per warp); "
+        "EFA's combine lacks ~26 us that the EFA-only fit had put into a reduction 60x IB's",
+    ("ib-ep16-ll-reference", "combine.p50"):
+        "with the line rate at the published 400 Gb/s and the GPU costs shared, one fabric "
+        "latency (fitted 17.8 us one way, itself a defect) does not give DeepEP LL's EP8 -> EP16 "
+        "scaling: combine EP16 over, dispatch EP8 under",
+    ("ib-ep8-ll-reference", "dispatch.p50"):
+        "as for ib-ep16-ll-reference combine: the EP8 -> EP16 scaling is not reproduced",
+    ("ib-ep16-ll-reference", "dispatch.p50"):
+        "as for ib-ep16-ll-reference combine (-5.1%, at the edge)",
 }
+TOLERANCE_PCT = 5.0
+
+
+def _rows(nic: str):
+    recs = load_records(shipped_records(nic))
+    return recs, [row for row in predict(recs, workers=2) if row.unit == "us"]
 
 
 @pytest.mark.parametrize("nic,platform", [("efa", "efa-p5-calibrated"), ("ib", "ib-cx7-calibrated")])
 def test_shipped_platform_reproduces_training_numbers(nic, platform):
-    recs = load_records(shipped_records(nic))
+    recs, rows = _rows(nic)
     for r in recs:
         scn = r.sim.load()
         assert scn.platform.name == platform, (r.id, scn.platform.name)
         assert scn.platform.calibrated is not None and r.id in scn.platform.calibrated.records
-    rows = [row for row in predict(recs, workers=2) if row.unit == "us"]
     bad = [f"{x.record} {x.quantity}: {x.predicted:.1f} vs {x.measured:.1f} ({x.level_pct_err:+.1f}%)"
-           for x in rows if abs(x.level_pct_err) > 5.0 and x.record not in KNOWN_MISSES]
+           for x in rows if abs(x.level_pct_err) > TOLERANCE_PCT and (x.record, x.quantity) not in KNOWN_MISSES]
     assert not bad, "; ".join(bad)
+    # a miss stays a miss of its size: none may grow past 35% of its level unnoticed (the QP
+    # fan-out record, ~0 against -251 us of 789, is the largest: 31.6%)
+    for x in rows:
+        assert abs(x.level_pct_err) < 35.0, (x.record, x.quantity, x.level_pct_err)
 
 
-@pytest.mark.xfail(strict=True, reason=KNOWN_MISSES["efa-ep16-qp-fanout-fix"])
-def test_qp_fanout_within_5_percent():
-    recs = [r for r in load_records(shipped_records("efa")) if r.id == "efa-ep16-qp-fanout-fix"]
-    rows = [row for row in predict(recs, workers=2) if row.unit == "us"]
-    assert rows and all(abs(x.level_pct_err) <= 5.0 for x in rows)
+@pytest.mark.parametrize("key", sorted(KNOWN_MISSES), ids=["/".join(k) for k in sorted(KNOWN_MISSES)])
+def test_known_miss_is_still_a_miss(key):
+    """Strict: when the model gains the mechanism, this fails and KNOWN_MISSES must shrink."""
+    nic = "ib" if key[0].startswith("ib-") else "efa"
+    _recs, rows = _rows(nic)
+    row = next(x for x in rows if (x.record, x.quantity) == key)
+    if abs(row.level_pct_err) <= TOLERANCE_PCT:
+        pytest.fail(f"{key}: now within {TOLERANCE_PCT}% ({row.level_pct_err:+.1f}%): "
+                    f"remove it from KNOWN_MISSES ({KNOWN_MISSES[key][:60]}...)")

@@ -68,6 +68,10 @@ STREAM = {"workload.ep_ranks": 2, "workload.gpus_per_node": 1, "workload.tokens_
           # the receive CQ in GPU memory without reposts: its owner keeps up with the wire
           "platform.gpu.completion_counter_in_device_memory": True,
           "platform.nic.unsolicited_write_recv": True,
+          # the costs the arithmetic below uses, whatever the calibration says
+          "platform.gpu.token_prep_ns": 200.0, "platform.gpu.fence_ns": 1269.0,
+          "platform.gpu.atomic_ns": 148.5, "platform.gpu.wqe_store_ns": 50.7,
+          "platform.gpu.doorbell_ns": 19.4,
           "platform.fabric.path_spread_ns": 0, "platform.fabric.jitter.distribution": "none"}
 
 

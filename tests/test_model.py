@@ -49,7 +49,8 @@ def test_lazy_completion_zeroes_credit_wait_in_both_attributions():
 
 def test_issue_work_dominates_profiler_yet_cutting_it_leaves_latency_flat():
     # the wire is the bottleneck (one 25 Gb/s port): fences/doorbells overlap serialisation
-    sets = {"workload.tokens_per_rank": 64, "design.signal_mode": "ordered", "design.cached": True, "platform.gpu.completion_counter_in_device_memory": True, "design.lazy_completion_dispatch": True, "design.qp_ownership": "owned", "design.qps_per_call": 17, "design.num_sms": 8, "design.warps_per_sm": 2, "platform.nic.nics_per_gpu": 1}
+    sets = {"workload.tokens_per_rank": 64, "design.signal_mode": "ordered", "design.cached": True, "platform.gpu.completion_counter_in_device_memory": True, "design.lazy_completion_dispatch": True, "design.qp_ownership": "owned", "design.qps_per_call": 17, "design.num_sms": 8, "design.warps_per_sm": 2, "platform.nic.nics_per_gpu": 1,
+            "platform.gpu.fence_ns": 1400.0, "platform.gpu.token_prep_ns": 200.0}  # not the calibration's
     slow_wire = {**sets, "platform.nic.line_rate_gbps": 25}
     scn = scenario.load("decode-ep16-efa-native", slow_wire)
     res = simulate(scn, seeds=2, with_critical_path=False).to_json()

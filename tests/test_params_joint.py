@@ -14,8 +14,9 @@ from lever.calibration import joint
 from lever.calibration.fit import FitResult, Job, Row, job_values
 from lever.calibration.paramtable import parameter_table, unit_of
 from lever.calibration.records import load_record
-from lever.cli import main
 from lever.sim.scenario import SCENARIO_DIR
+
+from lever.cli import main
 
 BASES = ["efa-p5", "ib-cx7", "emulated-nvlink"]
 

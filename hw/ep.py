@@ -41,6 +41,9 @@ HERE = Path(__file__).resolve().parent
 PLATFORM = "platforms/emulated-nvlink"
 DMSG, CMSG = 7504, 14400
 NQ_MAX = 32
+CQE_BYTES = 32
+"""CQ entry stride of the emulated NIC: the 32-byte efa_io_rx_cdesc_ex of rdma-core v59's
+extended CQ (what efadv_query_cq reports), as hw/ep/emu_nic.h publishes in its layouts."""
 NIC_WARPS = 8
 ERR_NAMES = {
     1: "dispatch receiver timed out waiting for a count flag",
@@ -68,6 +71,9 @@ class EpError(RuntimeError):
 
 
 def add_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--nic", choices=["emulated", "efa"], default="emulated",
+                   help="emulated: the SRD NIC emulated on the GPU; efa: a real EFA device "
+                        "(device discovery only so far: see hw/efa/README.md)")
     p.add_argument("--path", choices=["native", "proxy"], default="native")
     p.add_argument("--proxy-threads", type=int, default=0,
                    help="proxy path: host proxy threads (0: platform.proxy.threads)")
@@ -232,7 +238,29 @@ def build_record(*, rid: str, path: str, ranks: int, gpus: int, levers: list[str
     return rec
 
 
+def kernel_sources_sha256() -> str:
+    """sha256 over the sources the extension is built from (kernels, binding, the NIC layout
+    and WQE headers), in a fixed order: names which device code produced a record."""
+    import hashlib
+
+    files = sorted([*(HERE / "ep").glob("*"), *(HERE / "efa").glob("*.h"), HERE / "efa_io_defs.h"])
+    h = hashlib.sha256()
+    for f in files:
+        if f.is_file():
+            h.update(f.relative_to(HERE).as_posix().encode() + b"\0" + f.read_bytes())
+    return h.hexdigest()
+
+
+BUILD_FLAGS = "nvcc -O3 (torch cpp_extension), TORCH_CUDA_ARCH_LIST=$TORCH_CUDA_ARCH_LIST or 9.0"
+
+
 def _git_rev() -> str:
+    """``$LEVER_GIT_REV`` when the tree was copied without .git (the device runner), else HEAD."""
+    import os
+
+    env = os.environ.get("LEVER_GIT_REV")
+    if env:
+        return env
     try:
         return subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True,
                               cwd=HERE.parent, timeout=10).stdout.strip()
@@ -304,14 +332,14 @@ class Runner:
                 "out_src": z(El * R * T, i32), "out_count": z(El * R, i32),
                 "comb_out": t.zeros(T, H, dtype=t.bfloat16, device=dv),
                 "rx_head": z(self.n_rxcq, i32), "qps": z(NQ_MAX * 128, u8),
-                "sq": z(NQ_MAX * self.depth * 64, u8), "cq": z(NQ_MAX * self.depth * 16, u8),
+                "sq": z(NQ_MAX * self.depth * 64, u8), "cq": z(NQ_MAX * self.depth * CQE_BYTES, u8),
                 "db": z(NQ_MAX * 32, i32), "nicqp": z(NQ_MAX * 128, u8), "nic_rem": z(NQ_MAX * self.depth, i32),
                 "hcount": z(El * R, i32),
                 "bar": z(4, i32), "prof": z(self.prof_cap * 8, i64), "prof_n": z(1, i32),
                 # peer-visible
                 "recv_x": z(El * R * T * DMSG, u8), "recv_cnt": z(El * R, i64),
                 "comb_recv": z(T * K * CMSG, u8), "comb_flag": z(R, i64),
-                "rxcq": z(self.n_rxcq * self.rx_depth * 16, u8), "rx_tail": z(self.n_rxcq, i32),
+                "rxcq": z(self.n_rxcq * self.rx_depth * CQE_BYTES, u8), "rx_tail": z(self.n_rxcq, i32),
             }
             # expert outputs at +16 of each combine message (zero-copy send buffer)
             cs = b["comb_send"].view(El, R, T, CMSG)
@@ -337,7 +365,8 @@ class Runner:
     def host_sizes(self) -> dict[str, int]:
         """Pinned host memory of the proxy path per rank (bytes)."""
         return {"pring": NQ_MAX * self.ring_depth * 128, "pstate": NQ_MAX * 16 * 8,
-                "psq": NQ_MAX * self.depth * 64, "pcq": NQ_MAX * self.depth * 16, "pdb": NQ_MAX * 32 * 4}
+                "psq": NQ_MAX * self.depth * 64, "pcq": NQ_MAX * self.depth * CQE_BYTES,
+                "pdb": NQ_MAX * 32 * 4}
 
     def proxy_start(self, num_qps: int) -> int:
         """Zero the host rings/queues and start the proxy threads (returns the thread count)."""
@@ -627,7 +656,10 @@ def _run_variant(runner: Runner, scn, args, levers: list[str], sets: Mapping[str
            "timer": "CUDA events around each op launch on every GPU after a cross-GPU start barrier; "
                     "per iteration the max over GPUs",
            "notes": f"{runner.nb} EP blocks x {runner.warps} warps per rank, {runner.nics} NIC blocks per rank; "
-                    f"flags dispatch={json.dumps(fd)} combine={json.dumps(fc)}"}
+                    f"flags dispatch={json.dumps(fd)} combine={json.dumps(fc)}; NIC layout the kernels "
+                    f"posted through (rank 0, QP 0; hw/ep/emu_nic.h): "
+                    f"{json.dumps(dict(runner.ext.nic_layout(0, 0, args.path == 'proxy')))}; "
+                    f"kernel sources sha256 {kernel_sources_sha256()}; build {BUILD_FLAGS}"}
     return build_record(rid=rid, path=args.path, ranks=runner.R, gpus=runner.G, levers=levers, sets=sets, hidden=runner.shape.hidden,
                         scn=scn, lat=lat, gate=gate, attribution=attribution, samples=samples,
                         metrics=metrics, how=how, platform_info=platform_info,
@@ -638,6 +670,10 @@ def main(args: argparse.Namespace) -> int:
     from lever.calibration.records import RecordError, dump_record, parse_record
     from lever.hw.device import require_cuda
 
+    if args.nic == "efa":
+        from lever.hw.efa.run import require_efa_run
+
+        require_efa_run(f"lever hw ep --path {args.path}")
     torch = require_cuda()
     if args.iters < 1 or args.warmup < 0:
         raise UserError("--iters must be >= 1 and --warmup >= 0")

@@ -252,6 +252,9 @@ def design_comparison(rec: RunRecord) -> list[tuple[str, str, float, float, floa
 
 def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", required=True, help="record path to write (JSON)")
+    p.add_argument("--nic", choices=["emulated", "efa"], default="emulated",
+                   help="emulated: the families below on GPU/host memory; efa: GPU-posted writes "
+                        "on a real EFA device (device discovery only so far: see hw/efa/README.md)")
     p.add_argument(
         "--gpus",
         type=int,
@@ -291,6 +294,10 @@ def _families(args: argparse.Namespace) -> tuple[str, ...]:
 def main(args: argparse.Namespace) -> int:
     from lever.hw.device import require_cuda
 
+    if getattr(args, "nic", "emulated") == "efa":
+        from lever.hw.efa.run import require_efa_run
+
+        require_efa_run("lever hw primitives")
     if not 20 <= args.reps <= 100000:
         raise UserError(f"--reps: {args.reps} is outside [20, 100000]")
     families = _families(args)

@@ -264,7 +264,7 @@ def test_proxy_descriptor_and_issuer_layouts_in_header():
                   "unsigned long long* pstate;", "ST_NIC_LATE_NS"):
         assert check in text
     b = (EP / "binding.cpp").read_text()
-    assert "std::thread" in b and "cudaHostAllocMapped" in b and "emu::wqe_word" in b
+    assert "std::thread" in b and "cudaHostAllocMapped" in b and "lever_efa_write_wqe_word" in b
 
 
 def test_committed_records_cover_native_proxy_and_levers():

@@ -19,9 +19,9 @@
 #include "../efa/nic_layout.h"
 
 #if defined(__CUDACC__)
-#define EMU_NIC_HD __host__ __device__ __forceinline__
+#define EMU_NIC_HD __host__ __device__ constexpr
 #else
-#define EMU_NIC_HD inline
+#define EMU_NIC_HD constexpr
 #endif
 
 namespace emu_nic {

@@ -253,3 +253,32 @@ def test_pack_peers_mirrors_lever_efa_peer():
     assert blob == bytes([1, 0, 2, 0, 3, 0, 0, 0, 4, 0, 0, 0, 0, 0, 0, 0, 5, 0, 0, 0, 0, 0, 0, 0])
     with pytest.raises(efa_device.LayoutError, match="remote_qpn 0x10000 does not fit 16 bits"):
         efa_device.pack_peers([{"ahn": 1, "remote_qpn": 1 << 16, "remote_qkey": 3, "rkey": 4}])
+
+
+# ============================================================ the committed H200 outcome
+LAYOUT_RECORDS = ROOT / "calibration" / "data" / "layout-path"
+
+
+def test_committed_layout_path_records_passed_their_gate_through_the_layout():
+    """The H200 runs through the shared layout path: every EP record passed its gate, names a
+    40-hex revision and the kernel sources' hash, and its notes show the v59 conventions the
+    kernels posted with; the unsafe-ordered negative control failed (logged, no record)."""
+    from lever.calibration.records import load_record
+
+    paths = sorted(LAYOUT_RECORDS.glob("emu-layout-*.json"))
+    assert len(paths) >= 15
+    paths_seen = set()
+    for p in paths:
+        r = load_record(p)
+        assert r.nic == "emulated-srd" and r.gate.passed, p.name
+        assert len(r.provenance.git_rev) == 40 and int(r.provenance.git_rev, 16) >= 0, p.name
+        notes = r.how.notes
+        assert '"sq_phase_first": 0' in notes and '"cq_entry_size": 32' in notes, p.name
+        assert "kernel sources sha256 " in notes, p.name
+        paths_seen.add(r.what.path)
+    assert paths_seen == {"native", "proxy"}
+    log = (LAYOUT_RECORDS / "device-log.txt").read_text()
+    assert "=== unsafe-ordered-must-fail rc=1" in log and "gate failed" in log
+    assert not (LAYOUT_RECORDS / "unsafe-ordered.json").exists()
+    prim = load_record(LAYOUT_RECORDS / "h200-primitives-layout.json")
+    assert prim.gate.passed and "wqe_fence_doorbell_host_ns" in prim.metrics

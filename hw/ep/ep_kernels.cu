@@ -64,6 +64,23 @@ __device__ __forceinline__ unsigned int ld_acq_gpu32(const unsigned int* p) {
 __device__ __forceinline__ void st_release_gpu32(unsigned int* p, unsigned int v) {
   asm volatile("st.release.gpu.global.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
 }
+__device__ __forceinline__ void st_release_sys32(unsigned int* p, unsigned int v) {
+  asm volatile("st.release.sys.global.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
+}
+// The slot-order turn of a shared QP. Its release/acquire order one warp's doorbell store
+// before the next warp's: at GPU scope when the doorbell is GPU memory (the NIC reading it
+// is a GPU agent), at system scope when it is elsewhere (a NIC BAR or host memory: the
+// stores of two SMs must reach the NIC in turn order). The layout says which.
+__device__ __forceinline__ bool doorbell_sys(const lever_efa_nic_layout* l) {
+  return l->sq_doorbell_mem != LEVER_EFA_MEM_GPU;
+}
+__device__ __forceinline__ unsigned turn_load(const unsigned* p, bool sys) {
+  return sys ? ld_acq32(p) : ld_acq_gpu32(p);
+}
+__device__ __forceinline__ void turn_pass(unsigned* p, unsigned v, bool sys) {
+  if (sys) st_release_sys32(p, v);
+  else st_release_gpu32(p, v);
+}
 __device__ __forceinline__ void st_release64(unsigned long long* p, unsigned long long v) {
   asm volatile("st.release.sys.global.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
 }
@@ -447,9 +464,10 @@ __device__ bool post_group(const World& w, const RankLocal& L, const EpFlags& f,
   // producer value go back.
   if (sample && lane == 0) tt = gtime();
   const unsigned end = slot + (unsigned)n;
+  const bool dbsys = doorbell_sys(lay);
   if (lane == 0) {
     unsigned long long tw = gtime();
-    unsigned v = ld_acq_gpu32(&Q->turn);
+    unsigned v = turn_load(&Q->turn, dbsys);
     if (v != slot) ++is.n_turnwait;
     while (v != slot) {
       if (timed_out(w, tw)) {
@@ -457,7 +475,7 @@ __device__ bool post_group(const World& w, const RankLocal& L, const EpFlags& f,
         ok = false;
         break;
       }
-      v = ld_acq_gpu32(&Q->turn);
+      v = turn_load(&Q->turn, dbsys);
     }
   }
   ok = __shfl_sync(0xffffffffu, ok, 0);
@@ -467,7 +485,7 @@ __device__ bool post_group(const World& w, const RankLocal& L, const EpFlags& f,
     if (sample) tt = gtime();
     st_relaxed32(db, lever_efa_sq_doorbell_value(end));
     ++is.n_db;
-    st_release_gpu32(&Q->turn, end);
+    turn_pass(&Q->turn, end, dbsys);
     if (sample) acc_db += gtime() - tt;
   }
   if (lane == 0 && agg) {
@@ -488,7 +506,7 @@ __device__ bool post_group(const World& w, const RankLocal& L, const EpFlags& f,
       *reinterpret_cast<volatile unsigned*>(&Q->db_last) = end;
       ++is.n_db;
     }
-    st_release_gpu32(&Q->turn, end);
+    turn_pass(&Q->turn, end, dbsys);
     if (sample) acc_db += gtime() - tt;
   }
   __syncwarp();

@@ -100,6 +100,8 @@ def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out-dir", default="", help="directory for --variants records")
     p.add_argument("--id-prefix", default="emu-ep")
     p.add_argument("--out", default="", help="record path to write (single run)")
+    p.add_argument("--allow-dirty", action="store_true",
+                   help="write records from a tree with uncommitted changes (recorded as dirty)")
 
 
 # ----------------------------------------------------------------- configuration
@@ -205,8 +207,10 @@ def summarize(samples: list[float]) -> dict[str, Any]:
 def build_record(*, rid: str, path: str, ranks: int, gpus: int, levers: list[str],
                  sets: Mapping[str, Any], hidden: int, scn, lat: dict[str, list[float]], gate: dict[str, Any], attribution: dict | None,
                  samples: int | None, metrics: dict[str, dict], how: dict[str, Any],
-                 platform_info: dict[str, str], command: str) -> dict[str, Any]:
-    """Assemble and validate a run record (calibration/records.py)."""
+                 platform_info: dict[str, str], command: str,
+                 provenance: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """Assemble and validate a run record (calibration/records.py). ``provenance`` is
+    :func:`run_provenance` (a real run); without it only the revision is looked up."""
     from lever.calibration.records import SCHEMA_VERSION, parse_record
 
     wl = scn.workload
@@ -229,7 +233,8 @@ def build_record(*, rid: str, path: str, ranks: int, gpus: int, levers: list[str
         "metrics": metrics,
         "provenance": {"source": "lever hw ep (hw/ep/ep_kernels.cu, emulated SRD NIC)",
                        "date": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
-                       "git_rev": _git_rev(), "tool_version": "lever-efa 0.1.0", "command": command},
+                       "git_rev": _git_rev(), "tool_version": "lever-efa 0.1.0", "command": command,
+                       **(provenance or {})},
     }
     if attribution:
         rec["attribution"] = attribution
@@ -238,20 +243,25 @@ def build_record(*, rid: str, path: str, ranks: int, gpus: int, levers: list[str
     return rec
 
 
+def kernel_sources() -> list[Path]:
+    """The files the extension is built from: kernels, binding, the NIC layout/WQE headers."""
+    return [*(HERE / "ep").glob("*"), *(HERE / "efa").glob("*.h"), HERE / "efa_io_defs.h"]
+
+
 def kernel_sources_sha256() -> str:
-    """sha256 over the sources the extension is built from (kernels, binding, the NIC layout
-    and WQE headers), in a fixed order: names which device code produced a record."""
-    import hashlib
+    """sha256 over :func:`kernel_sources` (hw/provenance.py): names the device code that ran."""
+    from lever.hw.provenance import sources_sha256
 
-    files = sorted([*(HERE / "ep").glob("*"), *(HERE / "efa").glob("*.h"), HERE / "efa_io_defs.h"])
-    h = hashlib.sha256()
-    for f in files:
-        if f.is_file():
-            h.update(f.relative_to(HERE).as_posix().encode() + b"\0" + f.read_bytes())
-    return h.hexdigest()
+    return sources_sha256(kernel_sources())
 
 
-BUILD_FLAGS = "nvcc -O3 (torch cpp_extension), TORCH_CUDA_ARCH_LIST=$TORCH_CUDA_ARCH_LIST or 9.0"
+def run_provenance(allow_dirty: bool) -> dict[str, Any]:
+    """The provenance fields of this run's records, or a one-line UserError for a dirty or
+    unknown tree (before any GPU work)."""
+    from lever.hw import provenance as pv
+
+    return {**pv.require_revision(allow_dirty), "kernel_sha256": kernel_sources_sha256(),
+            "build_flags": pv.build_flags(), "gpu_topology": pv.gpu_topology()}
 
 
 def _git_rev() -> str:
@@ -658,12 +668,12 @@ def _run_variant(runner: Runner, scn, args, levers: list[str], sets: Mapping[str
            "notes": f"{runner.nb} EP blocks x {runner.warps} warps per rank, {runner.nics} NIC blocks per rank; "
                     f"flags dispatch={json.dumps(fd)} combine={json.dumps(fc)}; NIC layout the kernels "
                     f"posted through (rank 0, QP 0; hw/ep/emu_nic.h): "
-                    f"{json.dumps(dict(runner.ext.nic_layout(0, 0, args.path == 'proxy')))}; "
-                    f"kernel sources sha256 {kernel_sources_sha256()}; build {BUILD_FLAGS}"}
+                    f"{json.dumps(dict(runner.ext.nic_layout(0, 0, args.path == 'proxy')))}"}
     return build_record(rid=rid, path=args.path, ranks=runner.R, gpus=runner.G, levers=levers, sets=sets, hidden=runner.shape.hidden,
                         scn=scn, lat=lat, gate=gate, attribution=attribution, samples=samples,
                         metrics=metrics, how=how, platform_info=platform_info,
-                        command="lever hw ep " + " ".join(sys.argv[3:] if len(sys.argv) > 3 else []))
+                        command="lever hw ep " + " ".join(sys.argv[3:] if len(sys.argv) > 3 else []),
+                        provenance=getattr(args, "provenance", None))
 
 
 def main(args: argparse.Namespace) -> int:
@@ -675,6 +685,7 @@ def main(args: argparse.Namespace) -> int:
 
         require_efa_run(f"lever hw ep --path {args.path}")
     torch = require_cuda()
+    args.provenance = run_provenance(args.allow_dirty)
     if args.iters < 1 or args.warmup < 0:
         raise UserError("--iters must be >= 1 and --warmup >= 0")
     ngpu = torch.cuda.device_count()

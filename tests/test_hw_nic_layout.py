@@ -267,16 +267,18 @@ def test_committed_layout_path_records_passed_their_gate_through_the_layout():
 
     paths = sorted(LAYOUT_RECORDS.glob("emu-layout-*.json"))
     assert len(paths) >= 15
-    paths_seen = set()
+    paths_seen, hashes = set(), set()
     for p in paths:
         r = load_record(p)
         assert r.nic == "emulated-srd" and r.gate.passed, p.name
         assert len(r.provenance.git_rev) == 40 and int(r.provenance.git_rev, 16) >= 0, p.name
         notes = r.how.notes
         assert '"sq_phase_first": 0' in notes and '"cq_entry_size": 32' in notes, p.name
-        assert "kernel sources sha256 " in notes, p.name
+        assert not r.provenance.dirty and len(r.provenance.kernel_sha256) == 64, p.name
+        hashes.add(r.provenance.kernel_sha256)
         paths_seen.add(r.what.path)
     assert paths_seen == {"native", "proxy"}
+    assert len(hashes) == 1  # one build of one set of sources produced them all
     log = (LAYOUT_RECORDS / "device-log.txt").read_text()
     assert "=== unsafe-ordered-must-fail rc=1" in log and "gate failed" in log
     assert not (LAYOUT_RECORDS / "unsafe-ordered.json").exists()

@@ -166,6 +166,29 @@ def test_emulated_numbering_that_does_not_fit_16_bit_qpns_is_refused(entry):
     assert "do not fit its 16-bit QP numbers" in rows["check"]
 
 
+@needs_nvcc
+@pytest.mark.skipif(CXX is None, reason="no C++ compiler")
+def test_layout_filled_by_the_host_setup_passes_the_kernel_entry(entry, headers, tmp_path):
+    """hw/efa/host.cpp, linked with the fake libibverbs/libefa of tests/data/efa/mock_verbs.cpp,
+    opens an SRD endpoint, adds a peer, queries its queues and fills the layout; that layout
+    (and the peer it made) goes through the kernels' entry and builds a v59-correct WQE."""
+    exe = tmp_path / "mock_host"
+    r = _run([CXX, "-std=c++17", "-O0", *headers.cflags(), f"-I{EFA}", str(EFA / "host.cpp"),
+              str(DATA / "mock_verbs.cpp"), "-o", str(exe)], timeout=120)
+    assert r.returncode == 0, r.stderr
+    out = _run([str(exe), "open", "", "16"], timeout=60).stdout
+    lay = {ln.split()[1]: int(ln.split()[2]) for ln in out.splitlines() if ln.startswith("layout ")}
+    peer = next(ln.split() for ln in out.splitlines() if ln.startswith("peer "))
+    assert lay["version"] == 1 and lay["num_peers"] == 1
+    t = {"send": [dict(lay, reserved=0)], "recv": [dict(lay, reserved=0)], "nq": 1, "nrx": 1, "R": 1,
+         "peers": [{"ahn": int(peer[3]), "remote_qpn": int(peer[5]), "remote_qkey": 0x11111111,
+                    "rkey": int(peer[7])}]}
+    rows = run_device(entry, tmp_path, t)
+    assert rows["check"] == "ok", rows
+    assert rows["wqe"].startswith("ok first-lap-phase 0 second-lap-phase 1"), rows
+    assert "ah 7 qpn 17 qkey 0x11111111" in rows["wqe"]
+
+
 # ============================================================ compiled layout constants
 LAYOUT_PROBE = r"""
 #include <stddef.h>

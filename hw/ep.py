@@ -414,7 +414,10 @@ class Runner:
                 m["rank"] = r
                 m.update(self.host[r] if self.host else {})
                 locs.append(m)
-            self.handles.append(self.ext.make_world(g, cfg, fab, locs, peers, wbar_peers))
+            # the NIC tables: filled by the emulated NIC here (hw/ep/emu_nic.h); a real device's
+            # come from its queue queries in the same byte form (hw/efa/device.py pack_layout)
+            tables = self.ext.emulated_nic_tables(cfg, locs, peers)
+            self.handles.append(self.ext.make_world(g, cfg, fab, locs, peers, wbar_peers, tables))
 
     # -- running
     def run_op(self, op: int, flags: dict[str, int], events: list | None) -> None:

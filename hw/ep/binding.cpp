@@ -50,8 +50,77 @@ static T* opt_ptr(const IntMap& m, const char* k) {
   return it == m.end() ? nullptr : reinterpret_cast<T*>(static_cast<uintptr_t>(it->second));
 }
 
+static std::string table_bytes(const py::dict& t, const char* k) {
+  if (!t.contains(k)) throw std::runtime_error(std::string("NIC tables: missing ") + k);
+  return t[k].cast<std::string>();
+}
+static std::vector<lever_efa_nic_layout> layouts_of(const py::bytes& b, int n, const char* what) {
+  const std::string s = b;
+  if (s.size() != (size_t)n * sizeof(lever_efa_nic_layout))
+    throw std::runtime_error(std::string("NIC tables: ") + what + " needs " + std::to_string(n) + " layouts");
+  std::vector<lever_efa_nic_layout> v((size_t)n);
+  memcpy(v.data(), s.data(), s.size());
+  return v;
+}
+template <class T>
+static py::bytes as_bytes(const std::vector<T>& v) {
+  return py::bytes(reinterpret_cast<const char*>(v.data()), v.size() * sizeof(T));
+}
+
+// The emulated NIC's host setup: the layouts of the queues it serves for the ranks of one
+// GPU (send QPs, proxy QPs where the rank has proxy rings) and every rank's receive queues,
+// and the peer table, as the bytes of lever_efa_nic_layout / lever_efa_peer arrays. That is
+// the form make_world takes from any NIC: a real device's tables come from its queue
+// queries (hw/efa/device.py pack_layout / pack_peers). The peers field is left 0: the
+// binding points it at its device copy of the table.
+static py::dict emulated_nic_tables(const IntMap& c, const std::vector<IntMap>& locals,
+                                    const std::vector<IntMap>& peers) {
+  const int R = (int)need(c, "num_ranks"), nrx = (int)need(c, "n_rxcq"), NQ = emu::NQ_MAX;
+  const uint32_t depth = (uint32_t)need(c, "sq_depth"), rxd = (uint32_t)need(c, "rx_depth");
+  if (const char* why = emu_nic::numbering_problem(R, NQ, nrx)) throw std::runtime_error(why);
+  if ((int)peers.size() != R) throw std::runtime_error("peers: one entry per rank");
+  std::vector<lever_efa_nic_layout> recv((size_t)R * nrx);
+  std::vector<lever_efa_peer> table((size_t)R * nrx);
+  for (int r = 0; r < R; ++r) {
+    const uint64_t rxcq = (uint64_t)need(peers[r], "rxcq");
+    for (int i = 0; i < nrx; ++i) {
+      recv[(size_t)r * nrx + i] = emu_nic::recv_qp_layout(
+          r, emu_nic::rx_qpn(r, i, nrx), rxcq + (uint64_t)i * rxd * emu_nic::CQE_SIZE, rxd);
+      table[(size_t)r * nrx + i] = emu_nic::peer_entry(r, i, nrx);
+    }
+  }
+  py::list send, psend;
+  for (const IntMap& m : locals) {
+    const int rank = (int)need(m, "rank");
+    std::vector<lever_efa_nic_layout> sl, pl;
+    for (int q = 0; q < NQ; ++q) {
+      const uint64_t sq = (uint64_t)need(m, "sq") + (uint64_t)q * depth * emu_nic::WQE_SIZE;
+      const uint64_t db = (uint64_t)need(m, "db") + (uint64_t)q * 32 * 4;
+      const uint64_t cq = (uint64_t)need(m, "cq") + (uint64_t)q * depth * emu_nic::CQE_SIZE;
+      sl.push_back(emu_nic::send_qp_layout(rank, emu_nic::SQ_QPN_BASE + (uint32_t)(rank * NQ + q), sq, db,
+                                           cq, depth, depth, false, 0, (uint32_t)(R * nrx)));
+      if (opt_ptr<void>(m, "psq")) {
+        const uint64_t psq = (uint64_t)need(m, "psq") + (uint64_t)q * depth * emu_nic::WQE_SIZE;
+        const uint64_t pdb = (uint64_t)need(m, "pdb") + (uint64_t)q * 32 * 4;
+        const uint64_t pcq = (uint64_t)need(m, "pcq") + (uint64_t)q * depth * emu_nic::CQE_SIZE;
+        pl.push_back(emu_nic::send_qp_layout(rank, emu_nic::PSQ_QPN_BASE + (uint32_t)(rank * NQ + q), psq,
+                                             pdb, pcq, depth, depth, true, 0, (uint32_t)(R * nrx)));
+      }
+    }
+    send.append(as_bytes(sl));
+    psend.append(as_bytes(pl));
+  }
+  py::dict out;
+  out["recv"] = as_bytes(recv);
+  out["peers"] = as_bytes(table);
+  out["send"] = send;
+  out["psend"] = psend;
+  return out;
+}
+
 static int make_world(int gpu, const IntMap& c, const FloatMap& fab, const std::vector<IntMap>& locals,
-                      const std::vector<IntMap>& peers, const std::vector<int64_t>& wbar_peers) {
+                      const std::vector<IntMap>& peers, const std::vector<int64_t>& wbar_peers,
+                      const py::dict& tables) {
   emu::World w{};
   w.gpu = gpu;
   w.num_ranks = (int)need(c, "num_ranks");
@@ -82,13 +151,19 @@ static int make_world(int gpu, const IntMap& c, const FloatMap& fab, const std::
   w.fab.nics_per_rank = (int)f("nics_per_rank");
   w.fab.seed = (unsigned long long)f("seed");
 
-  // ---- the emulated NIC's layouts and peer table (its "host setup")
+  // ---- the NIC tables, whoever filled them (emulated_nic_tables below, or a real device's
+  // queue queries): checked by the kernels' entry, then copied where the GPU reads them.
   const int R = w.num_ranks, nrx = w.n_rxcq, NQ = emu::NQ_MAX;
-  const uint32_t depth = (uint32_t)w.sq_depth, rxd = (uint32_t)w.rx_depth;
-  if (const char* why = emu_nic::numbering_problem(R, NQ, nrx)) throw std::runtime_error(why);
   if ((int)peers.size() != R) throw std::runtime_error("peers: one entry per rank");
+  const size_t LS = sizeof(lever_efa_nic_layout);
+  const std::string recv_b = table_bytes(tables, "recv"), peers_b = table_bytes(tables, "peers");
+  const py::list send_l = tables["send"].cast<py::list>(), psend_l = tables["psend"].cast<py::list>();
+  if (recv_b.size() != (size_t)R * nrx * LS || peers_b.size() != (size_t)R * nrx * sizeof(lever_efa_peer) ||
+      send_l.size() != locals.size() || psend_l.size() != locals.size())
+    throw std::runtime_error("NIC tables: need recv [ranks x n_rxcq] layouts, peers [ranks x n_rxcq], "
+                             "send and psend per local rank");
   const size_t n_lay = (size_t)R * nrx + locals.size() * 2 * NQ;
-  const size_t bytes = n_lay * sizeof(lever_efa_nic_layout) + (size_t)R * nrx * sizeof(lever_efa_peer);
+  const size_t bytes = n_lay * LS + (size_t)R * nrx * sizeof(lever_efa_peer);
   cudaSetDevice(gpu);
   void* dnic = nullptr;
   if (cudaMalloc(&dnic, bytes) != cudaSuccess) throw std::runtime_error("cudaMalloc of the NIC tables failed");
@@ -98,37 +173,25 @@ static int make_world(int gpu, const IntMap& c, const FloatMap& fab, const std::
   auto* d_peers = reinterpret_cast<lever_efa_peer*>(d_psend + locals.size() * NQ);
   std::vector<lever_efa_nic_layout> h_lay(n_lay);
   std::vector<lever_efa_peer> h_peers((size_t)R * nrx);
-  for (int r = 0; r < R; ++r) {
-    const uint64_t rxcq = (uint64_t)need(peers[r], "rxcq");
-    for (int i = 0; i < nrx; ++i) {
-      h_lay[(size_t)r * nrx + i] = emu_nic::recv_qp_layout(
-          r, emu_nic::rx_qpn(r, i, nrx), rxcq + (uint64_t)i * rxd * emu_nic::CQE_SIZE, rxd);
-      h_peers[(size_t)r * nrx + i] = emu_nic::peer_entry(r, i, nrx);
-    }
-  }
+  memcpy(h_lay.data(), recv_b.data(), recv_b.size());
+  memcpy(h_peers.data(), peers_b.data(), peers_b.size());
+  // the peer table's device copy is the binding's: every send layout points to it
   const uint64_t peers_dev = (uint64_t)(uintptr_t)d_peers;
   for (size_t li = 0; li < locals.size(); ++li) {
-    const IntMap& m = locals[li];
-    const int rank = (int)need(m, "rank");
+    const int rank = (int)need(locals[li], "rank");
     HostNic& hn = g_host_nic[rank];
-    hn.send.assign(NQ, lever_efa_nic_layout{});
-    hn.psend.clear();
-    const bool proxy = opt_ptr<void>(m, "psq") != nullptr;
+    hn.send = layouts_of(send_l[li].cast<py::bytes>(), NQ, "send");
+    const std::string pb = psend_l[li].cast<py::bytes>();
+    hn.psend = pb.empty() ? std::vector<lever_efa_nic_layout>{} : layouts_of(py::bytes(pb), NQ, "psend");
+    const bool proxy = !hn.psend.empty();
+    if (proxy != (opt_ptr<void>(locals[li], "pring") != nullptr))
+      throw std::runtime_error("NIC tables: proxy QP layouts exactly when the rank has proxy rings");
     for (int q = 0; q < NQ; ++q) {
-      const uint64_t sq = (uint64_t)need(m, "sq") + (uint64_t)q * depth * emu_nic::WQE_SIZE;
-      const uint64_t db = (uint64_t)need(m, "db") + (uint64_t)q * 32 * 4;
-      const uint64_t cq = (uint64_t)need(m, "cq") + (uint64_t)q * depth * emu_nic::CQE_SIZE;
-      hn.send[q] = emu_nic::send_qp_layout(rank, emu_nic::SQ_QPN_BASE + (uint32_t)(rank * NQ + q), sq, db,
-                                           cq, depth, depth, false, peers_dev, (uint32_t)(R * nrx));
+      hn.send[q].peers = peers_dev;
       h_lay[(size_t)R * nrx + li * NQ + q] = hn.send[q];
       if (proxy) {
-        const uint64_t psq = (uint64_t)need(m, "psq") + (uint64_t)q * depth * emu_nic::WQE_SIZE;
-        const uint64_t pdb = (uint64_t)need(m, "pdb") + (uint64_t)q * 32 * 4;
-        const uint64_t pcq = (uint64_t)need(m, "pcq") + (uint64_t)q * depth * emu_nic::CQE_SIZE;
-        hn.psend.push_back(emu_nic::send_qp_layout(rank, emu_nic::PSQ_QPN_BASE + (uint32_t)(rank * NQ + q),
-                                                   psq, pdb, pcq, depth, depth, true, peers_dev,
-                                                   (uint32_t)(R * nrx)));
-        h_lay[(size_t)R * nrx + (locals.size() + li) * NQ + q] = hn.psend.back();
+        hn.psend[q].peers = peers_dev;
+        h_lay[(size_t)R * nrx + (locals.size() + li) * NQ + q] = hn.psend[q];
       }
     }
     char why[256];
@@ -137,10 +200,16 @@ static int make_world(int gpu, const IntMap& c, const FloatMap& fab, const std::
       throw std::runtime_error(std::string("rank ") + std::to_string(rank) + " native NIC tables: " + why);
     if (proxy && lever_ep_check_nic(hn.psend.data(), NQ, rx, nrx, h_peers.data(), R * nrx, R, why, sizeof why))
       throw std::runtime_error(std::string("rank ") + std::to_string(rank) + " proxy NIC tables: " + why);
+    // the emulated NIC's own tables (packet bookkeeping) are sq_depth deep
+    if (w.nic_blocks > 0)
+      for (int q = 0; q < NQ; ++q)
+        if (hn.send[q].sq_num_entries != (uint32_t)w.sq_depth ||
+            (proxy && hn.psend[q].sq_num_entries != (uint32_t)w.sq_depth))
+          throw std::runtime_error("NIC tables: the emulated NIC serves SQs of sq_depth entries only");
   }
   g_host_peers = h_peers;
   g_n_rx = nrx;
-  cudaMemcpy(dnic, h_lay.data(), n_lay * sizeof(lever_efa_nic_layout), cudaMemcpyHostToDevice);
+  cudaMemcpy(dnic, h_lay.data(), n_lay * LS, cudaMemcpyHostToDevice);
   cudaMemcpy(d_peers, h_peers.data(), h_peers.size() * sizeof(lever_efa_peer), cudaMemcpyHostToDevice);
 
   std::vector<emu::RankLocal> L(locals.size());
@@ -157,7 +226,7 @@ static int make_world(int gpu, const IntMap& c, const FloatMap& fab, const std::
     r.rx_head = ptr<unsigned>(m, "rx_head"); r.qps = ptr<emu::QpIssuer>(m, "qps");
     r.nic = d_send + i * NQ;
     r.rx = d_rx + (size_t)r.rank * nrx;
-    r.pnic = opt_ptr<void>(m, "psq") ? d_psend + i * NQ : nullptr;
+    r.pnic = g_host_nic[r.rank].psend.empty() ? nullptr : d_psend + i * NQ;
     r.nicqp = ptr<emu::NicQp>(m, "nicqp");
     r.nic_rem = ptr<int>(m, "nic_rem"); r.bar = ptr<unsigned>(m, "bar");
     r.hcount = ptr<int>(m, "hcount");
@@ -392,6 +461,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("proxy_start", &proxy_start);
   m.def("proxy_stop", &proxy_stop);
   m.def("proxy_stats", &proxy_stats);
+  m.def("emulated_nic_tables", &emulated_nic_tables);
   m.def("make_world", &make_world);
   m.def("launch_barrier", &launch_barrier);
   m.def("launch_op", &launch_op);

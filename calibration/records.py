@@ -182,6 +182,11 @@ class Provenance(_Strict):
     git_rev: str = ""
     tool_version: str = ""
     command: str = ""
+    # what exactly ran (hw/provenance.py; empty in records older than these fields)
+    dirty: bool = Field(False, description="written with --allow-dirty from a tree with local changes")
+    kernel_sha256: str = Field("", description="sha256 of the kernel/binding sources built")
+    build_flags: str = ""
+    gpu_topology: str = Field("", description="nvidia-smi topo -m, rows joined with ' | '")
 
 
 class RunRecord(_Strict):

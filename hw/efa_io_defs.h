@@ -86,3 +86,5 @@ constexpr uint8_t EFA_IO_CDESC_COMMON_PHASE = 1u << 0;
 constexpr uint8_t EFA_IO_CDESC_COMMON_Q_TYPE_SHIFT = 1;
 constexpr uint8_t EFA_IO_CDESC_COMMON_HAS_IMM = 1u << 3;
 constexpr uint8_t EFA_IO_CDESC_COMMON_OP_TYPE_SHIFT = 4;
+// an RX completion of an unsolicited write-with-immediate (no posted receive; v52+)
+constexpr uint8_t EFA_IO_CDESC_COMMON_UNSOLICITED = 1u << 7;

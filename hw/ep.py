@@ -41,6 +41,9 @@ HERE = Path(__file__).resolve().parent
 PLATFORM = "platforms/emulated-nvlink"
 DMSG, CMSG = 7504, 14400
 NQ_MAX = 32
+CQE_BYTES = 32
+"""CQ entry stride of the emulated NIC: the 32-byte efa_io_rx_cdesc_ex of rdma-core v59's
+extended CQ (what efadv_query_cq reports), as hw/ep/emu_nic.h publishes in its layouts."""
 NIC_WARPS = 8
 ERR_NAMES = {
     1: "dispatch receiver timed out waiting for a count flag",
@@ -68,6 +71,9 @@ class EpError(RuntimeError):
 
 
 def add_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--nic", choices=["emulated", "efa"], default="emulated",
+                   help="emulated: the SRD NIC emulated on the GPU; efa: a real EFA device "
+                        "(device discovery only so far: see hw/efa/README.md)")
     p.add_argument("--path", choices=["native", "proxy"], default="native")
     p.add_argument("--proxy-threads", type=int, default=0,
                    help="proxy path: host proxy threads (0: platform.proxy.threads)")
@@ -94,6 +100,8 @@ def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out-dir", default="", help="directory for --variants records")
     p.add_argument("--id-prefix", default="emu-ep")
     p.add_argument("--out", default="", help="record path to write (single run)")
+    p.add_argument("--allow-dirty", action="store_true",
+                   help="write records from a tree with uncommitted changes (recorded as dirty)")
 
 
 # ----------------------------------------------------------------- configuration
@@ -199,8 +207,10 @@ def summarize(samples: list[float]) -> dict[str, Any]:
 def build_record(*, rid: str, path: str, ranks: int, gpus: int, levers: list[str],
                  sets: Mapping[str, Any], hidden: int, scn, lat: dict[str, list[float]], gate: dict[str, Any], attribution: dict | None,
                  samples: int | None, metrics: dict[str, dict], how: dict[str, Any],
-                 platform_info: dict[str, str], command: str) -> dict[str, Any]:
-    """Assemble and validate a run record (calibration/records.py)."""
+                 platform_info: dict[str, str], command: str,
+                 provenance: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """Assemble and validate a run record (calibration/records.py). ``provenance`` is
+    :func:`run_provenance` (a real run); without it only the revision is looked up."""
     from lever.calibration.records import SCHEMA_VERSION, parse_record
 
     wl = scn.workload
@@ -223,7 +233,8 @@ def build_record(*, rid: str, path: str, ranks: int, gpus: int, levers: list[str
         "metrics": metrics,
         "provenance": {"source": "lever hw ep (hw/ep/ep_kernels.cu, emulated SRD NIC)",
                        "date": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
-                       "git_rev": _git_rev(), "tool_version": "lever-efa 0.1.0", "command": command},
+                       "git_rev": _git_rev(), "tool_version": "lever-efa 0.1.0", "command": command,
+                       **(provenance or {})},
     }
     if attribution:
         rec["attribution"] = attribution
@@ -232,7 +243,34 @@ def build_record(*, rid: str, path: str, ranks: int, gpus: int, levers: list[str
     return rec
 
 
+def kernel_sources() -> list[Path]:
+    """The files the extension is built from: kernels, binding, the NIC layout/WQE headers."""
+    return [*(HERE / "ep").glob("*"), *(HERE / "efa").glob("*.h"), HERE / "efa_io_defs.h"]
+
+
+def kernel_sources_sha256() -> str:
+    """sha256 over :func:`kernel_sources` (hw/provenance.py): names the device code that ran."""
+    from lever.hw.provenance import sources_sha256
+
+    return sources_sha256(kernel_sources())
+
+
+def run_provenance(allow_dirty: bool) -> dict[str, Any]:
+    """The provenance fields of this run's records, or a one-line UserError for a dirty or
+    unknown tree (before any GPU work)."""
+    from lever.hw import provenance as pv
+
+    return {**pv.require_revision(allow_dirty), "kernel_sha256": kernel_sources_sha256(),
+            "build_flags": pv.build_flags(), "gpu_topology": pv.gpu_topology()}
+
+
 def _git_rev() -> str:
+    """``$LEVER_GIT_REV`` when the tree was copied without .git (the device runner), else HEAD."""
+    import os
+
+    env = os.environ.get("LEVER_GIT_REV")
+    if env:
+        return env
     try:
         return subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True,
                               cwd=HERE.parent, timeout=10).stdout.strip()
@@ -304,14 +342,14 @@ class Runner:
                 "out_src": z(El * R * T, i32), "out_count": z(El * R, i32),
                 "comb_out": t.zeros(T, H, dtype=t.bfloat16, device=dv),
                 "rx_head": z(self.n_rxcq, i32), "qps": z(NQ_MAX * 128, u8),
-                "sq": z(NQ_MAX * self.depth * 64, u8), "cq": z(NQ_MAX * self.depth * 16, u8),
+                "sq": z(NQ_MAX * self.depth * 64, u8), "cq": z(NQ_MAX * self.depth * CQE_BYTES, u8),
                 "db": z(NQ_MAX * 32, i32), "nicqp": z(NQ_MAX * 128, u8), "nic_rem": z(NQ_MAX * self.depth, i32),
                 "hcount": z(El * R, i32),
                 "bar": z(4, i32), "prof": z(self.prof_cap * 8, i64), "prof_n": z(1, i32),
                 # peer-visible
                 "recv_x": z(El * R * T * DMSG, u8), "recv_cnt": z(El * R, i64),
                 "comb_recv": z(T * K * CMSG, u8), "comb_flag": z(R, i64),
-                "rxcq": z(self.n_rxcq * self.rx_depth * 16, u8), "rx_tail": z(self.n_rxcq, i32),
+                "rxcq": z(self.n_rxcq * self.rx_depth * CQE_BYTES, u8), "rx_tail": z(self.n_rxcq, i32),
             }
             # expert outputs at +16 of each combine message (zero-copy send buffer)
             cs = b["comb_send"].view(El, R, T, CMSG)
@@ -337,7 +375,8 @@ class Runner:
     def host_sizes(self) -> dict[str, int]:
         """Pinned host memory of the proxy path per rank (bytes)."""
         return {"pring": NQ_MAX * self.ring_depth * 128, "pstate": NQ_MAX * 16 * 8,
-                "psq": NQ_MAX * self.depth * 64, "pcq": NQ_MAX * self.depth * 16, "pdb": NQ_MAX * 32 * 4}
+                "psq": NQ_MAX * self.depth * 64, "pcq": NQ_MAX * self.depth * CQE_BYTES,
+                "pdb": NQ_MAX * 32 * 4}
 
     def proxy_start(self, num_qps: int) -> int:
         """Zero the host rings/queues and start the proxy threads (returns the thread count)."""
@@ -375,7 +414,10 @@ class Runner:
                 m["rank"] = r
                 m.update(self.host[r] if self.host else {})
                 locs.append(m)
-            self.handles.append(self.ext.make_world(g, cfg, fab, locs, peers, wbar_peers))
+            # the NIC tables: filled by the emulated NIC here (hw/ep/emu_nic.h); a real device's
+            # come from its queue queries in the same byte form (hw/efa/device.py pack_layout)
+            tables = self.ext.emulated_nic_tables(cfg, locs, peers)
+            self.handles.append(self.ext.make_world(g, cfg, fab, locs, peers, wbar_peers, tables))
 
     # -- running
     def run_op(self, op: int, flags: dict[str, int], events: list | None) -> None:
@@ -627,18 +669,26 @@ def _run_variant(runner: Runner, scn, args, levers: list[str], sets: Mapping[str
            "timer": "CUDA events around each op launch on every GPU after a cross-GPU start barrier; "
                     "per iteration the max over GPUs",
            "notes": f"{runner.nb} EP blocks x {runner.warps} warps per rank, {runner.nics} NIC blocks per rank; "
-                    f"flags dispatch={json.dumps(fd)} combine={json.dumps(fc)}"}
+                    f"flags dispatch={json.dumps(fd)} combine={json.dumps(fc)}; NIC layout the kernels "
+                    f"posted through (rank 0, QP 0; hw/ep/emu_nic.h): "
+                    f"{json.dumps(dict(runner.ext.nic_layout(0, 0, args.path == 'proxy')))}"}
     return build_record(rid=rid, path=args.path, ranks=runner.R, gpus=runner.G, levers=levers, sets=sets, hidden=runner.shape.hidden,
                         scn=scn, lat=lat, gate=gate, attribution=attribution, samples=samples,
                         metrics=metrics, how=how, platform_info=platform_info,
-                        command="lever hw ep " + " ".join(sys.argv[3:] if len(sys.argv) > 3 else []))
+                        command="lever hw ep " + " ".join(sys.argv[3:] if len(sys.argv) > 3 else []),
+                        provenance=getattr(args, "provenance", None))
 
 
 def main(args: argparse.Namespace) -> int:
     from lever.calibration.records import RecordError, dump_record, parse_record
     from lever.hw.device import require_cuda
 
+    if args.nic == "efa":
+        from lever.hw.efa.run import require_efa_run
+
+        require_efa_run(f"lever hw ep --path {args.path}")
     torch = require_cuda()
+    args.provenance = run_provenance(args.allow_dirty)
     if args.iters < 1 or args.warmup < 0:
         raise UserError("--iters must be >= 1 and --warmup >= 0")
     ngpu = torch.cuda.device_count()

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import datetime as _dt
-import os
 import platform as _platform
 import re
 import shutil
@@ -111,7 +110,7 @@ def build_record(
     gpus: int,
     reps: int,
     platform: Mapping[str, str],
-    provenance: Mapping[str, str],
+    provenance: Mapping[str, Any],
     record_id: str | None = None,
 ) -> RunRecord:
     """Turn raw per-metric samples and the families' checks into a validated record.
@@ -165,15 +164,18 @@ def _run(cmd: list[str]) -> str:
 
 
 def git_revision() -> str:
-    """``$LEVER_GIT_REV`` (set when the tree was copied without .git), else git's HEAD."""
-    env = os.environ.get("LEVER_GIT_REV")
-    if env:
-        return env
-    root = Path(__file__).resolve().parent.parent
-    rev = _run(["git", "-C", str(root), "rev-parse", "HEAD"])
-    if rev and _run(["git", "-C", str(root), "status", "--porcelain", "--", "hw"]):
-        rev += "+dirty"
-    return rev
+    """The 40-hex revision (hw/provenance.py), ``+dirty`` when the tree has local changes;
+    "" when unknown. Real runs go through :func:`collect_provenance`, which refuses those."""
+    from lever.hw.provenance import git_state
+
+    rev, dirty, _ = git_state()
+    return rev + ("+dirty" if rev and dirty else "")
+
+
+def kernel_files() -> list[Path]:
+    """What the extension is built from: :func:`sources` and the headers they include."""
+    hw = SRC_DIR.parent
+    return [*SRC_DIR.glob("*"), *(hw / "efa").glob("*.h"), hw / "efa_io_defs.h"]
 
 
 def collect_platform(torch: Any, ext: Any, devices: Sequence[int]) -> dict[str, str]:
@@ -196,8 +198,18 @@ def collect_platform(torch: Any, ext: Any, devices: Sequence[int]) -> dict[str, 
     }
 
 
-def collect_provenance(argv: Sequence[str]) -> dict[str, str]:
-    """Where the numbers came from: this tool, its revision, the date, the command."""
+def collect_provenance(argv: Sequence[str], allow_dirty: bool | None = None) -> dict[str, Any]:
+    """Where the numbers came from: this tool, its revision, the date, the command.
+
+    ``allow_dirty`` given (a real run): the revision must be a clean 40-hex commit unless
+    allowed (one-line UserError otherwise), and the kernel hash, build flags and GPU
+    topology are recorded (hw/provenance.py). None: the revision as found (tests)."""
+    from lever.hw import provenance as pv
+
+    extra: dict[str, Any] = {"git_rev": git_revision()}
+    if allow_dirty is not None:
+        extra = {**pv.require_revision(allow_dirty), "kernel_sha256": pv.sources_sha256(kernel_files()),
+                 "build_flags": pv.build_flags(), "gpu_topology": pv.gpu_topology()}
     try:
         from importlib.metadata import version
 
@@ -207,9 +219,9 @@ def collect_provenance(argv: Sequence[str]) -> dict[str, str]:
     return {
         "source": "lever hw primitives (hw/primitives CUDA microbenchmarks)",
         "date": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
-        "git_rev": git_revision(),
         "tool_version": tool,
         "command": " ".join(argv),
+        **extra,
     }
 
 
@@ -252,6 +264,9 @@ def design_comparison(rec: RunRecord) -> list[tuple[str, str, float, float, floa
 
 def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", required=True, help="record path to write (JSON)")
+    p.add_argument("--nic", choices=["emulated", "efa"], default="emulated",
+                   help="emulated: the families below on GPU/host memory; efa: GPU-posted writes "
+                        "on a real EFA device (device discovery only so far: see hw/efa/README.md)")
     p.add_argument(
         "--gpus",
         type=int,
@@ -266,6 +281,8 @@ def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--only", default="", help="comma-separated families to run (default: all for --gpus)"
     )
+    p.add_argument("--allow-dirty", action="store_true",
+                   help="write the record from a tree with uncommitted changes (recorded as dirty)")
 
 
 def load_primitives() -> Any:
@@ -291,10 +308,16 @@ def _families(args: argparse.Namespace) -> tuple[str, ...]:
 def main(args: argparse.Namespace) -> int:
     from lever.hw.device import require_cuda
 
+    if getattr(args, "nic", "emulated") == "efa":
+        from lever.hw.efa.run import require_efa_run
+
+        require_efa_run("lever hw primitives")
     if not 20 <= args.reps <= 100000:
         raise UserError(f"--reps: {args.reps} is outside [20, 100000]")
     families = _families(args)
     torch = require_cuda()
+    provenance = collect_provenance([Path(sys.argv[0]).name, *sys.argv[1:]],
+                                    allow_dirty=args.allow_dirty)
     have = torch.cuda.device_count()
     devices = list(range(args.device, args.device + args.gpus))
     if devices[-1] >= have:
@@ -332,7 +355,7 @@ def main(args: argparse.Namespace) -> int:
             gpus=args.gpus,
             reps=args.reps,
             platform=collect_platform(torch, ext, devices),
-            provenance=collect_provenance([Path(sys.argv[0]).name, *sys.argv[1:]]),
+            provenance=provenance,
         )
     except ValueError as e:
         raise RecordError(f"{args.out}: {e}") from None

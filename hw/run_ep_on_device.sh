@@ -1,4 +1,6 @@
 #!/usr/bin/env bash
+# Records name their commit: the tree is copied without .git, so set LEVER_GIT_REV to the
+# clean 40-hex commit it was copied from (the harness refuses a record otherwise, hw/provenance.py).
 # Build the emulated-NIC EP kernels, run the gate, measure, and write records under $OUT.
 # One call on the device machine (nvidia-h200-x2): every step is bounded by `timeout`
 # and logged; a failing step does not stop the others. Records come back as one tarball.

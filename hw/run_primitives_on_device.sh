@@ -1,4 +1,6 @@
 #!/usr/bin/env bash
+# Records name their commit: the tree is copied without .git, so set LEVER_GIT_REV to the
+# clean 40-hex commit it was copied from (the harness refuses a record otherwise, hw/provenance.py).
 # Build, check and measure the primitive microbenchmarks on a CUDA machine, in one go:
 # the 1-GPU families, then (when a second GPU is there) the NVLink family. Records and
 # logs go under $OUT (default ./out). Usage: hw/run_primitives_on_device.sh [REPS]

@@ -23,10 +23,14 @@ ROOT = Path(__file__).resolve().parents[1]
 EP = ROOT / "hw" / "ep"
 
 
-def _nvcc(src: Path, tmp: Path) -> subprocess.CompletedProcess:
+def _nvcc(src: Path, tmp: Path) -> subprocess.CompletedProcess | None:
+    """Compile one source; the binding (.cpp, pybind11 + torch headers) only where torch is."""
     cmd = [NVCC, "-arch=sm_90", "-std=c++17", "-O3", "-c", str(src), "-o", str(tmp / (src.stem + ".o"))]
     if src.suffix == ".cpp":
-        torch = pytest.importorskip("torch")
+        try:
+            import torch
+        except ImportError:
+            return None
         cmd[1:1] = ["-x", "cu", f"-I{Path(torch.__file__).parent / 'include'}",
                     f"-I{sysconfig.get_paths()['include']}", "-DTORCH_EXTENSION_NAME=lever_hw_ep"]
     return subprocess.run(cmd, capture_output=True, text=True, timeout=170)
@@ -34,28 +38,35 @@ def _nvcc(src: Path, tmp: Path) -> subprocess.CompletedProcess:
 
 @pytest.mark.skipif(NVCC is None, reason="nvcc not installed")
 def test_every_ep_source_compiles_for_sm90(tmp_path):
+    """Every kernel source compiles (never skipped for want of torch: only the binding needs it)."""
     srcs = sorted([*EP.glob("*.cu"), *EP.glob("*.cpp")])
     assert any(s.name == "ep_kernels.cu" for s in srcs)
     with ThreadPoolExecutor(max_workers=len(srcs)) as ex:
         results = list(ex.map(lambda s: (s, _nvcc(s, tmp_path)), srcs))
+    compiled = [src.name for src, r in results if r is not None]
+    assert "ep_kernels.cu" in compiled
     for src, r in results:
-        assert r.returncode == 0, f"{src.name} failed to compile:\n{r.stderr[-3000:]}"
+        if r is not None:
+            assert r.returncode == 0, f"{src.name} failed to compile:\n{r.stderr[-3000:]}"
 
 
-def test_header_mirrors_efa_layout():
-    """The emulated WQE/CQE keep the EFA sizes and field names the NIC parses."""
-    emu = (EP / "efa_emu.cuh").read_text()
-    assert '#include "../efa_io_defs.h"' in emu  # one definition, shared with hw/primitives
-    text = emu + (EP.parent / "efa_io_defs.h").read_text()
-    for name in ("struct efa_io_tx_meta_desc", "struct efa_io_tx_wqe", "struct efa_io_tx_cdesc",
-                 "struct efa_io_rx_cdesc", "struct efa_io_remote_mem_addr", "immediate_data", "dest_qp_num"):
-        assert name in text
-    for check in ('sizeof(efa_io_tx_wqe) == 64', 'sizeof(efa_io_tx_cdesc) == 16', 'sizeof(efa_io_rx_cdesc) == 16'):
-        assert check in text
-    assert "torch" not in (EP / "ep_kernels.cu").read_text().lower().replace("no torch", "")
+def test_kernels_are_plain_cuda():
+    """No torch in the kernels (the binding is the only file that sees torch). The layouts
+    themselves are compared by the compiler: tests/test_hw_nic_layout.py and
+    tests/test_hw_efa.py (offsets against rdma-core v59), not by reading source text."""
+    for name in ("ep_kernels.cu", "efa_emu.cuh", "emu_nic.h"):
+        text = (EP / name).read_text()
+        for bad in ("#include <torch", "#include <ATen", "#include <c10", "torch::", "at::Tensor"):
+            assert bad not in text, (name, bad)
 
 
-torch = pytest.importorskip("torch")
+# Only the tests that run the reference need torch (the CPU build is enough); the
+# compile-only tests above and the ones below that need no torch run without it.
+try:
+    import torch
+except ImportError:  # pragma: no cover - CI images without torch
+    torch = None
+needs_torch = pytest.mark.skipif(torch is None, reason="torch not installed (the reference needs it)")
 
 from lever.hw import reference as ref  # noqa: E402
 from lever.hw.profiler import attribution, decode  # noqa: E402
@@ -65,6 +76,7 @@ def small(R=2):
     return ref.Shape(num_ranks=R, tokens=16, hidden=256, top_k=4, num_experts=8)
 
 
+@needs_torch
 def test_dispatch_layout_is_token_ordered_and_complete():
     s = small()
     inp = ref.make_inputs(s, seed=3)
@@ -81,6 +93,7 @@ def test_dispatch_layout_is_token_ordered_and_complete():
                 assert (lay["src"][le, src, n:] == -1).all()
 
 
+@needs_torch
 def test_dispatch_payload_matches_inputs():
     s = small()
     inp = ref.make_inputs(s, seed=1)
@@ -95,6 +108,7 @@ def test_dispatch_payload_matches_inputs():
     assert not x[le, src, n:].any()
 
 
+@needs_torch
 def test_combine_is_float32_k_order_without_fma():
     s = small()
     inp = ref.make_inputs(s, seed=2)
@@ -115,6 +129,7 @@ def test_combine_is_float32_k_order_without_fma():
     assert not torch.equal(out[r][t], bad.to(torch.bfloat16))
 
 
+@needs_torch
 def test_shape_check_refuses_bad_shapes():
     with pytest.raises(ValueError, match="multiple of ranks"):
         ref.Shape(num_ranks=3).check()
@@ -255,16 +270,6 @@ def test_cached_dispatch_and_proxy_flags():
     assert p.design.path == "proxy" and kernel_flags(p, "dispatch", "proxy", 0, False)["proxy"] == 1
     assert scenario_overrides(2, False, {}, "proxy")["design.path"] == "proxy"
     assert p.platform.proxy.ring_depth == 32
-
-
-def test_proxy_descriptor_and_issuer_layouts_in_header():
-    """The host proxy and the GPU share these layouts: 128 B descriptors, 128 B QP state lines."""
-    text = (EP / "efa_emu.cuh").read_text()
-    for check in ("sizeof(ProxyDesc) == 128", "unsigned long long seq;", "unsigned int resv;",
-                  "unsigned long long* pstate;", "ST_NIC_LATE_NS"):
-        assert check in text
-    b = (EP / "binding.cpp").read_text()
-    assert "std::thread" in b and "cudaHostAllocMapped" in b and "emu::wqe_word" in b
 
 
 def test_committed_records_cover_native_proxy_and_levers():

@@ -454,3 +454,27 @@ def pack_layout(layout: Mapping[str, int]) -> bytes:
     if missing:
         raise LayoutError(f"layout: missing field {missing[0]}")
     return bytes(NicLayout(**{n: int(layout[n]) for n in names}))
+
+
+class NicPeer(ctypes.Structure):
+    """ctypes mirror of ``lever_efa_peer`` (24 bytes): what a WQE needs to reach one peer queue."""
+
+    _fields_ = [
+        ("ahn", ctypes.c_uint16), ("remote_qpn", ctypes.c_uint16),
+        ("remote_qkey", ctypes.c_uint32), ("rkey", ctypes.c_uint32),
+        ("reserved", ctypes.c_uint32), ("remote_addr", ctypes.c_uint64),
+    ]
+
+
+def pack_peers(peers: list[Mapping[str, int]]) -> bytes:
+    """The bytes of a ``lever_efa_peer`` table ([num_ranks][receive queues], row-major): what
+    a rank learns from every peer over torch.distributed (AH number from efadv_query_ah on
+    the peer's GID, the peer QP's number and qkey, its window's rkey and base address)."""
+    out = bytearray()
+    for i, p in enumerate(peers):
+        for k, bits in (("ahn", 16), ("remote_qpn", 16), ("remote_qkey", 32), ("rkey", 32)):
+            if not 0 <= int(p[k]) < 1 << bits:
+                raise LayoutError(f"peer {i}: {k} {p[k]:#x} does not fit {bits} bits")
+        out += bytes(NicPeer(ahn=p["ahn"], remote_qpn=p["remote_qpn"], remote_qkey=p["remote_qkey"],
+                             rkey=p["rkey"], reserved=0, remote_addr=int(p.get("remote_addr", 0))))
+    return bytes(out)

@@ -141,9 +141,11 @@ _Static_assert(sizeof(lever_efa_nic_layout) == 152, "lever_efa_nic_layout is 152
 /* Slot of the ring a counter value lands in. */
 LEVER_EFA_HD uint32_t lever_efa_slot(uint32_t counter, uint32_t n) { return counter & (n - 1u); }
 
-/* meta.ctrl2 phase bit of the WQE posted as number pc. */
+/* meta.ctrl2 phase bit of the WQE posted as number pc: the parity of the lap
+ * (pc / n) & 1, which for a power-of-two n is bit log2(n) of pc (no division in a
+ * post path). */
 LEVER_EFA_HD uint32_t lever_efa_sq_phase(uint32_t pc, uint32_t n) {
-  return ((pc / n) & 1u) ^ LEVER_EFA_SQ_PHASE_FIRST_LAP;
+  return ((pc & n) != 0u ? 1u : 0u) ^ LEVER_EFA_SQ_PHASE_FIRST_LAP;
 }
 
 /* The value written to the SQ doorbell after WQEs up to (not including) pc:
@@ -152,7 +154,7 @@ LEVER_EFA_HD uint32_t lever_efa_sq_doorbell_value(uint32_t pc) { return pc & 0xf
 
 /* Phase bit a CQE must carry to be the ci-th completion (flags bit 0). */
 LEVER_EFA_HD uint32_t lever_efa_cq_phase(uint32_t ci, uint32_t n) {
-  return ((ci / n) & 1u) ^ LEVER_EFA_CQ_PHASE_FIRST_LAP;
+  return ((ci & n) != 0u ? 1u : 0u) ^ LEVER_EFA_CQ_PHASE_FIRST_LAP;
 }
 
 /* GPU address of the WQE slot for pc, and of the CQE for ci. */

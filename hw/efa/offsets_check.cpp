@@ -51,6 +51,7 @@ constexpr unsigned cdesc_phase = proj::EFA_IO_CDESC_COMMON_PHASE;
 constexpr unsigned cdesc_q_type_shift = proj::EFA_IO_CDESC_COMMON_Q_TYPE_SHIFT;
 constexpr unsigned cdesc_has_imm = proj::EFA_IO_CDESC_COMMON_HAS_IMM;
 constexpr unsigned cdesc_op_type_shift = proj::EFA_IO_CDESC_COMMON_OP_TYPE_SHIFT;
+constexpr unsigned cdesc_unsolicited = proj::EFA_IO_CDESC_COMMON_UNSOLICITED;
 }  // namespace pc
 
 // The kernel-style helpers the provider header expects (linux/bits.h in the tree).
@@ -66,6 +67,7 @@ namespace prov {
 }  // namespace prov
 
 #include "nic_layout.h"
+#include "wqe.h"
 
 // ---------------------------------------------------------------- helpers
 #define MEMBER_SIZE(type, field) sizeof(((type*)0)->field)
@@ -248,6 +250,18 @@ static_assert(pc::cdesc_q_type_shift == lowest_bit(EFA_IO_CDESC_COMMON_Q_TYPE_MA
 static_assert(pc::cdesc_has_imm == EFA_IO_CDESC_COMMON_HAS_IMM_MASK, "cdesc has_imm bit differs");
 static_assert(pc::cdesc_op_type_shift == lowest_bit(EFA_IO_CDESC_COMMON_OP_TYPE_MASK),
               "cdesc op_type shift differs");
+static_assert(pc::cdesc_unsolicited == EFA_IO_CDESC_COMMON_UNSOLICITED_MASK,
+              "cdesc unsolicited bit differs");
+// wqe.h, the one WQE builder, against the provider's bits
+static_assert(LEVER_EFA_OP_RDMA_WRITE == unsigned(prov::EFA_IO_RDMA_WRITE), "wqe.h RDMA_WRITE differs");
+static_assert(LEVER_EFA_CTRL1_HAS_IMM == EFA_IO_TX_META_DESC_HAS_IMM_MASK, "wqe.h has_imm differs");
+static_assert(LEVER_EFA_CTRL1_META_DESC == EFA_IO_TX_META_DESC_META_DESC_MASK, "wqe.h meta_desc differs");
+static_assert(LEVER_EFA_CTRL2_PHASE == EFA_IO_TX_META_DESC_PHASE_MASK, "wqe.h phase differs");
+static_assert(LEVER_EFA_CTRL2_FIRST == EFA_IO_TX_META_DESC_FIRST_MASK, "wqe.h first differs");
+static_assert(LEVER_EFA_CTRL2_LAST == EFA_IO_TX_META_DESC_LAST_MASK, "wqe.h last differs");
+static_assert(LEVER_EFA_CTRL2_COMP_REQ == EFA_IO_TX_META_DESC_COMP_REQ_MASK, "wqe.h comp_req differs");
+static_assert(LEVER_EFA_LKEY_MASK == EFA_IO_TX_BUF_DESC_LKEY_MASK, "wqe.h lkey mask differs");
+static_assert(LEVER_EFA_CDESC_PHASE == EFA_IO_CDESC_COMMON_PHASE_MASK, "wqe.h CQE phase differs");
 // nic_layout.h phase helpers use bit 0 of ctrl2 / flags
 static_assert(EFA_IO_TX_META_DESC_PHASE_MASK == 1u && EFA_IO_CDESC_COMMON_PHASE_MASK == 1u,
               "phase is not bit 0");

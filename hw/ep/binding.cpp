@@ -1,6 +1,9 @@
 // Thin Python binding of the emulated-NIC EP kernels: builds the per-GPU
 // World (rank tables with raw device addresses that Python allocated through
 // torch) and launches the world barrier and the ops on a given stream.
+// It is also the emulated NIC's host setup: it fills the NIC layouts of the
+// queues the emulator serves (hw/ep/emu_nic.h) and passes them through
+// lever_ep_check_nic, the same entry a real device's layouts go through.
 // Why raw addresses: neither this file nor the .cu needs torch headers (pybind11
 // only, so it compiles fast and CI can check it); torch allocates the buffers.
 #include <pybind11/pybind11.h>
@@ -24,6 +27,14 @@ using FloatMap = std::map<std::string, double>;
 
 static std::vector<emu::World> g_worlds;
 
+// Host copies of what the emulated NIC published, for the proxy threads and for records.
+struct HostNic {
+  std::vector<lever_efa_nic_layout> send, psend;  // [NQ_MAX] per rank
+};
+static std::map<int, HostNic> g_host_nic;            // by rank
+static std::vector<lever_efa_peer> g_host_peers;     // [num_ranks][n_rxcq]
+static int g_n_rx = 0;
+
 static int64_t need(const IntMap& m, const char* k) {
   auto it = m.find(k);
   if (it == m.end()) throw std::runtime_error(std::string("missing key: ") + k);
@@ -39,8 +50,77 @@ static T* opt_ptr(const IntMap& m, const char* k) {
   return it == m.end() ? nullptr : reinterpret_cast<T*>(static_cast<uintptr_t>(it->second));
 }
 
+static std::string table_bytes(const py::dict& t, const char* k) {
+  if (!t.contains(k)) throw std::runtime_error(std::string("NIC tables: missing ") + k);
+  return t[k].cast<std::string>();
+}
+static std::vector<lever_efa_nic_layout> layouts_of(const py::bytes& b, int n, const char* what) {
+  const std::string s = b;
+  if (s.size() != (size_t)n * sizeof(lever_efa_nic_layout))
+    throw std::runtime_error(std::string("NIC tables: ") + what + " needs " + std::to_string(n) + " layouts");
+  std::vector<lever_efa_nic_layout> v((size_t)n);
+  memcpy(v.data(), s.data(), s.size());
+  return v;
+}
+template <class T>
+static py::bytes as_bytes(const std::vector<T>& v) {
+  return py::bytes(reinterpret_cast<const char*>(v.data()), v.size() * sizeof(T));
+}
+
+// The emulated NIC's host setup: the layouts of the queues it serves for the ranks of one
+// GPU (send QPs, proxy QPs where the rank has proxy rings) and every rank's receive queues,
+// and the peer table, as the bytes of lever_efa_nic_layout / lever_efa_peer arrays. That is
+// the form make_world takes from any NIC: a real device's tables come from its queue
+// queries (hw/efa/device.py pack_layout / pack_peers). The peers field is left 0: the
+// binding points it at its device copy of the table.
+static py::dict emulated_nic_tables(const IntMap& c, const std::vector<IntMap>& locals,
+                                    const std::vector<IntMap>& peers) {
+  const int R = (int)need(c, "num_ranks"), nrx = (int)need(c, "n_rxcq"), NQ = emu::NQ_MAX;
+  const uint32_t depth = (uint32_t)need(c, "sq_depth"), rxd = (uint32_t)need(c, "rx_depth");
+  if (const char* why = emu_nic::numbering_problem(R, NQ, nrx)) throw std::runtime_error(why);
+  if ((int)peers.size() != R) throw std::runtime_error("peers: one entry per rank");
+  std::vector<lever_efa_nic_layout> recv((size_t)R * nrx);
+  std::vector<lever_efa_peer> table((size_t)R * nrx);
+  for (int r = 0; r < R; ++r) {
+    const uint64_t rxcq = (uint64_t)need(peers[r], "rxcq");
+    for (int i = 0; i < nrx; ++i) {
+      recv[(size_t)r * nrx + i] = emu_nic::recv_qp_layout(
+          r, emu_nic::rx_qpn(r, i, nrx), rxcq + (uint64_t)i * rxd * emu_nic::CQE_SIZE, rxd);
+      table[(size_t)r * nrx + i] = emu_nic::peer_entry(r, i, nrx);
+    }
+  }
+  py::list send, psend;
+  for (const IntMap& m : locals) {
+    const int rank = (int)need(m, "rank");
+    std::vector<lever_efa_nic_layout> sl, pl;
+    for (int q = 0; q < NQ; ++q) {
+      const uint64_t sq = (uint64_t)need(m, "sq") + (uint64_t)q * depth * emu_nic::WQE_SIZE;
+      const uint64_t db = (uint64_t)need(m, "db") + (uint64_t)q * 32 * 4;
+      const uint64_t cq = (uint64_t)need(m, "cq") + (uint64_t)q * depth * emu_nic::CQE_SIZE;
+      sl.push_back(emu_nic::send_qp_layout(rank, emu_nic::SQ_QPN_BASE + (uint32_t)(rank * NQ + q), sq, db,
+                                           cq, depth, depth, false, 0, (uint32_t)(R * nrx)));
+      if (opt_ptr<void>(m, "psq")) {
+        const uint64_t psq = (uint64_t)need(m, "psq") + (uint64_t)q * depth * emu_nic::WQE_SIZE;
+        const uint64_t pdb = (uint64_t)need(m, "pdb") + (uint64_t)q * 32 * 4;
+        const uint64_t pcq = (uint64_t)need(m, "pcq") + (uint64_t)q * depth * emu_nic::CQE_SIZE;
+        pl.push_back(emu_nic::send_qp_layout(rank, emu_nic::PSQ_QPN_BASE + (uint32_t)(rank * NQ + q), psq,
+                                             pdb, pcq, depth, depth, true, 0, (uint32_t)(R * nrx)));
+      }
+    }
+    send.append(as_bytes(sl));
+    psend.append(as_bytes(pl));
+  }
+  py::dict out;
+  out["recv"] = as_bytes(recv);
+  out["peers"] = as_bytes(table);
+  out["send"] = send;
+  out["psend"] = psend;
+  return out;
+}
+
 static int make_world(int gpu, const IntMap& c, const FloatMap& fab, const std::vector<IntMap>& locals,
-                      const std::vector<IntMap>& peers, const std::vector<int64_t>& wbar_peers) {
+                      const std::vector<IntMap>& peers, const std::vector<int64_t>& wbar_peers,
+                      const py::dict& tables) {
   emu::World w{};
   w.gpu = gpu;
   w.num_ranks = (int)need(c, "num_ranks");
@@ -71,6 +151,67 @@ static int make_world(int gpu, const IntMap& c, const FloatMap& fab, const std::
   w.fab.nics_per_rank = (int)f("nics_per_rank");
   w.fab.seed = (unsigned long long)f("seed");
 
+  // ---- the NIC tables, whoever filled them (emulated_nic_tables below, or a real device's
+  // queue queries): checked by the kernels' entry, then copied where the GPU reads them.
+  const int R = w.num_ranks, nrx = w.n_rxcq, NQ = emu::NQ_MAX;
+  if ((int)peers.size() != R) throw std::runtime_error("peers: one entry per rank");
+  const size_t LS = sizeof(lever_efa_nic_layout);
+  const std::string recv_b = table_bytes(tables, "recv"), peers_b = table_bytes(tables, "peers");
+  const py::list send_l = tables["send"].cast<py::list>(), psend_l = tables["psend"].cast<py::list>();
+  if (recv_b.size() != (size_t)R * nrx * LS || peers_b.size() != (size_t)R * nrx * sizeof(lever_efa_peer) ||
+      send_l.size() != locals.size() || psend_l.size() != locals.size())
+    throw std::runtime_error("NIC tables: need recv [ranks x n_rxcq] layouts, peers [ranks x n_rxcq], "
+                             "send and psend per local rank");
+  const size_t n_lay = (size_t)R * nrx + locals.size() * 2 * NQ;
+  const size_t bytes = n_lay * LS + (size_t)R * nrx * sizeof(lever_efa_peer);
+  cudaSetDevice(gpu);
+  void* dnic = nullptr;
+  if (cudaMalloc(&dnic, bytes) != cudaSuccess) throw std::runtime_error("cudaMalloc of the NIC tables failed");
+  auto* d_rx = static_cast<lever_efa_nic_layout*>(dnic);             // [R][nrx]
+  auto* d_send = d_rx + (size_t)R * nrx;                               // [locals][NQ] native
+  auto* d_psend = d_send + locals.size() * NQ;                         // [locals][NQ] proxy
+  auto* d_peers = reinterpret_cast<lever_efa_peer*>(d_psend + locals.size() * NQ);
+  std::vector<lever_efa_nic_layout> h_lay(n_lay);
+  std::vector<lever_efa_peer> h_peers((size_t)R * nrx);
+  memcpy(h_lay.data(), recv_b.data(), recv_b.size());
+  memcpy(h_peers.data(), peers_b.data(), peers_b.size());
+  // the peer table's device copy is the binding's: every send layout points to it
+  const uint64_t peers_dev = (uint64_t)(uintptr_t)d_peers;
+  for (size_t li = 0; li < locals.size(); ++li) {
+    const int rank = (int)need(locals[li], "rank");
+    HostNic& hn = g_host_nic[rank];
+    hn.send = layouts_of(send_l[li].cast<py::bytes>(), NQ, "send");
+    const std::string pb = psend_l[li].cast<py::bytes>();
+    hn.psend = pb.empty() ? std::vector<lever_efa_nic_layout>{} : layouts_of(py::bytes(pb), NQ, "psend");
+    const bool proxy = !hn.psend.empty();
+    if (proxy != (opt_ptr<void>(locals[li], "pring") != nullptr))
+      throw std::runtime_error("NIC tables: proxy QP layouts exactly when the rank has proxy rings");
+    for (int q = 0; q < NQ; ++q) {
+      hn.send[q].peers = peers_dev;
+      h_lay[(size_t)R * nrx + li * NQ + q] = hn.send[q];
+      if (proxy) {
+        hn.psend[q].peers = peers_dev;
+        h_lay[(size_t)R * nrx + (locals.size() + li) * NQ + q] = hn.psend[q];
+      }
+    }
+    char why[256];
+    const lever_efa_nic_layout* rx = h_lay.data() + (size_t)rank * nrx;
+    if (lever_ep_check_nic(hn.send.data(), NQ, rx, nrx, h_peers.data(), R * nrx, R, why, sizeof why))
+      throw std::runtime_error(std::string("rank ") + std::to_string(rank) + " native NIC tables: " + why);
+    if (proxy && lever_ep_check_nic(hn.psend.data(), NQ, rx, nrx, h_peers.data(), R * nrx, R, why, sizeof why))
+      throw std::runtime_error(std::string("rank ") + std::to_string(rank) + " proxy NIC tables: " + why);
+    // the emulated NIC's own tables (packet bookkeeping) are sq_depth deep
+    if (w.nic_blocks > 0)
+      for (int q = 0; q < NQ; ++q)
+        if (hn.send[q].sq_num_entries != (uint32_t)w.sq_depth ||
+            (proxy && hn.psend[q].sq_num_entries != (uint32_t)w.sq_depth))
+          throw std::runtime_error("NIC tables: the emulated NIC serves SQs of sq_depth entries only");
+  }
+  g_host_peers = h_peers;
+  g_n_rx = nrx;
+  cudaMemcpy(dnic, h_lay.data(), n_lay * LS, cudaMemcpyHostToDevice);
+  cudaMemcpy(d_peers, h_peers.data(), h_peers.size() * sizeof(lever_efa_peer), cudaMemcpyHostToDevice);
+
   std::vector<emu::RankLocal> L(locals.size());
   for (size_t i = 0; i < locals.size(); ++i) {
     const IntMap& m = locals[i];
@@ -83,14 +224,14 @@ static int make_world(int gpu, const IntMap& c, const FloatMap& fab, const std::
     r.exp_count = ptr<int>(m, "exp_count"); r.out_src = ptr<int>(m, "out_src");
     r.out_count = ptr<int>(m, "out_count"); r.comb_out = ptr<uint16_t>(m, "comb_out");
     r.rx_head = ptr<unsigned>(m, "rx_head"); r.qps = ptr<emu::QpIssuer>(m, "qps");
-    r.sq = ptr<emu::efa_io_tx_wqe>(m, "sq"); r.cq = ptr<emu::efa_io_tx_cdesc>(m, "cq");
-    r.db = ptr<unsigned>(m, "db"); r.nicqp = ptr<emu::NicQp>(m, "nicqp");
+    r.nic = d_send + i * NQ;
+    r.rx = d_rx + (size_t)r.rank * nrx;
+    r.pnic = g_host_nic[r.rank].psend.empty() ? nullptr : d_psend + i * NQ;
+    r.nicqp = ptr<emu::NicQp>(m, "nicqp");
     r.nic_rem = ptr<int>(m, "nic_rem"); r.bar = ptr<unsigned>(m, "bar");
     r.hcount = ptr<int>(m, "hcount");
     r.prof = ptr<unsigned long long>(m, "prof"); r.prof_n = ptr<unsigned>(m, "prof_n");
     r.pring = opt_ptr<emu::ProxyDesc>(m, "pring"); r.pstate = opt_ptr<unsigned long long>(m, "pstate");
-    r.psq = opt_ptr<emu::efa_io_tx_wqe>(m, "psq"); r.pcq = opt_ptr<emu::efa_io_tx_cdesc>(m, "pcq");
-    r.pdb = opt_ptr<unsigned>(m, "pdb");
   }
   std::vector<emu::RankPeer> P(peers.size());
   for (size_t i = 0; i < peers.size(); ++i) {
@@ -98,9 +239,8 @@ static int make_world(int gpu, const IntMap& c, const FloatMap& fab, const std::
     P[i].recv_x = ptr<uint8_t>(m, "recv_x"); P[i].recv_cnt = ptr<unsigned long long>(m, "recv_cnt");
     P[i].comb_recv = ptr<uint8_t>(m, "comb_recv");
     P[i].comb_flag = ptr<unsigned long long>(m, "comb_flag");
-    P[i].rxcq = ptr<emu::efa_io_rx_cdesc>(m, "rxcq"); P[i].rx_tail = ptr<unsigned>(m, "rx_tail");
+    P[i].rx = d_rx + i * nrx; P[i].rx_tail = ptr<unsigned>(m, "rx_tail");
   }
-  cudaSetDevice(gpu);
   void *dl = nullptr, *dp = nullptr, *dw = nullptr;
   if (cudaMalloc(&dl, sizeof(emu::RankLocal) * L.size()) != cudaSuccess ||
       cudaMalloc(&dp, sizeof(emu::RankPeer) * P.size()) != cudaSuccess ||
@@ -142,9 +282,23 @@ static int launch_op(int h, int op, int64_t epoch, const IntMap& flags, int64_t 
   cudaSetDevice(w.gpu);
   return emu_host::launch_op(w, op, (unsigned)epoch, to_flags(flags), reinterpret_cast<void*>(stream));
 }
+// The layout the emulated NIC published for one rank's QP (proxy: its proxy QP), for records.
+static std::map<std::string, int64_t> nic_layout(int rank, int qp, bool proxy) {
+  auto it = g_host_nic.find(rank);
+  if (it == g_host_nic.end()) throw std::runtime_error("nic_layout: no world holds that rank");
+  const auto& v = proxy ? it->second.psend : it->second.send;
+  const lever_efa_nic_layout& l = v.at((size_t)qp);
+  return {{"qp_num", l.qp_num}, {"sq_entry_size", l.sq_entry_size}, {"sq_num_entries", l.sq_num_entries},
+          {"sq_max_batch", l.sq_max_batch}, {"sq_buffer_mem", l.sq_buffer_mem},
+          {"sq_doorbell_mem", l.sq_doorbell_mem}, {"sq_phase_first", l.sq_phase_first},
+          {"cq_entry_size", l.cq_entry_size}, {"cq_num_entries", l.cq_num_entries},
+          {"cq_buffer_mem", l.cq_buffer_mem}, {"cq_phase_first", l.cq_phase_first},
+          {"qkey", l.qkey}, {"lkey", l.lkey}, {"num_peers", l.num_peers}};
+}
 static std::map<std::string, int64_t> layout_sizes() {
   return {{"wqe", sizeof(emu::efa_io_tx_wqe)}, {"tx_cqe", sizeof(emu::efa_io_tx_cdesc)},
-          {"rx_cqe", sizeof(emu::efa_io_rx_cdesc)}, {"qp_issuer", sizeof(emu::QpIssuer)},
+          {"rx_cqe", sizeof(emu::efa_io_rx_cdesc)}, {"cq_entry", emu_nic::CQE_SIZE},
+          {"nic_layout", sizeof(lever_efa_nic_layout)}, {"qp_issuer", sizeof(emu::QpIssuer)},
           {"nic_qp", sizeof(emu::NicQp)}, {"proxy_desc", sizeof(emu::ProxyDesc)},
           {"dmsg", emu::DMSG}, {"cmsg", emu::CMSG}, {"err_words", emu::ERR_WORDS},
           {"stats", emu::ST_NUM}, {"prof_words", emu::PROF_WORDS}};
@@ -162,9 +316,9 @@ struct ProxyRing {
   emu::ProxyDesc* ring;
   volatile unsigned long long* cons;   // pstate[qp*16 + 0]
   volatile unsigned long long* done;   // pstate[qp*16 + 8]
-  emu::efa_io_tx_wqe* sq;
-  volatile emu::efa_io_tx_cdesc* cq;
-  volatile unsigned* db;
+  lever_efa_nic_layout lay;            // the proxy QP, as the NIC published it (host addresses)
+  const lever_efa_peer* peers;         // host copy of the peer table
+  int n_rx;
   int rank, qp, ring_depth, sq_depth;
   unsigned long long c = 0, posted = 0, cq_ci = 0;
 };
@@ -192,16 +346,20 @@ static void proxy_loop(std::vector<ProxyRing*> rings) {
         const unsigned dest = d->dest_rank, dqp = d->dest_qp, has_imm = d->has_imm;
         if (r->posted - r->cq_ci >= (unsigned long long)r->sq_depth) break;  // NIC SQ full: wait for CQEs
         const unsigned idx = (unsigned)r->posted;
-        unsigned long long* w = reinterpret_cast<unsigned long long*>(r->sq + (idx % (unsigned)r->sq_depth));
-        for (int k = 0; k < 8; ++k)
-          w[k] = emu::wqe_word(laddr, raddr, len, imm, dest, dqp, has_imm, k, idx, r->sq_depth, r->rank);
+        unsigned long long* w = reinterpret_cast<unsigned long long*>(
+            static_cast<uintptr_t>(r->lay.sq_buffer + (uint64_t)lever_efa_slot(idx, r->lay.sq_num_entries) *
+                                                          r->lay.sq_entry_size));
+        const lever_efa_peer* peer = r->peers + (size_t)dest * r->n_rx + dqp;
+        const lever_efa_write wr = {laddr, raddr, len, imm, has_imm};
+        for (int k = 0; k < 8; ++k) w[k] = lever_efa_write_wqe_word(&r->lay, peer, &wr, idx, k);
         ++r->posted;
         ++r->c;
         ++n;
       }
       if (n) {
         std::atomic_thread_fence(std::memory_order_release);
-        *r->db = (unsigned)(r->posted & 0xffffu);           // doorbell: producer counter
+        *reinterpret_cast<volatile unsigned*>(static_cast<uintptr_t>(r->lay.sq_doorbell)) =
+            lever_efa_sq_doorbell_value((unsigned)r->posted);  // doorbell: producer counter
         *r->cons = r->c;                                     // ring space back to the GPU
         g_pstats.descs += n;
         g_pstats.batches += 1;
@@ -210,10 +368,12 @@ static void proxy_loop(std::vector<ProxyRing*> rings) {
       // 2. completions (the NIC's CQEs may come out of WQE order: counted)
       unsigned long long m = 0;
       while (true) {
-        volatile emu::efa_io_tx_cdesc* q = r->cq + (r->cq_ci % (unsigned long long)r->sq_depth);
+        const unsigned ci = (unsigned)r->cq_ci;
+        volatile emu::efa_io_tx_cdesc* q = reinterpret_cast<volatile emu::efa_io_tx_cdesc*>(
+            static_cast<uintptr_t>(r->lay.cq_buffer + (uint64_t)lever_efa_slot(ci, r->lay.cq_num_entries) *
+                                                          r->lay.cq_entry_size));
         const unsigned flags = q->common.flags;
-        const unsigned phase = (unsigned)(((r->cq_ci / (unsigned long long)r->sq_depth) & 1ull) ^ 1ull);
-        if ((flags & emu::CDESC_PHASE) != phase) break;
+        if (!lever_efa_cqe_is_new(&r->lay, flags, ci)) break;
         if (q->common.status != 0) g_pstats.bad += 1;
         ++r->cq_ci;
         ++m;
@@ -266,18 +426,20 @@ static int proxy_start(const std::vector<IntMap>& ranks, int num_qps, int ring_d
   for (const IntMap& m : ranks) {
     auto* pring = ptr<emu::ProxyDesc>(m, "pring");
     auto* pstate = ptr<unsigned long long>(m, "pstate");
-    auto* psq = ptr<emu::efa_io_tx_wqe>(m, "psq");
-    auto* pcq = ptr<emu::efa_io_tx_cdesc>(m, "pcq");
-    auto* pdb = ptr<unsigned>(m, "pdb");
+    const int rank = (int)need(m, "rank");
+    auto it = g_host_nic.find(rank);
+    if (it == g_host_nic.end() || (int)it->second.psend.size() < num_qps)
+      throw std::runtime_error("proxy_start: no proxy QP layouts for rank " + std::to_string(rank) +
+                               " (make_world first, with psq/pcq/pdb)");
     for (int q = 0; q < num_qps; ++q) {
       auto r = std::make_unique<ProxyRing>();
       r->ring = pring + (size_t)q * ring_depth;
       r->cons = pstate + (size_t)q * 16;
       r->done = pstate + (size_t)q * 16 + 8;
-      r->sq = psq + (size_t)q * sq_depth;
-      r->cq = pcq + (size_t)q * sq_depth;
-      r->db = pdb + q * 32;
-      r->rank = (int)need(m, "rank");
+      r->lay = it->second.psend[(size_t)q];
+      r->peers = g_host_peers.data();
+      r->n_rx = g_n_rx;
+      r->rank = rank;
       r->qp = q;
       r->ring_depth = ring_depth;
       r->sq_depth = sq_depth;
@@ -299,11 +461,13 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("proxy_start", &proxy_start);
   m.def("proxy_stop", &proxy_stop);
   m.def("proxy_stats", &proxy_stats);
+  m.def("emulated_nic_tables", &emulated_nic_tables);
   m.def("make_world", &make_world);
   m.def("launch_barrier", &launch_barrier);
   m.def("launch_op", &launch_op);
   m.def("enable_peer", &emu_host::enable_peer);
   m.def("coop_max_blocks", &emu_host::coop_max_blocks);
   m.def("layout_sizes", &layout_sizes);
+  m.def("nic_layout", &nic_layout);
   m.def("err_string", &err_string);
 }

@@ -1,16 +1,24 @@
 // Emulated EFA SRD NIC and the EP kernels' shared definitions.
 //
 // Why this file exists: the native path must build the NIC's real 64-byte TX
-// work-queue entries and poll real 16-byte completion descriptors, so the GPU
-// pays the same stores, fences and polls it would on EFA. The structures
-// below follow the field names and bit positions of the EFA device interface
-// (rdma-core providers/efa efa_io_defs.h, RDMA-write capable revision); they
-// are written from that description, not copied. No torch headers here: the
-// binding (.cpp) is the only file that sees torch.
+// work-queue entries and poll real completion descriptors, so the GPU pays the
+// same stores, fences and polls it would on EFA. The kernels reach their queues
+// only through lever_efa_nic_layout (hw/efa/nic_layout.h: SQ ring, doorbell, CQ
+// ring, entry sizes, phases, QPN, keys) and a peer table (AH, remote QPN, qkey,
+// rkey), and build every WQE with lever_efa_write_wqe_word (hw/efa/wqe.h), so the
+// same device code posts to the emulated NIC (layouts filled by hw/ep/emu_nic.h)
+// or a real EFA QP (layouts from efadv_query_qp_wqs / efadv_query_cq). The
+// structures follow the EFA device interface (rdma-core providers/efa
+// efa_io_defs.h); written from that description, not copied. No torch headers
+// here: the binding (.cpp) is the only file that sees torch.
 #pragma once
+#include <stddef.h>
 #include <stdint.h>
 
 #include "../efa_io_defs.h"
+#include "../efa/nic_layout.h"
+#include "../efa/wqe.h"
+#include "emu_nic.h"
 
 #if defined(__CUDACC__)
 #define EMU_HD __host__ __device__ __forceinline__
@@ -20,7 +28,7 @@
 
 namespace emu {
 
-// ---- EFA IO definitions (TX WQE 64 B, CQE 16 B): hw/efa_io_defs.h --------
+// ---- EFA IO definitions (TX WQE 64 B; CQEs read 16 B at the layout's entry stride) --
 using ::EfaQueueType;
 using ::EfaSendOp;
 using ::efa_io_cdesc_common;
@@ -53,9 +61,7 @@ constexpr uint8_t CDESC_PHASE = ::EFA_IO_CDESC_COMMON_PHASE;
 constexpr uint8_t CDESC_Q_TYPE_SHIFT = ::EFA_IO_CDESC_COMMON_Q_TYPE_SHIFT;
 constexpr uint8_t CDESC_HAS_IMM = ::EFA_IO_CDESC_COMMON_HAS_IMM;
 constexpr uint8_t CDESC_OP_TYPE_SHIFT = ::EFA_IO_CDESC_COMMON_OP_TYPE_SHIFT;
-
-constexpr uint32_t RKEY_BASE = 0x52000000u;  // rkey = RKEY_BASE | rank (checked by the NIC)
-constexpr uint32_t LKEY_BASE = 0x4c000000u;
+constexpr uint8_t CDESC_UNSOLICITED = ::EFA_IO_CDESC_COMMON_UNSOLICITED;
 
 // ---- shapes ---------------------------------------------------------------
 constexpr int DMSG = 7504;    // FP8 7168 + scales 224 + metadata 112
@@ -150,8 +156,8 @@ struct RankPeer {  // addresses on rank r's GPU that remote NICs write to
   unsigned long long* recv_cnt; // [E_local][R]
   uint8_t* comb_recv;           // [T][K][CMSG]
   unsigned long long* comb_flag;// [R]
-  efa_io_rx_cdesc* rxcq;        // [n_rxcq][rx_depth]
-  unsigned int* rx_tail;        // [n_rxcq]
+  const lever_efa_nic_layout* rx; // [n_rxcq] its receive QPs (CQ fields; a copy on every GPU)
+  unsigned int* rx_tail;        // [n_rxcq] (emulated NIC state: RX CQEs written)
 };
 
 struct QpIssuer {  // issuer-side QP state, shared by the warps posting on it; 128 B
@@ -198,9 +204,8 @@ struct RankLocal {
   uint16_t* comb_out;        // [T][H] bf16 bits
   unsigned int* rx_head;     // [n_rxcq] consumer indices
   QpIssuer* qps;             // [nq]
-  efa_io_tx_wqe* sq;         // [nq][sq_depth]
-  efa_io_tx_cdesc* cq;       // [nq][sq_depth]
-  unsigned int* db;          // [nq*32] doorbell words (stride 32)
+  const lever_efa_nic_layout* nic;  // [NQ_MAX] native send QPs: where SQ, doorbell and CQ are
+  const lever_efa_nic_layout* rx;   // [n_rxcq] this rank's receive QPs (RX CQ of write-with-imm)
   NicQp* nicqp;              // [nq]
   int* nic_rem;              // [nq][sq_depth] packets outstanding per WQE
   int* hcount;               // [E_local][R] cached-dispatch handle: counts of the last full dispatch
@@ -210,9 +215,8 @@ struct RankLocal {
   // proxy path (all pinned host memory, mapped into the GPU)
   ProxyDesc* pring;          // [nq][ring_depth] descriptor rings
   unsigned long long* pstate;// [nq][16]: [0] consumer index (descriptors taken), [8] completions seen
-  efa_io_tx_wqe* psq;        // [nq][sq_depth] the proxy's send queues (NIC reads them over PCIe)
-  efa_io_tx_cdesc* pcq;      // [nq][sq_depth] the proxy's completion queues (NIC writes them)
-  unsigned int* pdb;         // [nq*32] the proxy's doorbells
+  const lever_efa_nic_layout* pnic;  // [NQ_MAX] the proxy's send QPs (pinned host memory; the
+                                     // NIC reads their SQ over PCIe; null without a proxy)
 };
 
 struct Fabric {  // [platform.fabric] + [platform.nic] + [platform.receiver], ns
@@ -245,28 +249,6 @@ struct World {
   Fabric fab;
 };
 
-// WQE word wd (0..7) of an RDMA write; used by the GPU issuers and the host proxy.
-EMU_HD unsigned long long wqe_word(unsigned long long laddr, unsigned long long raddr, unsigned len,
-                                   unsigned imm, unsigned dest, unsigned dqp, unsigned has_imm, int wd,
-                                   unsigned idx, int depth, int src_rank) {
-  unsigned phase = ((idx / (unsigned)depth) & 1u) ^ 1u;
-  switch (wd) {
-    case 0: {
-      unsigned long long ctrl1 = (unsigned long long)(EFA_IO_RDMA_WRITE | (has_imm ? META_HAS_IMM : 0) | META_META_DESC);
-      unsigned long long ctrl2 = (unsigned long long)(phase | META_FIRST | META_LAST | META_COMP_REQ);
-      return (unsigned long long)(idx & 0xffffu) | (ctrl1 << 16) | (ctrl2 << 24) |
-             ((unsigned long long)dqp << 32) | (1ull << 48);
-    }
-    case 1: return (unsigned long long)imm | ((unsigned long long)dest << 32);
-    case 2: return 0ull;
-    case 3: return (unsigned long long)(idx >> 16) << 16;
-    case 4: return (unsigned long long)len | ((unsigned long long)(RKEY_BASE | dest) << 32);
-    case 5: return raddr;
-    case 6: return (unsigned long long)len | ((unsigned long long)(LKEY_BASE | (unsigned)src_rank) << 32);
-    default: return laddr;
-  }
-}
-
 }  // namespace emu
 
 // Host entry points (implemented in ep_kernels.cu, called by binding.cpp).
@@ -276,3 +258,14 @@ int launch_world_barrier(const emu::World& w, unsigned long long seq, void* stre
 int launch_op(const emu::World& w, int op, unsigned int epoch, const emu::EpFlags& f, void* stream);
 int enable_peer(int dev, int peer);
 }
+
+// Whether one rank's NIC tables can drive the EP kernels: 0 when they can, else
+// non-zero with a one-line reason in err. Whoever filled them (the emulated NIC,
+// hw/ep/emu_nic.h, or a real device's queue queries, hw/efa) passes through here:
+// send[nq] are the rank's send QPs, recv[n_rx] its receive QPs, peers the host copy
+// of the peer table the send layouts point to ([num_ranks][n_rx]: AH, QPN, keys of
+// every destination queue). Host code, no CUDA calls (tests run it without a GPU).
+extern "C" int lever_ep_check_nic(const lever_efa_nic_layout* send, int nq,
+                                  const lever_efa_nic_layout* recv, int n_rx,
+                                  const lever_efa_peer* peers, int num_peers, int num_ranks,
+                                  char* err, size_t err_len);

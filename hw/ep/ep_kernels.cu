@@ -4,9 +4,17 @@
 // guaranteed co-resident with the EP warps and can never deadlock them:
 //   * EP blocks (ranks_per_gpu x ep_blocks_per_rank): warps build 64-byte TX
 //     WQEs, store them into the send queue, fence, ring the doorbell and poll
-//     16-byte CQEs with phase bits, exactly the issue-side work of EFA-GDA.
+//     CQEs with phase bits, exactly the issue-side work of EFA-GDA. They find
+//     every queue through the rank's lever_efa_nic_layout tables (SQ ring,
+//     doorbell, CQ ring, entry sizes, phases, keys) and build WQEs with
+//     hw/efa/wqe.h, so they do not know whether the emulated NIC below or a
+//     real EFA device (layouts from efadv_query_qp_wqs / efadv_query_cq) serves
+//     them. Doorbells are only written, never read back: the slot-order turn
+//     has its own word (QpIssuer::turn), as it must on a write-only BAR.
 //   * NIC blocks (ranks_per_gpu x nics_per_rank, one block per emulated NIC):
-//     warps watch the doorbells, parse WQEs, segment payloads into MTU
+//     the emulated device. Its warps watch the doorbells of the layouts it
+//     published (hw/ep/emu_nic.h), parse and check WQEs as the v59 provider
+//     writes them (phase, MBZ bits, AH, QPN, qkey, lkey, rkey), segment payloads into MTU
 //     packets, schedule each packet on a path of the SRD multipath model
 //     (base latency, spread, jitter, loss + retransmit), copy it into the
 //     destination (NVLink peer memory or loopback) when due, and write send
@@ -42,16 +50,36 @@ __device__ __forceinline__ unsigned long long ld_acq64(const unsigned long long*
   asm volatile("ld.acquire.sys.global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
   return v;
 }
-__device__ __forceinline__ unsigned int ld_rlx32(const unsigned int* p) {
-  unsigned int v;
-  asm volatile("ld.relaxed.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
-  return v;
-}
 __device__ __forceinline__ unsigned int ld_vol32(const unsigned int* p) {
   return *reinterpret_cast<const volatile unsigned int*>(p);
 }
 __device__ __forceinline__ void st_relaxed32(unsigned int* p, unsigned int v) {
   asm volatile("st.relaxed.sys.global.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
+}
+__device__ __forceinline__ unsigned int ld_acq_gpu32(const unsigned int* p) {
+  unsigned int v;
+  asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+  return v;
+}
+__device__ __forceinline__ void st_release_gpu32(unsigned int* p, unsigned int v) {
+  asm volatile("st.release.gpu.global.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
+}
+__device__ __forceinline__ void st_release_sys32(unsigned int* p, unsigned int v) {
+  asm volatile("st.release.sys.global.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
+}
+// The slot-order turn of a shared QP. Its release/acquire order one warp's doorbell store
+// before the next warp's: at GPU scope when the doorbell is GPU memory (the NIC reading it
+// is a GPU agent), at system scope when it is elsewhere (a NIC BAR or host memory: the
+// stores of two SMs must reach the NIC in turn order). The layout says which.
+__device__ __forceinline__ bool doorbell_sys(const lever_efa_nic_layout* l) {
+  return l->sq_doorbell_mem != LEVER_EFA_MEM_GPU;
+}
+__device__ __forceinline__ unsigned turn_load(const unsigned* p, bool sys) {
+  return sys ? ld_acq32(p) : ld_acq_gpu32(p);
+}
+__device__ __forceinline__ void turn_pass(unsigned* p, unsigned v, bool sys) {
+  if (sys) st_release_sys32(p, v);
+  else st_release_gpu32(p, v);
 }
 __device__ __forceinline__ void st_release64(unsigned long long* p, unsigned long long v) {
   asm volatile("st.release.sys.global.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
@@ -213,9 +241,17 @@ struct Issuer {
   unsigned long long n_wqe, n_db, n_fence, n_lock, n_poll, n_turnwait, n_ringpoll, n_desc;
 };
 
-__device__ __forceinline__ unsigned long long put_word(const Put& p, int wd, unsigned idx, int depth,
-                                                       int src_rank) {
-  return wqe_word(p.laddr, p.raddr, p.len, p.imm, p.dest, p.dqp, p.has_imm, wd, idx, depth, src_rank);
+// Word wd of the WQE for put p posted as number idx on the QP of layout l: the peer
+// entry of (destination rank, destination queue) gives AH, QPN, qkey and rkey.
+__device__ __forceinline__ unsigned long long put_word(const World& w, const lever_efa_nic_layout* l,
+                                                       const Put& p, int wd, unsigned idx) {
+  const lever_efa_peer* peer =
+      reinterpret_cast<const lever_efa_peer*>(l->peers) + (size_t)p.dest * w.n_rxcq + p.dqp;
+  const lever_efa_write wr = {p.laddr, p.raddr, p.len, p.imm, p.has_imm};
+  return lever_efa_write_wqe_word(l, peer, &wr, idx, wd);
+}
+__device__ __forceinline__ const void* cqe_at(const lever_efa_nic_layout* l, unsigned ci) {
+  return reinterpret_cast<const void*>(lever_efa_cq_entry_dev(l, ci));
 }
 
 // Consume available send CQEs of a shared QP (at least one poll) until
@@ -224,8 +260,7 @@ __device__ __forceinline__ unsigned long long put_word(const Put& p, int wd, uns
 __device__ bool cq_poll(const World& w, const RankLocal& L, int qp, unsigned need,
                         unsigned long long& polls) {
   QpIssuer* Q = L.qps + qp;
-  const efa_io_tx_cdesc* cq = L.cq + (size_t)qp * w.sq_depth;
-  const unsigned depth = (unsigned)w.sq_depth;
+  const lever_efa_nic_layout* lay = L.nic + qp;
   const int lane = lane_id();
   unsigned long long t0 = gtime();
   while (true) {
@@ -233,13 +268,12 @@ __device__ bool cq_poll(const World& w, const RankLocal& L, int qp, unsigned nee
     if (lane == 0) ci = ld_vol32(&Q->cq_ci);
     ci = __shfl_sync(0xffffffffu, ci, 0);
     const unsigned k = ci + (unsigned)lane;
-    uint4 v = ld_vol_v4(&cq[k % depth]);
+    uint4 v = ld_vol_v4(cqe_at(lay, k));
     if (lane == 0) ++polls;
-    const unsigned phase = ((k / depth) & 1u) ^ 1u;
-    const bool valid = (((v.x >> 24) & 0xffu) & CDESC_PHASE) == phase;
+    const bool valid = lever_efa_cqe_is_new(lay, lever_efa_cqe_flags(v.x), k) != 0;
     const unsigned vm = __ballot_sync(0xffffffffu, valid);
     const int nvalid = __ffs(~vm) - 1 < 0 ? 32 : __ffs(~vm) - 1;  // valid prefix
-    const bool badst = valid && lane < nvalid && ((v.x >> 16) & 0xffu) != 0u;
+    const bool badst = valid && lane < nvalid && lever_efa_cqe_status(v.x) != 0u;
     if (__any_sync(0xffffffffu, badst)) {
       if (lane == 0) raise_err(w, ERR_BAD_CQE, L.rank, qp, ci, 1, 0);
       return false;
@@ -370,9 +404,9 @@ __device__ bool post_group(const World& w, const RankLocal& L, const EpFlags& f,
   unsigned long long t0 = 0, tt = 0, acc_lock = 0, acc_credit = 0, acc_wqe = 0, acc_fence = 0, acc_db = 0;
   if (sample && lane == 0) t0 = gtime();
   QpIssuer* Q = L.qps + is.qp;
-  const unsigned depth = (unsigned)w.sq_depth;
-  efa_io_tx_wqe* sq = L.sq + (size_t)is.qp * depth;
-  unsigned* db = L.db + is.qp * 32;
+  const lever_efa_nic_layout* lay = L.nic + is.qp;
+  const unsigned depth = lay->sq_num_entries;
+  unsigned* db = reinterpret_cast<unsigned*>(lay->sq_doorbell_dev);  // written, never read
   bool ok = true;
   unsigned slot = 0;
   if (lane == 0) slot = atomicAdd(&Q->resv, (unsigned)n);  // slot reservation: the only RMW
@@ -390,8 +424,8 @@ __device__ bool post_group(const World& w, const RankLocal& L, const EpFlags& f,
     if (sample && lane == 0) tt = gtime();
     for (int j = lane >> 3; j < n; j += 4) {
       unsigned idx = slot + j;
-      unsigned long long* dst = reinterpret_cast<unsigned long long*>(&sq[idx % depth]);
-      dst[lane & 7] = put_word(pend[j], lane & 7, idx, depth, L.rank);
+      unsigned long long* dst = reinterpret_cast<unsigned long long*>(lever_efa_sq_slot_dev(lay, idx));
+      dst[lane & 7] = put_word(w, lay, pend[j], lane & 7, idx);
     }
     __syncwarp();
     if (sample && lane == 0) acc_wqe += gtime() - tt;
@@ -405,8 +439,9 @@ __device__ bool post_group(const World& w, const RankLocal& L, const EpFlags& f,
       }
       if (sample && lane == 0) tt = gtime();
       if (lane < 8) {
-        unsigned long long* dst = reinterpret_cast<unsigned long long*>(&sq[(slot + i) % depth]);
-        dst[lane] = put_word(pend[i], lane, slot + i, depth, L.rank);
+        unsigned long long* dst =
+            reinterpret_cast<unsigned long long*>(lever_efa_sq_slot_dev(lay, slot + i));
+        dst[lane] = put_word(w, lay, pend[i], lane, slot + i);
       }
       __syncwarp();
       if (sample && lane == 0) acc_wqe += gtime() - tt;
@@ -422,24 +457,25 @@ __device__ bool post_group(const World& w, const RankLocal& L, const EpFlags& f,
   } else {
     __threadfence();  // WQE stores before the turn hand-off (gpu scope, no system fence)
   }
-  // doorbell turn: wait until every earlier slot's doorbell went out. Without
-  // aggregation the doorbell word itself is the turn (a warp rings when it reads
-  // its own start slot there): one store per hand-off, ordered by coherence.
+  // doorbell turn: wait until every earlier slot's doorbell went out. The turn is
+  // its own word (QpIssuer::turn), never the doorbell: a real EFA doorbell is a
+  // write-only BAR register. Acquire here and release after the doorbell store
+  // order the doorbell stores of consecutive turns, so the NIC never sees the
+  // producer value go back.
   if (sample && lane == 0) tt = gtime();
   const unsigned end = slot + (unsigned)n;
+  const bool dbsys = doorbell_sys(lay);
   if (lane == 0) {
     unsigned long long tw = gtime();
-    const unsigned* tp = agg ? &Q->turn : db;
-    const unsigned mask = agg ? 0xffffffffu : 0xffffu;
-    unsigned v = ld_rlx32(tp) & mask;
-    if (v != (slot & mask)) ++is.n_turnwait;
-    while (v != (slot & mask)) {
+    unsigned v = turn_load(&Q->turn, dbsys);
+    if (v != slot) ++is.n_turnwait;
+    while (v != slot) {
       if (timed_out(w, tw)) {
         raise_err(w, ERR_TIMEOUT_TURN, L.rank, is.qp, v, slot, warp_global);
         ok = false;
         break;
       }
-      v = ld_rlx32(tp) & mask;
+      v = turn_load(&Q->turn, dbsys);
     }
   }
   ok = __shfl_sync(0xffffffffu, ok, 0);
@@ -447,8 +483,9 @@ __device__ bool post_group(const World& w, const RankLocal& L, const EpFlags& f,
   if (!ok) return false;
   if (lane == 0 && !agg) {
     if (sample) tt = gtime();
-    st_relaxed32(db, end & 0xffffu);
+    st_relaxed32(db, lever_efa_sq_doorbell_value(end));
     ++is.n_db;
+    turn_pass(&Q->turn, end, dbsys);
     if (sample) acc_db += gtime() - tt;
   }
   if (lane == 0 && agg) {
@@ -465,11 +502,11 @@ __device__ bool post_group(const World& w, const RankLocal& L, const EpFlags& f,
     }
     if (sample) tt = gtime();
     if (ring) {
-      st_relaxed32(db, end & 0xffffu);
+      st_relaxed32(db, lever_efa_sq_doorbell_value(end));
       *reinterpret_cast<volatile unsigned*>(&Q->db_last) = end;
       ++is.n_db;
     }
-    asm volatile("st.release.gpu.global.u32 [%0], %1;" ::"l"(&Q->turn), "r"(end) : "memory");
+    turn_pass(&Q->turn, end, dbsys);
     if (sample) acc_db += gtime() - tt;
   }
   __syncwarp();
@@ -509,14 +546,13 @@ __device__ bool flush_qp(const World& w, const RankLocal& L, const EpFlags& f, i
       unsigned long long t0 = gtime();
       unsigned v;
       const bool agg = f.agg > 0;
-      const unsigned* tp = agg ? &Q->turn : L.db + qp * 32;
-      const unsigned mask = agg ? 0xffffffffu : 0xffffu;
-      while ((v = ld_acq32(tp) & mask) != (resv & mask)) {
+      while ((v = ld_acq32(&Q->turn)) != resv) {
         if (timed_out(w, t0)) { raise_err(w, ERR_TIMEOUT_TURN, L.rank, qp, v, resv, -1); ok = false; break; }
       }
       if (ok && agg && ld_vol32(&Q->db_last) != resv) {
         __threadfence_system();
-        st_relaxed32(L.db + qp * 32, resv & 0xffffu);
+        st_relaxed32(reinterpret_cast<unsigned*>(L.nic[qp].sq_doorbell_dev),
+                     lever_efa_sq_doorbell_value(resv));
         *reinterpret_cast<volatile unsigned*>(&Q->db_last) = resv;
         ++tmp.n_db;
         ++tmp.n_fence;
@@ -549,6 +585,10 @@ __device__ void setup_issuer(const World& w, const EpFlags& f, const EpCtx& e, I
   if (f.span > g) g = f.span;
   if (f.agg > 0 && f.span <= 1) g = 1;
   if (g > MAXG) g = MAXG;
+  if (!f.proxy) {  // no more WQEs per doorbell than the device takes (max_tx_batch)
+    const int mb = (int)w.local[e.lr].nic[is.qp].sq_max_batch;
+    if (g > mb) g = mb;
+  }
   is.group = g;
 }
 
@@ -569,7 +609,10 @@ __device__ bool post_signals(const World& w, const RankLocal& L, const EpFlags& 
                              Put* pend, int op, unsigned epoch, int& nbar) {
   Issuer is;
   setup_issuer(w, f, e, is, true);
-  if (f.batched_tail) is.group = MAXG;
+  if (f.batched_tail) {
+    is.group = MAXG;
+    if (!f.proxy && (int)L.nic[is.qp].sq_max_batch < is.group) is.group = (int)L.nic[is.qp].sq_max_batch;
+  }
   const int wg = e.rank * 1024 + e.c;
   bool ok = true;
   if (op == 0) {
@@ -722,7 +765,7 @@ __device__ void dispatch_rank(const World& w, const EpFlags& f, const EpCtx& e, 
     int cnt_lane = 0;  // lane s holds the count from source s
     ph.begin(prof);
     if (imm) {
-      const efa_io_rx_cdesc* cq = w.peers[e.rank].rxcq + (size_t)le * w.rx_depth;
+      const lever_efa_nic_layout* rq = L.rx + le;
       unsigned head = L.rx_head[le];
       int got = 0, expect = -1;  // per lane (source = lane)
       if (cached && lane < R) expect = L.hcount[le * R + lane];
@@ -731,11 +774,10 @@ __device__ void dispatch_rank(const World& w, const EpFlags& f, const EpCtx& e, 
         bool done = lane >= R || (expect >= 0 && got == expect);
         if (__all_sync(0xffffffffu, done)) break;
         uint4 v = make_uint4(0, 0, 0, 0);
-        unsigned phase = ((head / (unsigned)w.rx_depth) & 1u) ^ 1u;
-        if (lane == 0) v = ld_vol_v4(&cq[head % (unsigned)w.rx_depth]);
-        unsigned fl = __shfl_sync(0xffffffffu, (v.x >> 24) & 0xffu, 0);
-        unsigned imm = __shfl_sync(0xffffffffu, v.w, 0);
-        if ((fl & CDESC_PHASE) == phase) {
+        if (lane == 0) v = ld_vol_v4(cqe_at(rq, head));
+        unsigned fl = __shfl_sync(0xffffffffu, lever_efa_cqe_flags(v.x), 0);
+        unsigned imm = __shfl_sync(0xffffffffu, v.w, 0);  // efa_io_rx_cdesc.imm: bytes 12..15
+        if (lever_efa_cqe_is_new(rq, fl, head)) {
           ++head;
           int s = (imm >> 16) & 0x7fff;
           if (lane == s) {
@@ -881,16 +923,15 @@ __device__ void combine_rank(const World& w, const EpFlags& f, const EpCtx& e, P
     int ntok = 0;
     for (int t = e.c; t < T; t += e.C) ++ntok;
     const int expect = ntok * K;
-    const efa_io_rx_cdesc* cq = w.peers[e.rank].rxcq + (size_t)e.c * w.rx_depth;
+    const lever_efa_nic_layout* rq = L.rx + e.c;
     unsigned head = L.rx_head[e.c];
     int got = 0;
     unsigned long long t0 = gtime();
     while (got < expect) {
-      unsigned phase = ((head / (unsigned)w.rx_depth) & 1u) ^ 1u;
       uint4 v = make_uint4(0, 0, 0, 0);
-      if (lane == 0) v = ld_vol_v4(&cq[head % (unsigned)w.rx_depth]);
-      unsigned fl = __shfl_sync(0xffffffffu, (v.x >> 24) & 0xffu, 0);
-      if ((fl & CDESC_PHASE) == phase) {
+      if (lane == 0) v = ld_vol_v4(cqe_at(rq, head));
+      unsigned fl = __shfl_sync(0xffffffffu, lever_efa_cqe_flags(v.x), 0);
+      if (lever_efa_cqe_is_new(rq, fl, head)) {
         ++head;
         ++got;
       } else if (timed_out(w, t0)) {
@@ -1006,11 +1047,9 @@ __device__ __forceinline__ void vstu(unsigned* p, unsigned v) { *reinterpret_cas
 struct NicCtx {
   const RankLocal* L;
   int nic, nics, nq;
-  unsigned depth;
+  unsigned depth;   // entries of every SQ it serves (its nic_rem tables are [nq][depth])
   bool proxy;
-  const efa_io_tx_wqe* sq;
-  efa_io_tx_cdesc* cq;
-  const unsigned* db;
+  const lever_efa_nic_layout* lay;  // [nq] the QPs it serves (native or proxy), as it published them
   unsigned long long seed;
   unsigned long long n_pkt, n_retx, n_cqe, n_rx, n_reord, n_wqe, n_late;
 };
@@ -1035,7 +1074,7 @@ __device__ int nic_fetch(const World& w, NicCtx& c, NicShared& S) {
   const int my_q = c.nic + lane * c.nics;
   if (my_q < c.nq) {
     my_ci = ld_vol32(&L.nicqp[my_q].ci);
-    my_db = ld_acq32(c.db + my_q * 32) & 0xffffu;
+    my_db = ld_acq32(reinterpret_cast<const unsigned*>(c.lay[my_q].sq_doorbell_dev)) & 0xffffu;
   }
   unsigned todo = __ballot_sync(0xffffffffu, my_q < c.nq && ((my_db - my_ci) & 0xffffu) != 0u);
   while (todo) {
@@ -1055,28 +1094,40 @@ __device__ int nic_fetch(const World& w, NicCtx& c, NicShared& S) {
       bool bad = false;
       const unsigned idx = ci + (unsigned)lane;
       if (lane < nw) {
-        const efa_io_tx_wqe* slotp = c.sq + (size_t)q * depth + (idx % depth);
+        const lever_efa_nic_layout* lq = c.lay + q;
+        const void* slotp = reinterpret_cast<const void*>(lever_efa_sq_slot_dev(lq, idx));
         uint4 raw[4];
 #pragma unroll
         for (int j = 0; j < 4; ++j) raw[j] = ld_vol_v4(reinterpret_cast<const uint4*>(slotp) + j);
         efa_io_tx_wqe wq;
         memcpy(&wq, raw, 64);
-        const unsigned phase = ((idx / depth) & 1u) ^ 1u;
+        const unsigned n = lq->sq_num_entries;
+        // the device's view: its AH and QP numbers back to a rank and a receive queue
+        const int dr = emu_nic::ahn_rank(wq.meta.ah, w.num_ranks);
+        const int gq = emu_nic::rx_of_qpn(wq.meta.dest_qp_num, w.num_ranks, w.n_rxcq);
         len = wq.data.rdma_req.remote_mem.length;
-        dest = wq.meta.ah;
-        dqp = wq.meta.dest_qp_num;
+        dest = dr < 0 ? 0xffffu : (unsigned)dr;
+        dqp = gq < 0 ? 0xffffu : (unsigned)(gq - (int)dest * w.n_rxcq);
         imm = wq.meta.immediate_data;
         has_imm = (wq.meta.ctrl1 & META_HAS_IMM) ? 1u : 0u;
         laddr = ((unsigned long long)wq.data.rdma_req.local_mem[0].buf_addr_hi << 32) |
                 wq.data.rdma_req.local_mem[0].buf_addr_lo;
         raddr = ((unsigned long long)wq.data.rdma_req.remote_mem.buf_addr_hi << 32) |
                 wq.data.rdma_req.remote_mem.buf_addr_lo;
+        // as the v59 provider writes an RDMA write: these bits and no others
+        const unsigned ctrl1_ok = META_META_DESC | META_HAS_IMM | META_OP_TYPE_MASK;
+        const unsigned ctrl2_ok = META_PHASE | META_FIRST | META_LAST | META_COMP_REQ;
         bad = !(wq.meta.ctrl1 & META_META_DESC) || (wq.meta.ctrl1 & META_OP_TYPE_MASK) != EFA_IO_RDMA_WRITE ||
-              (wq.meta.ctrl2 & META_PHASE) != phase ||
-              (wq.meta.ctrl2 & (META_FIRST | META_LAST)) != (META_FIRST | META_LAST) ||
-              wq.meta.req_id != (idx & 0xffffu) || dest >= (unsigned)w.num_ranks || dqp > 255u ||
-              wq.data.rdma_req.remote_mem.rkey != (RKEY_BASE | dest) ||
-              wq.data.rdma_req.local_mem[0].lkey != (LKEY_BASE | (unsigned)L.rank) ||
+              (wq.meta.ctrl1 & ~ctrl1_ok) != 0u || (wq.meta.ctrl2 & ~ctrl2_ok) != 0u ||
+              (wq.meta.ctrl2 & META_PHASE) != lever_efa_sq_phase(idx, n) ||
+              (wq.meta.ctrl2 & (META_FIRST | META_LAST | META_COMP_REQ)) != (META_FIRST | META_LAST | META_COMP_REQ) ||
+              wq.meta.req_id != lever_efa_slot(idx, n) || wq.meta.length != 1u ||
+              dr < 0 || gq < 0 || gq / w.n_rxcq != dr || dqp > 255u ||
+              wq.meta.qkey != emu_nic::qkey(dr) ||
+              (raw[0].w >> 16) != 0u || raw[1].y != 0u || raw[1].z != 0u || raw[1].w != 0u ||  // MBZ
+              (!has_imm && imm != 0u) ||
+              wq.data.rdma_req.remote_mem.rkey != emu_nic::rkey(dr) ||
+              wq.data.rdma_req.local_mem[0].lkey != emu_nic::lkey(L.rank) ||
               wq.data.rdma_req.local_mem[0].length != len || len == 0;
         npk = bad ? 0 : (int)((len + fb.mtu - 1) / fb.mtu);
         if (npk > 31) bad = true;
@@ -1254,9 +1305,7 @@ __device__ void nic_warp(const World& w, const EpFlags& f, int lr, int nic, int 
   c.nq = f.num_qps < NQ_MAX ? f.num_qps : NQ_MAX;
   c.depth = (unsigned)w.sq_depth;
   c.proxy = f.proxy != 0;
-  c.sq = c.proxy ? L.psq : L.sq;
-  c.cq = c.proxy ? L.pcq : L.cq;
-  c.db = c.proxy ? L.pdb : L.db;
+  c.lay = c.proxy ? L.pnic : L.nic;
   c.seed = mix64(fb.seed ^ ((unsigned long long)nic << 36));
   c.n_pkt = c.n_retx = c.n_cqe = c.n_rx = c.n_reord = c.n_wqe = c.n_late = 0;
   const unsigned depth = c.depth;
@@ -1348,15 +1397,18 @@ __device__ void nic_warp(const World& w, const EpFlags& f, int lr, int nic, int 
           const int dqp = (int)(meta >> 24);
           const RankPeer& P = w.peers[dest];
           const unsigned slot = atomicAdd_system(P.rx_tail + dqp, 1u);
-          efa_io_rx_cdesc* cqe = P.rxcq + (size_t)dqp * w.rx_depth + (slot % (unsigned)w.rx_depth);
-          const unsigned phase = ((slot / (unsigned)w.rx_depth) & 1u) ^ 1u;
+          const lever_efa_nic_layout* rq = P.rx + dqp;
+          void* cqe = reinterpret_cast<void*>(lever_efa_cq_entry_dev(rq, slot));
+          const unsigned phase = lever_efa_cq_phase(slot, rq->cq_num_entries);
+          // an unsolicited RDMA-write receive (no posted receive), as v59 reports it
           const unsigned flags = phase | ((unsigned)EFA_IO_RECV_QUEUE << CDESC_Q_TYPE_SHIFT) | CDESC_HAS_IMM |
-                                 ((unsigned)EFA_IO_RDMA_WRITE << CDESC_OP_TYPE_SHIFT);
+                                 ((unsigned)EFA_IO_RDMA_WRITE << CDESC_OP_TYPE_SHIFT) | CDESC_UNSOLICITED;
           uint4 v;
-          v.x = 0u | (flags << 24);
-          v.y = (unsigned)dqp | ((vldu(&S.len[e]) & 0xffffu) << 16);
-          v.z = 0xffffu | ((unsigned)L.rank << 16);  // ah, src_qp_num
-          v.w = vldu(&S.imm[e]);                     // the immediate
+          v.x = 0u | (flags << 24);  // req_id 0, status 0
+          // qp_num: the receiving QP; length: bytes of the packet that completed the write
+          v.y = (rq->qp_num & 0xffffu) | ((vldu(&S.len[e]) & 0xffffu) << 16);
+          v.z = 0xffffu | ((c.lay[q].qp_num & 0xffffu) << 16);  // ah unknown (0xffff), src_qp_num
+          v.w = vldu(&S.imm[e]);                                // the immediate
           st_vol_v4(cqe, v);
           ++c.n_rx;
           Rng r = pkt_rng(c, q, wi, 0xffu);
@@ -1364,13 +1416,14 @@ __device__ void nic_warp(const World& w, const EpFlags& f, int lr, int nic, int 
           entry_requeue(S, e, EK_SEND_CQE, ack > t ? ack : t);
         } else {  // send completion (out of order across WQEs, like EFA)
           const unsigned pi = atomicAdd(&NQ->cq_pi, 1u);
-          efa_io_tx_cdesc* cqe = c.cq + (size_t)q * depth + (pi % depth);
-          const unsigned phase = ((pi / depth) & 1u) ^ 1u;
+          const lever_efa_nic_layout* lq = c.lay + q;
+          void* cqe = reinterpret_cast<void*>(lever_efa_cq_entry_dev(lq, pi));
+          const unsigned phase = lever_efa_cq_phase(pi, lq->cq_num_entries);
           const unsigned flags = phase | ((unsigned)EFA_IO_SEND_QUEUE << CDESC_Q_TYPE_SHIFT) |
                                  ((unsigned)EFA_IO_RDMA_WRITE << CDESC_OP_TYPE_SHIFT);
-          uint4 v;
-          v.x = (wi & 0xffffu) | (flags << 24);
-          v.y = (unsigned)q | ((wi >> 16) << 16);
+          uint4 v;  // v59 efa_io_tx_cdesc: req_id (the WQE's), status 0, flags, qp_num, MBZ
+          v.x = lever_efa_slot(wi, lq->sq_num_entries) | (flags << 24);
+          v.y = lq->qp_num & 0xffffu;
           v.z = 0;
           v.w = 0;
           st_vol_v4(cqe, v);
@@ -1519,3 +1572,56 @@ int enable_peer(int dev, int peer) {
 }
 
 }  // namespace emu_host
+
+// ------------------------------------------------------------ NIC tables
+namespace {
+int nic_refuse(char* err, size_t len, const char* what, int i, const char* why) {
+  if (err && len) snprintf(err, len, "%s %d: %s", what, i, why);
+  return 1;
+}
+}  // namespace
+
+extern "C" int lever_ep_check_nic(const lever_efa_nic_layout* send, int nq,
+                                  const lever_efa_nic_layout* recv, int n_rx,
+                                  const lever_efa_peer* peers, int num_peers, int num_ranks,
+                                  char* err, size_t err_len) {
+  if (!send || nq < 1 || nq > NQ_MAX) return nic_refuse(err, err_len, "send QPs", nq, "need 1..32 layouts");
+  if (!recv || n_rx < 1 || n_rx > 256) return nic_refuse(err, err_len, "receive QPs", n_rx, "need 1..256 layouts");
+  if (!peers || num_ranks < 1 || num_peers != num_ranks * n_rx)
+    return nic_refuse(err, err_len, "peer table", num_peers, "need num_ranks x receive QPs entries");
+  for (int q = 0; q < nq; ++q) {
+    const lever_efa_nic_layout& l = send[q];
+    if (const char* why = lever_efa_layout_problem(&l)) return nic_refuse(err, err_len, "send QP", q, why);
+    // what the kernels need beyond a usable layout
+    if (l.sq_buffer_dev == 0u || l.sq_doorbell_dev == 0u || l.cq_buffer_dev == 0u)
+      return nic_refuse(err, err_len, "send QP", q, "SQ, doorbell or CQ not mapped for the GPU (*_dev 0)");
+    if (l.sq_entry_size != 64u)
+      return nic_refuse(err, err_len, "send QP", q, "the kernels write 64-byte WQEs (128-byte LLQ not yet)");
+    if (l.cq_entry_size < 16u)
+      return nic_refuse(err, err_len, "send QP", q, "CQ entries smaller than the 16 bytes the kernels read");
+    if (l.cq_num_entries < l.sq_num_entries || l.cq_num_entries < 32u)
+      return nic_refuse(err, err_len, "send QP", q, "CQ shallower than the SQ (or than a warp's 32-entry poll)");
+    if (l.sq_num_entries < 32u)
+      return nic_refuse(err, err_len, "send QP", q, "SQ shallower than 32 entries");
+    if (l.lkey > LEVER_EFA_LKEY_MASK) return nic_refuse(err, err_len, "send QP", q, "lkey wider than 24 bits");
+    if (l.peers == 0u || l.num_peers != (uint32_t)num_peers)
+      return nic_refuse(err, err_len, "send QP", q, "peers: not the peer table (device copy) of this world");
+    if (l.max_rdma_size != 0u && l.max_rdma_size < (uint32_t)CMSG)
+      return nic_refuse(err, err_len, "send QP", q, "max_rdma_size below the largest message");
+  }
+  for (int i = 0; i < n_rx; ++i) {
+    const lever_efa_nic_layout& l = recv[i];
+    if (l.version != LEVER_EFA_NIC_LAYOUT_VERSION) return nic_refuse(err, err_len, "receive QP", i, "version");
+    if (l.cq_buffer_dev == 0u || (l.cq_buffer_dev & 15u) != 0u)
+      return nic_refuse(err, err_len, "receive QP", i, "CQ not mapped for the GPU or not 16-byte aligned");
+    if (l.cq_entry_size < 16u || !lever_efa_is_pow2(l.cq_num_entries) || l.cq_num_entries > LEVER_EFA_MAX_RING_ENTRIES)
+      return nic_refuse(err, err_len, "receive QP", i, "CQ entry size below 16 or entries not a power of two");
+    if (l.cq_phase_first != LEVER_EFA_CQ_PHASE_FIRST_LAP) return nic_refuse(err, err_len, "receive QP", i, "cq_phase_first: not 1");
+  }
+  for (int i = 0; i < num_peers; ++i) {
+    if (peers[i].remote_qkey == 0u)
+      return nic_refuse(err, err_len, "peer", i, "qkey 0 (a QP's qkey comes from the peer, never 0 here)");
+  }
+  if (err && err_len) err[0] = 0;
+  return 0;
+}

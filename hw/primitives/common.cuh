@@ -22,6 +22,7 @@
 
 #include "prim.h"
 #include "../efa_io_defs.h"
+#include "../efa/wqe.h"
 
 #define PRIM_CHECK(call)                                                                 \
   do {                                                                                   \
@@ -254,35 +255,29 @@ inline void host_fail(Status* s, int where, unsigned long long expected, unsigne
 // ---------------------------------------------------------------- EFA layouts
 // TX WQE (meta 32 B + data 32 B) and CQE layouts: hw/efa_io_defs.h, shared with hw/ep.
 
-// The WQE of sequence number `seq`, `wrap` = seq / ring depth (the phase flips per
-// wrap), as 8 little-endian words: what a GPU thread stores as 8 x 8-byte (MMIO-like)
-// stores. The caller computes `wrap` so no division sits in a timed loop.
-__host__ __device__ inline void make_wqe_words(uint64_t seq, uint64_t wrap, uint32_t qp,
+// The WQE of sequence number `seq` on a ring of `depth` entries (a power of two) of
+// QP `qp`, as 8 little-endian words: what a GPU thread stores as 8 x 8-byte (MMIO-like)
+// stores. Built by hw/efa/wqe.h, the builder the EP kernels and a real EFA post use,
+// from a NIC layout and a peer entry with the values below (illustrative keys; the
+// provider's conventions: first-lap phase 0, req_id the ring slot, meta.length one
+// buffer, reserved bytes 0, 24-bit lkey). The phase is a bit test, not a division.
+__host__ __device__ inline void make_wqe_words(uint64_t seq, uint32_t depth, uint32_t qp,
                                                uint64_t w[8]) {
-  union {
-    efa_io_tx_wqe wqe;
-    uint64_t u[8];
-  } x;
-  for (int i = 0; i < 8; ++i) x.u[i] = 0;
-  x.wqe.meta.req_id = uint16_t(seq);
-  x.wqe.meta.ctrl1 = EFA_IO_RDMA_WRITE | EFA_IO_TX_META_DESC_HAS_IMM | EFA_IO_TX_META_DESC_META_DESC;
-  x.wqe.meta.ctrl2 = uint8_t((wrap & 1u) ? 0 : EFA_IO_TX_META_DESC_PHASE) |
-                     EFA_IO_TX_META_DESC_FIRST | EFA_IO_TX_META_DESC_LAST |
-                     EFA_IO_TX_META_DESC_COMP_REQ;
-  x.wqe.meta.dest_qp_num = uint16_t(qp);
-  x.wqe.meta.length = 7504;  // one FP8 dispatch token (DeepEP V2 message layout)
-  x.wqe.meta.immediate_data = uint32_t(seq);
-  x.wqe.meta.ah = uint16_t(qp * 7 + 1);
-  x.wqe.meta.qkey = 0x11111111u;
-  x.wqe.data.rdma_req.remote_mem.length = 7504;
-  x.wqe.data.rdma_req.remote_mem.rkey = 0x2000u + qp;
-  x.wqe.data.rdma_req.remote_mem.buf_addr_lo = uint32_t(seq * 7504u);
-  x.wqe.data.rdma_req.remote_mem.buf_addr_hi = uint32_t(seq >> 32) + qp;
-  x.wqe.data.rdma_req.local_mem[0].length = 7504;
-  x.wqe.data.rdma_req.local_mem[0].lkey = 0x3000u + qp;
-  x.wqe.data.rdma_req.local_mem[0].buf_addr_lo = uint32_t(seq * 7504u + 64);
-  x.wqe.data.rdma_req.local_mem[0].buf_addr_hi = uint32_t(seq >> 32);
-  for (int i = 0; i < 8; ++i) w[i] = x.u[i];
+  lever_efa_nic_layout l = {};
+  l.sq_num_entries = depth;
+  l.lkey = 0x3000u + qp;
+  lever_efa_peer p = {};
+  p.ahn = uint16_t(qp * 7 + 1);
+  p.remote_qpn = uint16_t(qp);
+  p.remote_qkey = 0x11111111u;
+  p.rkey = 0x2000u + qp;
+  lever_efa_write wr;
+  wr.laddr = (uint64_t(uint32_t(seq >> 32)) << 32) | uint32_t(seq * 7504u + 64);
+  wr.raddr = (uint64_t(uint32_t(seq >> 32) + qp) << 32) | uint32_t(seq * 7504u);
+  wr.len = 7504;  // one FP8 dispatch token (DeepEP V2 message layout)
+  wr.imm = uint32_t(seq);
+  wr.has_imm = 1;
+  for (int i = 0; i < 8; ++i) w[i] = lever_efa_write_wqe_word(&l, &p, &wr, uint32_t(seq), i);
 }
 
 // 16-byte completion entry (EFA CQE size, rdma-core efa_io_defs.h): word 0 carries
@@ -296,7 +291,7 @@ struct alignas(16) Cqe {
 };
 
 __host__ __device__ inline uint32_t cqe_phase(uint64_t i, uint32_t depth) {
-  return ((i / depth) & 1u) ? 0u : 1u;  // zeroed memory: first pass expects phase 1
+  return lever_efa_cq_phase(uint32_t(i), depth);  // zeroed memory: first lap expects phase 1
 }
 __host__ __device__ inline uint64_t cqe_w0(uint64_t i, uint32_t depth) {
   uint64_t req_id = i & 0xffffu, status = 0, flags = cqe_phase(i, depth);

@@ -22,11 +22,11 @@ namespace prim {
 namespace {
 
 // The WQE stored for (warp, seq): dest_qp_num carries the warp, immediate_data the seq.
-// Rings are sized to hold every post of a launch, so slot < depth (phase wrap 0) and
-// no division sits in the timed loop.
+// Rings are sized to hold every post of a launch (fewer than 65536), so every slot is
+// on the first lap of a 65536-entry ring: phase 0, req_id = slot.
 __host__ __device__ inline void post_words(uint32_t warp, uint32_t seq, uint64_t slot,
                                            uint64_t w[8]) {
-  make_wqe_words(slot, 0, warp & 0xffffu, w);
+  make_wqe_words(slot, 1u << 16, warp & 0xffffu, w);
   w[1] = (w[1] & ~0xffffffffull) | uint64_t(seq);  // immediate_data (bytes 8..11) := seq
 }
 

@@ -32,7 +32,7 @@ __global__ void wqe_kernel(uint64_t* ring, uint32_t* db, int fence, int doorbell
     long long t0 = clock64();
     for (int k = 0; k < per_sample; ++k, ++seq) {
       uint64_t w[8];
-      make_wqe_words(seq, seq / kDepth, kQp, w);  // kDepth is a power of two: a shift
+      make_wqe_words(seq, kDepth, kQp, w);
       uint64_t* slot = ring + (seq % kDepth) * 8;
 #pragma unroll
       for (int j = 0; j < 8; ++j) st_volatile(slot + j, w[j]);
@@ -78,7 +78,7 @@ std::vector<double> one(bool host_mem, int fence, int doorbell, int batch, int w
   for (uint32_t slot = 0; slot < kDepth; ++slot) {
     uint64_t last = total - 1 - ((total - 1 - slot) % kDepth);  // last seq with seq%depth==slot
     uint64_t w[8];
-    make_wqe_words(last, last / kDepth, kQp, w);
+    make_wqe_words(last, kDepth, kQp, w);
     for (int j = 0; j < 8; ++j)
       verify(got[size_t(slot) * 8 + j] == w[j],
              what + ": ring slot " + std::to_string(slot) + " word " + std::to_string(j) +

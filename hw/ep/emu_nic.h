@@ -1,0 +1,138 @@
+// The emulated NIC's side of the NIC layout: how it numbers its QPs, address
+// handles and keys, how it fills lever_efa_nic_layout for the queues it serves, and
+// the rules every layout handed to the EP kernels must meet (whichever NIC filled it).
+//
+// Why: the EP kernels post through a lever_efa_nic_layout (hw/efa/nic_layout.h) and
+// a peer table, never through emulator addresses or emulator numbering, so the same
+// device code drives a real EFA QP (layout from efadv_query_qp_wqs / efadv_query_cq)
+// and this emulator. The emulator plays the device: it hands out QP numbers, AH
+// numbers and keys like a device would, fills the layouts of its queues (SQ, doorbell
+// and CQ in GPU memory on the native path, in pinned host memory on the proxy path;
+// 32-byte CQ entries like the v59 extended CQ), and when it parses a WQE it maps the
+// AH and destination QPN back to its own rank and receive queue and checks the keys.
+//
+// Plain C++ (stdint only besides nic_layout.h): binding.cpp, ep_kernels.cu (device
+// side of the numbering) and the host-only tests include it.
+#pragma once
+#include <stdint.h>
+
+#include "../efa/nic_layout.h"
+
+#if defined(__CUDACC__)
+#define EMU_NIC_HD __host__ __device__ constexpr
+#else
+#define EMU_NIC_HD constexpr
+#endif
+
+namespace emu_nic {
+
+// ---- numbering (16-bit QPNs and AHNs as the WQE carries them) ---------------------
+constexpr uint32_t AHN_BASE = 0x0100u;      // AH of rank r: AHN_BASE + r
+constexpr uint32_t SQ_QPN_BASE = 0x0800u;   // native send QP q of rank r: + r * NQ + q
+constexpr uint32_t PSQ_QPN_BASE = 0x2000u;  // proxy send QP q of rank r: + r * NQ + q
+constexpr uint32_t RX_QPN_BASE = 0x4000u;   // receive QP i of rank r: + r * n_rx + i
+constexpr uint32_t QKEY_BASE = 0x11110000u; // qkey of rank r's QPs: QKEY_BASE | r
+constexpr uint32_t LKEY_BASE = 0x004c0000u; // lkey of rank r's window (24 bits): LKEY_BASE | r
+constexpr uint32_t RKEY_BASE = 0x52000000u; // rkey of rank r's window: RKEY_BASE | r
+constexpr uint32_t CQE_SIZE = LEVER_EFA_CQE_SIZE_V59;  // CQ entry stride, as v59 reports
+constexpr uint32_t WQE_SIZE = LEVER_EFA_WQE_SIZE_V59;
+
+EMU_NIC_HD uint32_t ahn(int rank) { return AHN_BASE + (uint32_t)rank; }
+EMU_NIC_HD uint32_t qkey(int rank) { return QKEY_BASE | (uint32_t)rank; }
+EMU_NIC_HD uint32_t lkey(int rank) { return LKEY_BASE | (uint32_t)rank; }
+EMU_NIC_HD uint32_t rkey(int rank) { return RKEY_BASE | (uint32_t)rank; }
+EMU_NIC_HD uint32_t rx_qpn(int rank, int i, int n_rx) {
+  return RX_QPN_BASE + (uint32_t)(rank * n_rx + i);
+}
+// rank of an AH number, or -1 when it names no rank
+EMU_NIC_HD int ahn_rank(uint32_t a, int num_ranks) {
+  return a >= AHN_BASE && a < AHN_BASE + (uint32_t)num_ranks ? (int)(a - AHN_BASE) : -1;
+}
+// global receive-queue index (rank * n_rx + i) of a destination QPN, or -1
+EMU_NIC_HD int rx_of_qpn(uint32_t qpn, int num_ranks, int n_rx) {
+  const uint32_t n = (uint32_t)(num_ranks * n_rx);
+  return qpn >= RX_QPN_BASE && qpn < RX_QPN_BASE + n ? (int)(qpn - RX_QPN_BASE) : -1;
+}
+
+// Whether the numbering fits 16-bit QPNs for this world; 0 (null) when it does.
+inline const char* numbering_problem(int num_ranks, int nq, int n_rx) {
+  if (num_ranks < 1 || nq < 1 || n_rx < 1) return "emulated NIC: empty world";
+  if (SQ_QPN_BASE + (uint32_t)(num_ranks * nq) > PSQ_QPN_BASE ||
+      PSQ_QPN_BASE + (uint32_t)(num_ranks * nq) > RX_QPN_BASE ||
+      RX_QPN_BASE + (uint32_t)(num_ranks * n_rx) > 0x10000u)
+    return "emulated NIC: ranks x queues do not fit its 16-bit QP numbers";
+  if ((uint32_t)num_ranks > 0xffffu) return "emulated NIC: too many ranks for its key numbering";
+  return 0;
+}
+
+// ---- layouts of the emulated NIC's queues -------------------------------------------
+// One send QP: SQ ring (entries x 64 B), a 4-byte doorbell word, a CQ ring
+// (cq_entries x 32 B), all at addresses the GPU uses directly (UVA: device memory on
+// the native path, mapped pinned host memory on the proxy path, where the host
+// address is the same). peers: the device copy of the peer table.
+inline lever_efa_nic_layout send_qp_layout(int rank, uint32_t qpn, uint64_t sq, uint64_t db,
+                                           uint64_t cq, uint32_t sq_entries,
+                                           uint32_t cq_entries, bool host_memory,
+                                           uint64_t peers, uint32_t num_peers) {
+  lever_efa_nic_layout l{};
+  const uint32_t mem = host_memory ? LEVER_EFA_MEM_HOST : LEVER_EFA_MEM_GPU;
+  l.version = LEVER_EFA_NIC_LAYOUT_VERSION;
+  l.qp_num = qpn;
+  l.sq_buffer = sq;
+  l.sq_buffer_dev = sq;
+  l.sq_doorbell = db;
+  l.sq_doorbell_dev = db;
+  l.sq_entry_size = WQE_SIZE;
+  l.sq_num_entries = sq_entries;
+  l.sq_max_batch = sq_entries < 16u ? sq_entries : 16u;  // the kernels' MAXG
+  l.sq_buffer_mem = mem;
+  l.sq_doorbell_mem = mem;
+  l.sq_phase_first = LEVER_EFA_SQ_PHASE_FIRST_LAP;
+  l.cq_buffer = cq;
+  l.cq_buffer_dev = cq;
+  l.cq_doorbell = 0;
+  l.cq_entry_size = CQE_SIZE;
+  l.cq_num_entries = cq_entries;
+  l.cq_buffer_mem = mem;
+  l.cq_phase_first = LEVER_EFA_CQ_PHASE_FIRST_LAP;
+  l.qkey = qkey(rank);
+  l.lkey = lkey(rank);
+  l.local_addr = 0;  // the emulated window is the whole address space
+  l.inline_buf_size = 0;
+  l.max_rdma_size = 1u << 30;
+  l.device_caps = 1u << 3;  // RDMA write
+  l.num_peers = num_peers;
+  l.peers = peers;
+  l.peers_mem = LEVER_EFA_MEM_GPU;
+  return l;
+}
+
+// A receive QP: only its CQ is polled (RX completions of write-with-immediate); its
+// SQ is never posted to, so the SQ fields stay 0.
+inline lever_efa_nic_layout recv_qp_layout(int rank, uint32_t qpn, uint64_t cq,
+                                           uint32_t cq_entries) {
+  lever_efa_nic_layout l{};
+  l.version = LEVER_EFA_NIC_LAYOUT_VERSION;
+  l.qp_num = qpn;
+  l.sq_phase_first = LEVER_EFA_SQ_PHASE_FIRST_LAP;
+  l.cq_buffer = cq;
+  l.cq_buffer_dev = cq;
+  l.cq_entry_size = CQE_SIZE;
+  l.cq_num_entries = cq_entries;
+  l.cq_buffer_mem = LEVER_EFA_MEM_GPU;
+  l.cq_phase_first = LEVER_EFA_CQ_PHASE_FIRST_LAP;
+  l.qkey = qkey(rank);
+  return l;
+}
+
+inline lever_efa_peer peer_entry(int dest, int i, int n_rx) {
+  lever_efa_peer p{};
+  p.ahn = (uint16_t)ahn(dest);
+  p.remote_qpn = (uint16_t)rx_qpn(dest, i, n_rx);
+  p.remote_qkey = qkey(dest);
+  p.rkey = rkey(dest);
+  p.remote_addr = 0;  // the kernels address peers' buffers directly
+  return p;
+}
+
+}  // namespace emu_nic

@@ -223,3 +223,16 @@ def test_a_proxy_kind_off_the_proxy_path_is_one_line_naming_the_field():
         compose("p5en", "deepep-v1-ll", overrides={"design.proxy.kind": "uccl"})
     with pytest.raises(ScenarioError, match="pplx-worker counts immediates"):
         compose("p5en", "pplx-garden", overrides={"design.signal_mode": "flush"})
+
+
+@pytest.mark.parametrize("design", ["uccl-ep", "pplx-garden"])
+def test_the_new_proxies_record_their_critical_path_without_gaps(design):
+    """Every wait in the host pieces names what released it: each rank's chain sums to its
+    latency and host time shows on it."""
+    scn = compose("p5en", design, ep=16, overrides=SMALL)
+    for op in ("dispatch", "combine"):
+        r = simulate_op(scn, op, 0, critical_path=True)
+        assert r.path_gap_ns < 1e-6
+        for lat, cp in zip(r.latency_us, r.critical_path, strict=True):
+            assert sum(cp.values()) == pytest.approx(lat, rel=1e-9)
+        assert any(cp.get("proxy_post", 0) > 0 for cp in r.critical_path)

@@ -7,7 +7,7 @@ GPU side (:class:`UcclPort`): before each put the warp fences (``__threadfence_s
 expert the write is for, not from the warp: channel ``expert mod (threads x channels)``,
 thread ``channel mod threads``, FIFO ``channel div threads`` (the local expert index at the
 target in dispatch, the global one in combine), so one expert's writes and its count go
-through one thread. The host sees a command ``proxy.gpu_to_host_ns`` after the push.
+through one thread; the streams of the other protocols go by destination rank. The host sees a command ``proxy.gpu_to_host_ns`` after the push.
 
 Host thread (:class:`UcclThread`, ``ep/src/proxy.cpp`` ``Proxy::run_dual``), one loop:
 
@@ -112,15 +112,17 @@ class UcclTable:
             self._threads[rank] = ts
         return ts
 
-    def fifo_for(self, rank: int, msg: Message, warp: int) -> Fifo:
+    def fifo_for(self, rank: int, msg: Message) -> Fifo:
         """The FIFO a command goes to: by the expert of a V1 LL write (local index at the target
-        in dispatch, global in combine, as UCCL-EP's kernels pick it), else by the warp."""
+        in dispatch, global in combine, as UCCL-EP's kernels pick it); any other stream by its
+        destination rank, so a stream's writes and its count always meet on one thread (the
+        receiving thread counts only what reaches it)."""
         tag = msg.tag
         if isinstance(tag, ExpertTag):
             e = tag.expert
             key = e - self.routing.experts_of(self.routing.rank_of(e))[0] if self.dispatch else e
         else:
-            key = max(warp, 0)
+            key = msg.dst
         ch = key % (self.n_threads * self.n_fifos)
         return self.threads(rank)[ch % self.n_threads].fifos[ch // self.n_threads]
 
@@ -298,7 +300,7 @@ class UcclPort(WarpPort):
     def post(self, msg: Message):
         w = self.ctx
         pp, g = w.platform.proxy, w.platform.gpu
-        fifo = self.table.fifo_for(self.rank, msg, self.warp)
+        fifo = self.table.fifo_for(self.rank, msg)
         msg.qp = fifo.thread.qp
         msg.ring = fifo  # type: ignore[assignment]  # the FIFO plays the ring's part
         msg.port = self

@@ -174,8 +174,8 @@ def test_uccl_counts_travel_in_the_fifo_of_their_expert():
     t = w.uccl
     m_data = w.message(0, 9, 7504, ExpertTag(0, 9 * 16 + 5))
     m_sig = w.message(0, 9, 64, ExpertTag(0, 9 * 16 + 5), kind="signal", value=3)
-    assert t.fifo_for(0, m_data, 0) is t.fifo_for(0, m_sig, 77)
-    f = t.fifo_for(0, m_data, 0)
+    assert t.fifo_for(0, m_data) is t.fifo_for(0, m_sig)
+    f = t.fifo_for(0, m_data)
     assert (f.thread.index, f.index) == (5 % 4, 5 // 4)
 
 
@@ -236,3 +236,30 @@ def test_the_new_proxies_record_their_critical_path_without_gaps(design):
         for lat, cp in zip(r.latency_us, r.critical_path, strict=True):
             assert sum(cp.values()) == pytest.approx(lat, rel=1e-9)
         assert any(cp.get("proxy_post", 0) > 0 for cp in r.critical_path)
+
+
+@pytest.mark.parametrize("design", ["deepep-v2-direct-gin-gda", "deepep-v2-hybrid-gin-proxy"])
+@pytest.mark.parametrize("mode", ["imm-counting", "flush"])
+def test_uccl_proxy_under_the_v2_protocols_meets_each_stream_and_its_count(design, mode):
+    """Any protocol can run on UCCL-EP's proxy: a stream's writes and its count go through one
+    thread, so the receiving thread's count reaches the signal (no deadlock, nothing early)."""
+    scn = compose("p5en", design, ep=16, overrides={
+        **SMALL, "design.path": "proxy", "design.proxy.kind": "uccl", "design.proxy.threads": 4,
+        "design.proxy.channels_per_thread": 8, "design.signal_mode": mode,
+        "platform.fabric.loss_prob": 0.02, "platform.fabric.retransmit_timeout_ns": 100_000.0})
+    for op in ("dispatch", "combine"):
+        r = simulate_op(scn, op, 0)
+        assert min(r.latency_us) > 0 and r.counters.get("ordering_violations", 0) == 0
+        assert sum(v for k, v in r.counters.items() if k.startswith("host_recv_cqes_thread")) > 0
+
+
+def test_design_proxy_threads_set_gins_host_threads_too():
+    scn = compose("p5", "deepep-v2-hybrid-gin-proxy", ep=16,
+                  overrides={**SMALL, "design.proxy.threads": 3})
+    w = World(scn, "dispatch", 0, Ledger(), Trace(), Routing.for_scenario(scn, 0))
+    w.rings.get(0, 1, 8)
+    assert len(w.rings._threads[0]) == 3
+    base = World(compose("p5", "deepep-v2-hybrid-gin-proxy", ep=16, overrides=SMALL), "dispatch", 0,
+                 Ledger(), Trace(), Routing.for_scenario(scn, 0))
+    base.rings.get(0, 1, 8)
+    assert len(base.rings._threads[0]) == scn.platform.proxy.threads == 1

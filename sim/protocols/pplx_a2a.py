@@ -54,12 +54,16 @@ if TYPE_CHECKING:
 
 class PplxTag(NamedTuple):
     """pplx-garden: what a write or flag feeds at its target: ``stage`` (route, dispatch,
-    combine: the immediate value naming the counter; nvl: NVLink copies; flag: a GPU flag)
-    from ``src``."""
+    combine: the immediate value naming the counter; nvl: NVLink copies) from ``src``; a flag
+    the host sets in GPU memory is ``PplxTag(name, FLAG)``."""
 
     stage: str
     src: int
     kind: str = "pplx"
+
+
+FLAG = -1
+"""The ``src`` of a flag's tag: set by the host, not written by a peer."""
 
 
 def run(w: World) -> list:
@@ -117,7 +121,7 @@ def _shard_bytes(w: World, workers: list[FabricWorker], src: int, peers: list[in
 def _flag_to_gpu(w: World, rank: int, what: str) -> None:
     """The host sets a flag in GPU memory (GDRCopy store): the GPU sees it later."""
     rcv = w.receivers[rank]
-    tag = PplxTag("flag", -1, what)
+    tag = PplxTag(what, FLAG)
     lat = w.ledger.cost("proxy_queue", w.platform.proxy.host_to_gpu_ns)
     later(w.ctx, "proxy_queue", lat, _set, rcv.known[tag])
 
@@ -180,8 +184,8 @@ def _dispatch_rank(w: World, r: int, workers: list[FabricWorker], pairs: list[li
     yield env.all_of([env.process(warp(c)) for c in range(C)])
     yield from _gpu_flag(w, send_done)
     # the receive kernel: the host's flags, then the node's NVLink copies
-    yield from rcv.wait(PplxTag("flag", -1, "routed"), 1, "rx", check=False)
-    yield from rcv.wait(PplxTag("flag", -1, "dispatch"), 1, "rx", check=False)
+    yield from rcv.wait(PplxTag("routed", FLAG), 1, "rx", check=False)
+    yield from rcv.wait(PplxTag("dispatch", FLAG), 1, "rx", check=False)
     for s in remote:
         rcv.check(PplxTag("dispatch", s), 1)
     for s in range(R):
@@ -222,7 +226,7 @@ def _combine_rank(w: World, r: int, workers: list[FabricWorker], pairs: list[lis
     yield env.all_of([env.process(warp(c)) for c in range(C)])
     yield from _gpu_flag(w, send_done)
     # the receive kernel: the host's flag and the node's rows, then the top-k reduction
-    yield from rcv.wait(PplxTag("flag", -1, "combine"), 1, "rx", check=False)
+    yield from rcv.wait(PplxTag("combine", FLAG), 1, "rx", check=False)
     for s in remote:
         rcv.check(PplxTag("combine", s), per)
     for s in range(R):

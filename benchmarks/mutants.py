@@ -39,7 +39,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 FAST = ("tests/test_physics.py", "tests/test_mechanisms.py", "tests/test_fabric.py",
-        "tests/test_protocols.py", "tests/test_model.py")
+        "tests/test_protocols.py", "tests/test_model.py", "tests/test_design_mechanisms.py")
 GOLDEN = "tests/test_golden.py"
 PYTEST = ("-q", "-p", "no:benchmark", "-n", "2", "-p", "mut_report", "--no-header")
 SKIP = {".git", "__pycache__", ".pytest_cache", ".ruff_cache", "build", ".whl", ".gl",
@@ -217,6 +217,28 @@ MUTANTS: tuple[Mutant, ...] = (
            "lat = max(0.0, self.port_free[src] - now) + led.cost(",
            "lat = 0.0 * max(0.0, self.port_free[src] - now) + led.cost(",
            "an NVLink flag overtakes the stores queued before it"),
+    # -- the designs' own proxies (tests/test_design_mechanisms.py) -----------------------------
+    Mutant("uccl-receive-on-one-thread", "sim/proxy_uccl.py",
+           "dst_thread = self.threads(msg.dst)[src_thread.index]",
+           "dst_thread = self.threads(msg.dst)[0]",
+           "UCCL-EP: every receive completion goes to thread 0, not the sender's thread index"),
+    Mutant("uccl-fifo-not-by-expert", "sim/proxy_uccl.py",
+           "if isinstance(tag, ExpertTag):", "if False:",
+           "UCCL-EP: a write's FIFO follows its destination, not its expert"),
+    Mutant("uccl-count-not-held", "sim/proxy_uccl.py",
+           'if self.mode == "imm-counting" and self.arrived[msg.tag] < msg.value:', "if False:",
+           "UCCL-EP: a count is applied on arrival, before the writes it covers"),
+    Mutant("uccl-sender-barrier-removed", "sim/proxy_uccl.py",
+           'elif self.mode == "flush" and self.completed[msg.tag] < self.sent[msg.tag]:',
+           "elif False:", "UCCL-EP flush: a count is posted before its writes completed"),
+    Mutant("pplx-flag-before-count", "sim/protocols/pplx_a2a.py",
+           'yield worker.imm["combine"].reach(len(remote) * per)',
+           'yield worker.imm["combine"].reach(0)',
+           "pplx-garden: the combine flag is set without waiting for the immediates"),
+    Mutant("pplx-dispatch-not-bulk", "sim/protocols/pplx_a2a.py",
+           "worker.submit(_shard_peers(w, workers, r, remote, [pairs[r][p] * nbytes for p in remote],",
+           "worker.submit(_shard_bytes(w, workers, r, remote, [pairs[r][p] * nbytes for p in remote],",
+           "pplx-garden: a dispatch write is cut per NIC instead of one bulk write per peer"),
 )
 
 # A pytest plugin for the runs: the controller (not the xdist workers) writes one JSON line

@@ -26,6 +26,7 @@ from lever.sim.nvlink import Nvlink
 from lever.sim.params import Scenario
 from lever.sim.protocols import run_protocol
 from lever.sim.proxy import ProxyPort, RingTable
+from lever.sim.proxy_uccl import UcclPort, UcclTable
 from lever.sim.receiver import Receiver
 from lever.sim.routing import Routing
 
@@ -89,6 +90,9 @@ class World:
                           for r in range(R)]
         self.messages = Messages(ledger, self.receivers)
         self.rings = RingTable(self.ctx, self.qps, self.messages)
+        # the design's own proxy where it is not GIN's (pplx-garden's worker: its protocol's)
+        self.uccl = (UcclTable(self.ctx, self.nics, self.receivers, routing, op)
+                     if d.proxy.kind == "uccl" else None)
         self.nvlink = Nvlink(self.ctx, R)
         self.channels = d.num_sms * d.warps_per_sm
         reserved = 1 if d.notify_qp_reserved else 0
@@ -142,8 +146,7 @@ class World:
             if self.design.path == "native":
                 p = NativePort(self.ctx, rank, channel, self.qp_of(rank, channel), self.lazy())
             else:
-                qp_ctx = self.data_qps[channel % len(self.data_qps)]
-                p = ProxyPort(self.ctx, rank, channel, qp_ctx, self.rings)
+                p = self._proxy_port(rank, channel, self.data_qps[channel % len(self.data_qps)])
             self._ports[key] = p
         return p
 
@@ -158,7 +161,7 @@ class World:
             if self.design.path == "native":
                 p = NativePort(self.ctx, rank, channel, self.qps[rank][0], self.lazy())
             else:
-                p = ProxyPort(self.ctx, rank, channel, 0, self.rings)
+                p = self._proxy_port(rank, channel, 0)
             self._ports[key] = p
         return p
 
@@ -173,10 +176,17 @@ class World:
                 p = NativePort(self.ctx, rank, -1, qp, lazy=True)
                 p.track = "notify"
             else:
-                p = ProxyPort(self.ctx, rank, -1, 0, self.rings)
+                p = self._proxy_port(rank, -1, 0)
                 p.track = "notify"
             self._ports[key] = p
         return p
+
+    def _proxy_port(self, rank: int, channel: int, qp_ctx: int) -> Port:
+        """A warp's port on the design's proxy: GIN's descriptor rings (``qp_ctx`` the GIN
+        context), or UCCL-EP's FIFOs (the FIFO chosen per write)."""
+        if self.uccl is not None:
+            return UcclPort(self.ctx, rank, channel, self.uccl)
+        return ProxyPort(self.ctx, rank, channel, qp_ctx, self.rings)
 
     def message(self, src: int, dst: int, nbytes: int, tag, kind: str = "data",
                 value: int = 1, seq: int = 0) -> Message:

@@ -339,12 +339,33 @@ class Workload(Strict):
 SignalMode = Literal["ordered", "flush", "imm-counting", "hw-counter", "unordered-counting"]
 
 
+class ProxyDesign(Strict):
+    """Which host proxy a proxy-path design runs, and how it is laid out (``[design.proxy]``).
+
+    The proxy is software, so its shape belongs to the design; the CPU's costs stay the
+    platform's (``platform.proxy``). ``gin-ofi`` is NCCL GIN's proxy over aws-ofi-nccl (the
+    campaign's, ``sim/proxy.py``); ``uccl`` is UCCL-EP's (``sim/proxy_uccl.py``);
+    ``pplx-worker`` is pplx-garden's fabric-lib worker (``sim/worker.py``, protocol
+    ``pplx-a2a``)."""
+
+    kind: Literal["gin-ofi", "uccl", "pplx-worker"] = Field(
+        "gin-ofi", description="gin-ofi: NCCL GIN proxy + aws-ofi-nccl (rail striping); uccl: "
+        "UCCL-EP proxy threads with FIFO channels; pplx-worker: pplx-garden's CPU worker")
+    threads: int | None = Field(
+        None, ge=1, description="host proxy threads per GPU, each with its own channels and "
+        "queue pairs on both the send and the receive side (None: platform.proxy.threads)")
+    channels_per_thread: int = Field(
+        1, ge=1, description="uccl: command FIFOs (channels) each proxy thread polls")
+    inflight_per_channel: int = Field(
+        32, ge=1, description="uccl: commands of one FIFO posted but not yet completed, at most")
+
+
 class Design(Strict):
     """How the kernels use the hardware: the thing a lever changes."""
 
     name: str = "baseline"
     path: Literal["native", "proxy"] = "native"
-    protocol: Literal["v1-ll", "v2-direct", "v2-hybrid"] = "v2-hybrid"
+    protocol: Literal["v1-ll", "v2-direct", "v2-hybrid", "pplx-a2a"] = "v2-hybrid"
     cached: bool = Field(False, description="reuse the layout handle: no notify/count exchange")
     signal_mode: SignalMode = Field(
         "flush",
@@ -385,6 +406,7 @@ class Design(Strict):
         0, ge=0, description="warps that run a rank's final combine reduction together (DeepEP "
         "LL: every warp of every SM of the kernel); 0: the data channels")
     nvlink_chunk_tokens: int = Field(4, ge=1, description="hybrid: tokens a forward warp moves at once")
+    proxy: ProxyDesign = Field(default_factory=ProxyDesign, description="the host proxy (path = proxy)")
 
     @model_validator(mode="after")
     def _qps(self) -> Design:
@@ -392,6 +414,22 @@ class Design(Strict):
             raise ValueError(
                 f"qps_per_call ({self.qps_per_call}) exceeds qps_allocated ({self.qps_allocated})"
             )
+        return self
+
+    @model_validator(mode="after")
+    def _proxy_kind(self) -> Design:
+        """A proxy kind only on the proxy path; pplx-garden's worker runs its own protocol and
+        counts immediates; UCCL-EP's proxy signals by counting immediates (its EFA build), by
+        holding the count until the writes before it completed, or right after them."""
+        kind = self.proxy.kind
+        if kind != "gin-ofi" and self.path != "proxy":
+            raise ValueError(f"proxy.kind = '{kind}' needs path = 'proxy'")
+        if (kind == "pplx-worker") != (self.protocol == "pplx-a2a"):
+            raise ValueError("protocol 'pplx-a2a' and proxy.kind 'pplx-worker' go together")
+        if kind == "pplx-worker" and self.signal_mode != "imm-counting":
+            raise ValueError("pplx-worker counts immediates: signal_mode must be 'imm-counting'")
+        if kind == "uccl" and self.signal_mode not in ("imm-counting", "flush", "ordered"):
+            raise ValueError("uccl: signal_mode must be 'imm-counting', 'flush' or 'ordered'")
         return self
 
 

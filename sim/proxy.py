@@ -44,7 +44,8 @@ class Ring:
 
 class RingTable:
     """Every descriptor ring of one op, made on first use: one per (rank, context, peer),
-    spread round-robin over the rank's host threads (``proxy.threads``)."""
+    spread round-robin over the rank's host threads (``design.proxy.threads``, else the
+    platform's ``proxy.threads``)."""
 
     def __init__(self, ctx: Context, qps: list[list[QueuePair]], messages: Messages) -> None:
         self.ctx = ctx
@@ -60,8 +61,9 @@ class RingTable:
         if ring is None:
             threads = self._threads.get(rank)
             if threads is None:
+                n = self.ctx.design.proxy.threads or self.ctx.platform.proxy.threads
                 threads = [ProxyThread(self.ctx, rank, i, self.qps[rank], self.messages)
-                           for i in range(self.ctx.platform.proxy.threads)]
+                           for i in range(n)]
                 self._threads[rank] = threads
             n = self._per_rank.get(rank, 0)
             self._per_rank[rank] = n + 1

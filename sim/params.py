@@ -367,6 +367,9 @@ class Design(Strict):
     path: Literal["native", "proxy"] = "native"
     protocol: Literal["v1-ll", "v2-direct", "v2-hybrid", "pplx-a2a"] = "v2-hybrid"
     cached: bool = Field(False, description="reuse the layout handle: no notify/count exchange")
+    signal_mode_with_counters: SignalMode | None = Field(
+        None, description="the signalling the design uses instead on a NIC with completion "
+        "counters (NCCL GIN EFA-GDA: hw-counter on p5en and newer); None: signal_mode everywhere")
     signal_mode: SignalMode = Field(
         "flush",
         description=(
@@ -447,6 +450,11 @@ class Scenario(Strict):
 
     @model_validator(mode="after")
     def _counters_exist(self) -> Scenario:
+        d = self.design
+        if d.signal_mode_with_counters is not None and self.platform.nic.hw_counters \
+                and d.signal_mode != d.signal_mode_with_counters:
+            # the design signals through the device's counters where the instance has them
+            self.__dict__["design"] = d.model_copy(update={"signal_mode": d.signal_mode_with_counters})
         if self.design.signal_mode == "hw-counter" and not self.platform.nic.hw_counters:
             raise ValueError(
                 f"design.signal_mode 'hw-counter' needs a NIC with completion counters "

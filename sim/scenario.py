@@ -144,8 +144,18 @@ def parse_sets(texts: Iterable[str], source: str = "--set") -> dict[str, Any]:
     return out
 
 
+TIED_OVERRIDES: dict[str, str] = {"design.signal_mode": "design.signal_mode_with_counters"}
+"""Setting the first also sets the second unless the same overrides set it: a signalling
+mode chosen by a lever or ``--set`` holds on every NIC, also where the design would
+otherwise switch to the device's completion counters."""
+
+
 def apply_overrides(data: dict, overrides: Overrides, origin: dict, source: str = "--set") -> None:
     """Set each dotted path of ``overrides`` in nested ``data``; ``origin`` remembers ``source``."""
+    overrides = dict(overrides)
+    for path, tied in TIED_OVERRIDES.items():
+        if path in overrides and tied not in overrides:
+            overrides[tied] = overrides[path]
     for path, value in overrides.items():
         keys = path.split(".")
         cur = data

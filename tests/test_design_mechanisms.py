@@ -193,11 +193,13 @@ def test_rail_striping_only_for_aws_ofi_nccl(design, stripes):
 # -- GIN-GDA on p5en: the NIC's counters signal, no flush ---------------------------------------
 
 def test_gin_gda_with_hardware_counters_posts_no_flush_and_no_signal_writes():
-    """With hw-counter signalling (p5en's EFA counters) the scale-out warps post data only:
-    no tail signal writes and no flush wait; the flush design posts both."""
-    flush = compose("p5en", "deepep-v2-hybrid-gin-gda", ep=16, overrides=SMALL)
-    hw = compose("p5en", "deepep-v2-hybrid-gin-gda", ep=16,
-                 overrides={**SMALL, "design.signal_mode": "hw-counter"})
+    """With hw-counter signalling (p5en's EFA counters: the design's own choice there) the
+    scale-out warps post data only: no tail signal writes and no flush wait; told to flush,
+    the same design posts both."""
+    flush = compose("p5en", "deepep-v2-hybrid-gin-gda", ep=16,
+                    overrides={**SMALL, "design.signal_mode": "flush"})
+    hw = compose("p5en", "deepep-v2-hybrid-gin-gda", ep=16, overrides=SMALL)
+    assert hw.design.signal_mode == "hw-counter"
     rf, rh = simulate_op(flush, "dispatch", 0), simulate_op(hw, "dispatch", 0)
     assert rf.counters["messages_signal"] > 0 and rf.ledger.busy.get("signal", 0) > 0
     assert rh.counters.get("messages_signal", 0) == 0

@@ -210,3 +210,20 @@ def test_the_final_reduction_spreads_over_the_reducing_warps_down_to_the_hbm_flo
     assert final_reduce_ns(fast, kib) == pytest.approx(floor)
     chan = _world(_load({}))
     assert final_reduce_ns(chan, kib) == pytest.approx(max(g.reduce_ns_per_kib * kib / chan.channels, floor))
+
+
+def test_gin_gda_signals_through_counters_where_the_instance_has_them_unless_told_otherwise():
+    """NCCL GIN EFA-GDA: flush-then-signal on p5 (no counters), the device's counters on p5en;
+    a signalling mode a lever or --set chooses holds on both."""
+    for platform, mode in (("p5", "flush"), ("p5en", "hw-counter"), ("p6-b200", "hw-counter")):
+        scn = scenario.compose(platform, "deepep-v2-hybrid-gin-gda", ep=16)
+        assert scn.design.signal_mode == mode, platform
+    told = scenario.compose("p5en", "deepep-v2-hybrid-gin-gda", ep=16,
+                            overrides={"design.signal_mode": "imm-counting"})
+    assert told.design.signal_mode == "imm-counting"
+    # and the counters shorten the op: no flush round trip before each tail
+    fast = scenario.compose("p5en", "deepep-v2-hybrid-gin-gda", ep=16, overrides={**EP2, **QUIET})
+    slow = scenario.compose("p5en", "deepep-v2-hybrid-gin-gda", ep=16,
+                            overrides={**EP2, **QUIET, "design.signal_mode": "flush"})
+    p50 = {k: float(np.median(simulate_op(s, "dispatch", 0).latency_us)) for k, s in (("hw", fast), ("flush", slow))}
+    assert p50["hw"] < p50["flush"], p50

@@ -60,8 +60,12 @@ class Receiver:
         self._sig: dict[Tag, int] = defaultdict(int)  # unordered counting: SignalAdd total
         self._stripes: dict[int, int] = defaultdict(int)  # proxy: stripes arrived per put (id)
         self._host_counted: dict[Tag, int] = defaultdict(int)  # proxy: data writes the host counted
-        self._host_busy_until = 0.0
-        self._host_rec: Rec = ROOT  # critical path: the host thread's segment ending at busy_until
+        # proxy: the rank's receiving host threads (as many as send: design.proxy.threads, else
+        # platform.proxy.threads), each busy until its own time; a write is handled by the thread
+        # owning the endpoint it came in on (the sending QP's index, as the sender spreads them)
+        n = (ctx.design.proxy.threads or ctx.platform.proxy.threads) if self.proxy else 1
+        self._host_busy_until = [0.0] * n
+        self._host_rec: list[Rec] = [ROOT] * n  # critical path: each thread's last segment
         self._held: dict[Tag, list[int]] = defaultdict(list)  # proxy: signals awaiting their data
         # native imm-counting: one receive CQ per NIC (rail) of this rank, made when first used
         self.cqs: dict[int, RecvCq] = {}
@@ -139,10 +143,11 @@ class Receiver:
         led = self.ctx.ledger
         now = self.env.now
         path = led.path
-        busy = self._host_busy_until > now
-        start = max(now, self._host_busy_until)
-        self._host_busy_until = start + led.cost("proxy_post", pp.host_cq_poll_ns)
-        done = self._host_busy_until + led.cost("proxy_queue", pp.host_to_gpu_ns)
+        k = (msg.qp.index if msg.qp is not None else 0) % len(self._host_busy_until)
+        busy = self._host_busy_until[k] > now
+        start = max(now, self._host_busy_until[k])
+        free = self._host_busy_until[k] = start + led.cost("proxy_post", pp.host_cq_poll_ns)
+        done = free + led.cost("proxy_queue", pp.host_to_gpu_ns)
         tag = msg.tag
         if msg.kind == "stripe":  # one rail's part of a striped put: count until all arrived
             fn, args = self._host_stripe, (msg.parent,)
@@ -154,9 +159,8 @@ class Receiver:
         if path is None:
             call_at(self.env, done, fn, *args)
         else:  # the host thread's CQ read (behind its previous one), then the write to the GPU
-            self._host_rec = (start, self._host_busy_until, "proxy_post",
-                              self._host_rec if busy else path.cur)
-            rec = (self._host_busy_until, done, "proxy_queue", self._host_rec)
+            self._host_rec[k] = (start, free, "proxy_post", self._host_rec[k] if busy else path.cur)
+            rec = (free, done, "proxy_queue", self._host_rec[k])
             path.call_at(done, rec, fn, *args)
 
     def _host_stripe(self, parent: Message) -> None:

@@ -227,3 +227,24 @@ def test_gin_gda_signals_through_counters_where_the_instance_has_them_unless_tol
                             overrides={**EP2, **QUIET, "design.signal_mode": "flush"})
     p50 = {k: float(np.median(simulate_op(s, "dispatch", 0).latency_us)) for k, s in (("hw", fast), ("flush", slow))}
     assert p50["hw"] < p50["flush"], p50
+
+
+# -- the proxy's receiving host threads ------------------------------------------------------
+
+def test_the_gin_proxy_receive_side_runs_on_as_many_host_threads_as_send():
+    """Each receiving host thread owns the endpoints of its index: with 4 threads the receive
+    completions of a rank are handled by all four (not one serial host resource), and with
+    a slow host CQ read that shortens the op."""
+    sets = {**QUIET, "platform.proxy.host_cq_poll_ns": 5000.0}
+
+    scn4 = _load({**sets, "platform.proxy.threads": 4}, name="decode-ep16-efa-proxy")
+    r1 = simulate_op(_load({**sets, "platform.proxy.threads": 1}, name="decode-ep16-efa-proxy"), "dispatch", 0)
+    r4 = simulate_op(scn4, "dispatch", 0)
+    assert max(r4.latency_us) < max(r1.latency_us)
+    from lever.sim.model import run_protocol
+
+    w = _world(scn4)
+    run_protocol(w)
+    w.env.run()
+    worked = [t for t in w.receivers[1]._host_busy_until if t > 0]
+    assert len(worked) > 1, w.receivers[1]._host_busy_until  # not one serial host resource

@@ -145,16 +145,25 @@ def parse_sets(texts: Iterable[str], source: str = "--set") -> dict[str, Any]:
 
 
 TIED_OVERRIDES: dict[str, str] = {"design.signal_mode": "design.signal_mode_with_counters"}
-"""Setting the first also sets the second unless the same overrides set it: a signalling
-mode chosen by a lever or ``--set`` holds on every NIC, also where the design would
-otherwise switch to the device's completion counters."""
+"""Setting the first also sets the second, where the design sets the second and the same
+overrides do not: a signalling mode chosen by a lever or ``--set`` holds on every NIC, also
+where the design would otherwise switch to the device's completion counters."""
+
+
+def _get_path(data: dict, path: str) -> Any:
+    cur: Any = data
+    for k in path.split("."):
+        if not isinstance(cur, dict) or k not in cur:
+            return None
+        cur = cur[k]
+    return cur
 
 
 def apply_overrides(data: dict, overrides: Overrides, origin: dict, source: str = "--set") -> None:
     """Set each dotted path of ``overrides`` in nested ``data``; ``origin`` remembers ``source``."""
     overrides = dict(overrides)
     for path, tied in TIED_OVERRIDES.items():
-        if path in overrides and tied not in overrides:
+        if path in overrides and tied not in overrides and _get_path(data, tied) is not None:
             overrides[tied] = overrides[path]
     for path, value in overrides.items():
         keys = path.split(".")

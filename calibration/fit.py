@@ -257,15 +257,22 @@ def _get(plat: Platform, path: str) -> float:
     return float(obj)
 
 
+SimCache = dict[tuple, dict[tuple, dict]]
+"""Parameter vector (rounded) -> job key -> that job's simulated summary."""
+
+
 class Evaluator:
     """Evaluates simulations of many parameter vectors, in parallel, with a cache."""
 
     def __init__(self, jobs: list[Job], base_sets: Mapping[str, Any], names: list[str], seeds: int,
-                 workers: int | None, progress: Callable[[int], None] | None = None):
+                 workers: int | None, progress: Callable[[int], None] | None = None,
+                 cache: SimCache | None = None):
         self.jobs, self.base_sets, self.names, self.seeds = jobs, base_sets, names, seeds
         self.workers = max(1, workers or os.cpu_count() or 1)
         self.pool = ProcessPoolExecutor(self.workers) if self.workers > 1 else None
-        self.cache: dict[tuple, dict[tuple, dict]] = {}
+        # shared between fits over overlapping record sets (lever validate's folds): a
+        # simulation is a pure function of (parameter vector, job), so any fit may reuse it
+        self.cache: SimCache = cache if cache is not None else {}
         self.evaluations = 0
         self.progress = progress
 
@@ -275,9 +282,10 @@ class Evaluator:
 
     def many(self, xs: list[np.ndarray]) -> list[dict[tuple, dict]]:
         keys = [tuple(np.round(x, 12)) for x in xs]
-        todo = [k for k in dict.fromkeys(keys) if k not in self.cache]
+        todo = [(k, j) for k in dict.fromkeys(keys) for j in self.jobs
+                if j.key() not in self.cache.get(k, {})]
         tasks = [(j, self.base_sets, {n: float(v) for n, v in zip(self.names, k, strict=True)}, self.seeds)
-                 for k in todo for j in self.jobs]
+                 for k, j in todo]
         if self.pool:
             results = []
             for r in self.pool.map(_run_job_star, tasks):
@@ -291,16 +299,66 @@ class Evaluator:
                 if self.progress:
                     self.progress(1)
         self.evaluations += len(tasks)
-        for i, k in enumerate(todo):
-            chunk = results[i * len(self.jobs):(i + 1) * len(self.jobs)]
-            self.cache[k] = {j.key(): r for j, r in zip(self.jobs, chunk, strict=True)}
+        for (k, j), r in zip(todo, results, strict=True):
+            self.cache.setdefault(k, {})[j.key()] = r
         return [self.cache[k] for k in keys]
+
+
+def start_values(platform: Platform, free: Mapping[str, FreeParam],
+                 start: Mapping[str, float] | None = None) -> dict[str, float]:
+    """Where a fit starts, per free parameter: ``start`` if given, else the platform's value,
+    except a value outside the bounds (e.g. a mechanism off by default at 0) starts at its
+    prior when it has one; the fit clips whatever remains into the bounds."""
+    out = {}
+    for n in sorted(free):
+        f = free[n]
+        v = float(start[n]) if start is not None and n in start else _get(platform, n)
+        if not f.lo <= v <= f.hi and f.prior is not None:
+            v = f.prior.value
+        out[n] = v
+    return out
+
+
+def log_start(names: list[str], free: Mapping[str, FreeParam], values: Mapping[str, float]) -> np.ndarray:
+    """The start in the fit's log space, clipped strictly inside the bounds."""
+    lo = np.log([free[n].lo for n in names])
+    hi = np.log([free[n].hi for n in names])
+    x0 = np.log([max(values[n], 1e-300) for n in names])
+    return np.clip(x0, lo + 1e-9, hi - 1e-9)
+
+
+def jacobian_points(z: np.ndarray, hi: np.ndarray) -> list[np.ndarray]:
+    """``z`` and its forward-difference points (backward at an upper bound), in log space."""
+    out = [z]
+    for i in range(len(z)):
+        h = FD_STEP if z[i] + FD_STEP <= hi[i] else -FD_STEP
+        zi = z.copy()
+        zi[i] += h
+        out.append(zi)
+    return out
+
+
+def warm_cache(records: list[RunRecord], platform: Platform, base_sets: Mapping[str, Any] | None,
+               free: Mapping[str, FreeParam], start: Mapping[str, float], seeds: int = 1,
+               workers: int | None = None) -> SimCache:
+    """Every job of ``records`` simulated at a fit's start and its Jacobian points, in one
+    parallel batch: fits that start there (one per held-out fold) then share that work."""
+    names = sorted(free)
+    hi = np.log([free[n].hi for n in names])
+    z0 = log_start(names, free, start_values(platform, free, start))
+    ev = Evaluator(plan_jobs(records), dict(base_sets or {}), names, seeds, workers)
+    try:
+        ev.many([np.exp(p) for p in jacobian_points(z0, hi)])
+    finally:
+        ev.close()
+    return ev.cache
 
 
 def fit(records: list[RunRecord], platform: Platform, base_sets: Mapping[str, Any] | None = None,
         free: dict[str, FreeParam] | None = None, seeds: int = 1, max_nfev: int = 10,
         workers: int | None = None, progress: Callable[[int, int], None] | None = None,
-        starts: int = 1) -> FitResult:
+        starts: int = 1, start: Mapping[str, float] | None = None,
+        cache: SimCache | None = None) -> FitResult:
     """Fit ``free`` (default: ``platform.free``) to ``records``; ``base_sets`` swap in a platform.
 
     ``starts`` > 1 runs that many local fits: from the platform's own values and from
@@ -308,6 +366,10 @@ def fit(records: list[RunRecord], platform: Platform, base_sets: Mapping[str, An
     so a calibration is reproducible), and keeps the lowest robust cost. A single local
     fit from hand-set values can settle where two costs trade off (per-doorbell against
     per-WQE NIC work) far from the records.
+
+    ``start`` replaces the platform's values as the first start (``lever validate --levers``
+    starts every fold from a fit that saw none of the held-out records); ``cache`` holds
+    simulations already made (:func:`warm_cache`) and receives the new ones.
     """
     free = dict(platform.free if free is None else free)
     if not free:
@@ -317,8 +379,7 @@ def fit(records: list[RunRecord], platform: Platform, base_sets: Mapping[str, An
     names = sorted(free)
     lo = np.log([free[n].lo for n in names])
     hi = np.log([free[n].hi for n in names])
-    x0 = np.log([_get(platform, n) for n in names])
-    x0 = np.clip(x0, lo + 1e-9, hi - 1e-9)
+    x0 = log_start(names, free, start_values(platform, free, start))
     jobs = plan_jobs(records)
     t0 = time.perf_counter()
     total = max_nfev * (len(names) + 1) * len(jobs) * max(starts, 1)
@@ -329,7 +390,7 @@ def fit(records: list[RunRecord], platform: Platform, base_sets: Mapping[str, An
         if progress:
             progress(done[0], max(total, done[0]))
 
-    ev = Evaluator(jobs, dict(base_sets or {}), names, seeds, workers, tick)
+    ev = Evaluator(jobs, dict(base_sets or {}), names, seeds, workers, tick, cache)
 
     def resid_from(sims: dict, z: np.ndarray) -> np.ndarray:
         r = [row.residual for rec in records for row in record_rows(rec, sims)]
@@ -340,13 +401,7 @@ def fit(records: list[RunRecord], platform: Platform, base_sets: Mapping[str, An
         return np.asarray(r, dtype=float)
 
     def pts(z: np.ndarray) -> list[np.ndarray]:
-        out = [z]
-        for i in range(len(z)):
-            h = FD_STEP if z[i] + FD_STEP <= hi[i] else -FD_STEP
-            zi = z.copy()
-            zi[i] += h
-            out.append(zi)
-        return out
+        return jacobian_points(z, hi)
 
     def f(z: np.ndarray) -> np.ndarray:
         return resid_from(ev.many([np.exp(z)])[0], z)

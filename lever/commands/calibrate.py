@@ -45,9 +45,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="which shipped records (default: efa; with --levers every NIC with lever records)")
     v.add_argument("--records", nargs="*", metavar="RECORD", help="default: calibration/data/*.json of --nic")
     v.add_argument("--platform", metavar="TOML", help="base (uncalibrated) platform; default per NIC")
-    v.add_argument("--max-nfev", type=count(1, 100_000), default=3,
-                   help="evaluations per fit (with --levers: per fold's refit)")
-    v.add_argument("--start-nfev", type=count(1, 100_000), default=8,
+    v.add_argument("--max-nfev", type=count(1, 100_000), default=None,
+                   help="evaluations per fit (default 3; with --levers: per fold's refit, default 2)")
+    v.add_argument("--start-nfev", type=count(1, 100_000), default=6,
                    help="--levers: evaluations of the start fit on the records without levers")
     v.add_argument("--pred-seeds", type=count(1, 1000), default=3,
                    help="--levers: paired seeds of each held-out prediction")
@@ -188,6 +188,7 @@ def main_validate(args: argparse.Namespace) -> int:
     if args.levers:
         return main_validate_levers(args)
     args.nic = args.nic or "efa"
+    args.max_nfev = args.max_nfev or 3
     paths = args.records if args.records is not None else shipped_records(args.nic)
     if len(paths) < 2:
         raise UserError(f"validate: needs at least 2 records of nic '{args.nic}', found {len(paths)}")
@@ -264,7 +265,7 @@ def main_validate_levers(args: argparse.Namespace) -> int:
             bar.update(task, completed=done, total=total, description=label[:60])
 
         try:
-            res = validate_levers(groups, max_nfev=args.max_nfev, start_nfev=args.start_nfev,
+            res = validate_levers(groups, max_nfev=args.max_nfev or 2, start_nfev=args.start_nfev,
                                   pred_seeds=args.pred_seeds, param_samples=args.param_samples,
                                   workers=args.workers, executor=args.executor, address=args.address,
                                   progress=progress)
@@ -298,6 +299,5 @@ def print_lever_rows(res, wall: float) -> None:
         right = sum(r.sign == "right" for r in res.rows if r.nic == nic)
         print(f"{nic}: {k['validated']} of {k['total']} validated, {k['wrong_sign']} wrong sign, "
               f"{right} with the right sign claimed")
-    for r in res.rows:
-        if r.verdict == "refused":
-            print(f"refused {r.record}: {r.reason}")
+    for rec, why in dict((r.record, r.reason) for r in res.rows if r.verdict == "refused").items():
+        print(f"refused {rec}: {why}")

@@ -154,3 +154,24 @@ def test_cli_validate_levers_json(tmp_path, capsys):
                      "--workers", "1", "--json"])
     out = json.loads(capsys.readouterr().out)
     assert rc == 0 and out["total"] == 1 and out["levers"][0]["record"] == "tiny-bd"
+
+
+def test_a_campaign_delta_is_predicted_at_the_campaign_level_and_judged_without_spread():
+    rec = load_record(DATA_DIR / "efa-ep16-qp-fanout-fix.json")  # baseline level 789 us in the record
+    (case,) = val.lever_cases([rec])
+    assert case.baseline is None and case.base_link == rec.baseline
+    level = rec.baseline_latency_us["dispatch"].median
+    row = val.judge(case, "dispatch", {"delta_us": -10.0, "band_us": [-12.0, -8.0],
+                                       "baseline_p50_us": level / 2})
+    assert row.predicted_delta_us == pytest.approx(-20.0) and row.band_us == pytest.approx((-24.0, -16.0))
+    assert row.verdict == "inconclusive" and row.sign == "right" and not row.wrong_sign
+
+
+def test_a_configuration_the_model_refuses_is_reported_not_fitted():
+    rec = load_record(DATA_DIR / "emu-ep2-native-qp17-ownership.json")
+    assert "owned" in val.refusal(rec.sim, {})
+    assert val.refusal(load_record(DATA_DIR / "emu-ep2-native-put-many.json").sim, {}) is None
+    (case,) = val.lever_cases([rec, load_record(DATA_DIR / "emu-ep2-native-baseline.json")])
+    row = val.judge(case, "dispatch", None, "refused")
+    assert row.verdict == "refused" and row.as_json()["predicted_delta_us"] is None
+    assert val.tally([row]) == {"validated": 0, "total": 1, "wrong_sign": 0}

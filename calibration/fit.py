@@ -358,7 +358,7 @@ def fit(records: list[RunRecord], platform: Platform, base_sets: Mapping[str, An
         free: dict[str, FreeParam] | None = None, seeds: int = 1, max_nfev: int = 10,
         workers: int | None = None, progress: Callable[[int, int], None] | None = None,
         starts: int = 1, start: Mapping[str, float] | None = None,
-        cache: SimCache | None = None) -> FitResult:
+        cache: SimCache | None = None, fixed_jacobian: bool = False) -> FitResult:
     """Fit ``free`` (default: ``platform.free``) to ``records``; ``base_sets`` swap in a platform.
 
     ``starts`` > 1 runs that many local fits: from the platform's own values and from
@@ -370,6 +370,11 @@ def fit(records: list[RunRecord], platform: Platform, base_sets: Mapping[str, An
     ``start`` replaces the platform's values as the first start (``lever validate --levers``
     starts every fold from a fit that saw none of the held-out records); ``cache`` holds
     simulations already made (:func:`warm_cache`) and receives the new ones.
+
+    ``fixed_jacobian`` keeps the start's finite-difference Jacobian for every step and for the
+    covariance (a chord method): each step then costs one simulation batch instead of one per
+    parameter plus one, so a refit from a nearby start (a fold of ``lever validate --levers``,
+    whose start's Jacobian is in ``cache``) can take many steps for the price of one.
     """
     free = dict(platform.free if free is None else free)
     if not free:
@@ -422,14 +427,21 @@ def fit(records: list[RunRecord], platform: Platform, base_sets: Mapping[str, An
         x0s = [x0] + [np.clip(x0 + rng.uniform(-math.log(10), math.log(10), len(x0)), lo + 1e-9, hi - 1e-9)
                       for _ in range(max(starts, 1) - 1)]
         res = None
+        J = None
         for xs in x0s:
             # Evaluate the start and its Jacobian points in one parallel batch up front.
             ev.many([np.exp(p) for p in pts(xs)])
-            r_k = least_squares(f, xs, jac=jac, bounds=(lo, hi), loss="soft_l1", f_scale=ROBUST_SCALE,
+            jk = jac
+            if fixed_jacobian:  # the start's Jacobian throughout: one simulation batch per step
+                j0 = jac(xs)
+                jk = lambda _z, *_a, j0=j0: j0  # noqa: E731
+            r_k = least_squares(f, xs, jac=jk, bounds=(lo, hi), loss="soft_l1", f_scale=ROBUST_SCALE,
                                 x_scale=1.0, max_nfev=max_nfev, method="trf", diff_step=None)
             if res is None or r_k.cost < res.cost:
                 res = r_k
-        J = jac(res.x)
+                J = j0 if fixed_jacobian else None
+        if J is None:
+            J = jac(res.x)
         r = f(res.x)
     finally:
         ev.close()

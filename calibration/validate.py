@@ -13,11 +13,18 @@ records). For each lever record:
 2. **Refit** the platform's free parameters (``[platform.free]`` of the NIC's base platform) on
    every other record of that NIC: baselines, sweeps, fault runs, other shapes and the other
    levers. Every fold starts from one *start fit* on the records that measure no lever at all,
-   so no fold sees its held-out record through its start; the start's simulations are shared
-   by all folds (:func:`lever.calibration.fit.warm_cache`).
+   so no fold sees its held-out record through its start; the start's simulations (the point
+   and its finite-difference Jacobian, for every record) are made once and shared by all
+   folds (:func:`lever.calibration.fit.warm_cache`), and each refit keeps that Jacobian for
+   its steps and its covariance (``fit(fixed_jacobian=True)``), so a step costs one batch of
+   simulations of the fold's own records.
 3. **Predict** the held-out delta on the refit (paired seeds, band = seed noise and the spread
    over parameter draws from the refit's covariance, clipped to the bounds:
-   :func:`lever.calibration.predict.predict_links`).
+   :func:`lever.calibration.predict.predict_links`), widened by the refit's own model
+   discrepancy (:func:`discrepancy`): the model reproduces the latencies it was fitted to only
+   to within a typical relative error, and a predicted change is taken to be no more accurate
+   than that, relative to its size. Parameter draws can not show this error: it is the
+   model's, not the parameters'.
 4. **Judge** it with the preregistration rule (:func:`lever.calibration.compare.verdict`)
    against the measured delta and its band (:func:`lever.calibration.compare.measured_delta`).
 
@@ -182,6 +189,22 @@ def contract(rows: list[LeverRow]) -> dict[str, Any]:
     return {"levers": [r.as_json() for r in rows], **tally(rows)}
 
 
+def discrepancy(rows: list[Any]) -> float:
+    """The refit's typical relative miss on the absolute latencies it was fitted to (the median
+    of |sim - meas| / meas over its ``*.p50`` rows); 0 when it has none. A median, so the few
+    records the model can not represent at all do not set it."""
+    errs = [abs(r.pct_err) / 100.0 for r in rows if r.unit == "us" and r.quantity.endswith(".p50")]
+    return float(np.median(errs)) if errs else 0.0
+
+
+def widen(delta: float, band: tuple[float, float], rel: float) -> tuple[float, float]:
+    """``band`` combined per side, in quadrature, with a 90% discrepancy of ``rel`` x |delta|."""
+    from lever.calibration.compare import Z90
+
+    m = Z90 * rel * abs(delta)
+    return delta - math.hypot(delta - band[0], m), delta + math.hypot(band[1] - delta, m)
+
+
 def judge(case: LeverCase, op: str, pred: dict[str, Any] | None, reason: str = "") -> LeverRow:
     """A case's row for one op: its measured delta and band, and the verdict on ``pred``."""
     r, b = case.record, case.baseline
@@ -217,11 +240,12 @@ class FoldTask:
     base_sets: dict[str, Any]
     free: dict[str, FreeParam]
     start: dict[str, float]
-    cache: dict
+    cache: dict[tuple, dict[tuple, dict]]
     seeds: int = 1
     max_nfev: int = 3
     pred_seeds: int = 3
     param_samples: int = 8
+    with_discrepancy: bool = True
 
 
 @dataclass
@@ -232,6 +256,8 @@ class FoldResult:
     params: list[dict[str, Any]] = field(default_factory=list)
     evaluations: int = 0
     cost: float = 0.0
+    discrepancy: float = 0.0
+    """The refit's median relative miss on its training latencies (widens the bands when used)."""
 
 
 def run_fold(task: FoldTask) -> FoldResult:
@@ -240,19 +266,24 @@ def run_fold(task: FoldTask) -> FoldResult:
     from lever.calibration.predict import draw_params, predict_links
 
     res = fit(task.train, task.platform, task.base_sets, free=task.free, seeds=task.seeds,
-              max_nfev=task.max_nfev, workers=1, start=task.start, cache=task.cache)
+              max_nfev=task.max_nfev, workers=1, start=task.start, cache=task.cache,
+              fixed_jacobian=True)
     values = dict(zip(res.names, (float(v) for v in res.x), strict=True))
     bounds = {n: (task.free[n].lo, task.free[n].hi) for n in res.names}
     draws = draw_params(res.names, np.log(res.x), res.log_cov, task.param_samples, bounds)
+    rel = discrepancy(res.rows) if task.with_discrepancy else 0.0
     rows = []
     for case in task.cases:
         assert case.record.sim is not None
         pred = predict_links(case.base_link, case.record.sim, task.base_sets, values, draws,
                              list(case.ops), seeds=task.pred_seeds)
-        rows += [judge(case, op, pred[op]) for op in case.ops]
+        for op in case.ops:
+            p = pred[op]
+            p["band_us"] = list(widen(p["delta_us"], (p["band_us"][0], p["band_us"][1]), rel))
+            rows.append(judge(case, op, p))
     return FoldResult(rows=rows, train=[r.id for r in task.train],
                       excluded=sorted({c.record.id for c in task.cases}), params=res.params(),
-                      evaluations=res.evaluations, cost=res.cost)
+                      evaluations=res.evaluations, cost=res.cost, discrepancy=rel)
 
 
 def refusal(link: SimLink, base_sets: Mapping[str, Any]) -> str | None:
@@ -282,11 +313,12 @@ class ValidateResult:
 
 def validate_levers(groups: Mapping[str, tuple[list[RunRecord], Platform, dict[str, Any]]], *,
                     seeds: int = 1, max_nfev: int = 3, start_nfev: int = 8, pred_seeds: int = 3,
-                    param_samples: int = 8, workers: int | None = None, executor: str = "local",
-                    address: str | None = None,
+                    param_samples: int = 8, with_discrepancy: bool = True,
+                    workers: int | None = None, executor: str = "local", address: str | None = None,
                     progress: Callable[[str, int, int], None] | None = None) -> ValidateResult:
     """Leave-one-out over the lever records of each group (NIC kind -> records, base platform,
-    its overrides). ``max_nfev`` bounds each fold's refit, ``start_nfev`` the start fit."""
+    its overrides). ``max_nfev`` bounds each fold's refit, ``start_nfev`` the start fit;
+    ``with_discrepancy`` widens each band by its refit's model discrepancy."""
     from lever.calibration.fit import FitError, fit, warm_cache
     from lever.calibration.pool import imap_unordered
 
@@ -322,7 +354,7 @@ def validate_levers(groups: Mapping[str, tuple[list[RunRecord], Platform, dict[s
         for f in plan_folds(usable, cases):
             train = [r for r in usable if r.id not in f.excluded]
             tasks.append(FoldTask(train, list(f.cases), plat, base_sets, free, start, cache, seeds,
-                                  max_nfev, pred_seeds, param_samples))
+                                  max_nfev, pred_seeds, param_samples, with_discrepancy))
     folds: list[FoldResult] = []
     for i, (_k, fr) in enumerate(imap_unordered(run_fold, tasks, executor, workers, address), 1):
         folds.append(fr)

@@ -175,3 +175,29 @@ def test_a_configuration_the_model_refuses_is_reported_not_fitted():
     row = val.judge(case, "dispatch", None, "refused")
     assert row.verdict == "refused" and row.as_json()["predicted_delta_us"] is None
     assert val.tally([row]) == {"validated": 0, "total": 1, "wrong_sign": 0}
+
+
+def test_the_band_widens_by_the_refits_own_miss_on_its_training_latencies():
+    from lever.calibration.fit import Row
+
+    rows = [Row("a", "dispatch.p50", "us", 100.0, 110.0, 0.0), Row("a", "combine.p50", "us", 100.0, 96.0, 0.0),
+            Row("b", "dispatch.p50", "us", 200.0, 100.0, 0.0),  # one record the model can not represent
+            Row("c", "dispatch.delta", "us", -5.0, -50.0, 0.0), Row("a", "dispatch.profiler.wqe.share", "share",
+                                                                   0.1, 0.9, 0.0)]
+    assert val.discrepancy(rows) == pytest.approx(0.10)  # median of 10%, 4%, 50%; deltas, shares ignored
+    lo, hi = val.widen(-10.0, (-12.0, -9.0), 0.10)
+    m = 1.6448536269514722 * 0.10 * 10.0
+    assert lo == pytest.approx(-10.0 - math.hypot(2.0, m)) and hi == pytest.approx(-10.0 + math.hypot(1.0, m))
+    assert val.widen(0.0, (0.0, 0.0), 0.5) == (0.0, 0.0)  # a predicted no-change gains no width
+    assert val.discrepancy([]) == 0.0
+
+
+def test_a_fixed_jacobian_refit_pays_one_simulation_batch_per_step():
+    recs = [r for r in _records() if not r.what.levers]
+    plat = _platform()
+    jobs = 2  # one job per record
+    n = len(FREE)
+    res = fit(recs, plat, free=FREE, max_nfev=5, workers=1, fixed_jacobian=True)
+    assert res.evaluations <= jobs * ((n + 1) + 5)  # the start's Jacobian once, then a batch per step
+    full = fit(recs, plat, free=FREE, max_nfev=5, workers=1)
+    assert full.evaluations > res.evaluations

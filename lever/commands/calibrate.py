@@ -46,13 +46,16 @@ def register(sub: argparse._SubParsersAction) -> None:
     v.add_argument("--records", nargs="*", metavar="RECORD", help="default: calibration/data/*.json of --nic")
     v.add_argument("--platform", metavar="TOML", help="base (uncalibrated) platform; default per NIC")
     v.add_argument("--max-nfev", type=count(1, 100_000), default=None,
-                   help="evaluations per fit (default 3; with --levers: per fold's refit, default 2)")
+                   help="evaluations per fit (default 3; with --levers: per fold's refit, default 6)")
     v.add_argument("--start-nfev", type=count(1, 100_000), default=6,
                    help="--levers: evaluations of the start fit on the records without levers")
     v.add_argument("--pred-seeds", type=count(1, 1000), default=3,
                    help="--levers: paired seeds of each held-out prediction")
     v.add_argument("--param-samples", type=count(0, 1000), default=8,
                    help="--levers: parameter draws from each fold's covariance (0: noise-only band)")
+    v.add_argument("--no-discrepancy", dest="discrepancy", action="store_false",
+                   help="--levers: bands from seed noise and parameter draws only, without the refit's "
+                        "model discrepancy")
     v.add_argument("--executor", choices=("local", "ray"), default="local",
                    help="--levers: where the folds run")
     v.add_argument("--address", help="--levers --executor ray: cluster address (default: a local Ray)")
@@ -265,9 +268,9 @@ def main_validate_levers(args: argparse.Namespace) -> int:
             bar.update(task, completed=done, total=total, description=label[:60])
 
         try:
-            res = validate_levers(groups, max_nfev=args.max_nfev or 2, start_nfev=args.start_nfev,
+            res = validate_levers(groups, max_nfev=args.max_nfev or 6, start_nfev=args.start_nfev,
                                   pred_seeds=args.pred_seeds, param_samples=args.param_samples,
-                                  workers=args.workers, executor=args.executor, address=args.address,
+                                  with_discrepancy=args.discrepancy, workers=args.workers, executor=args.executor, address=args.address,
                                   progress=progress)
         except FitError as e:
             raise UserError(str(e)) from None
@@ -301,3 +304,6 @@ def print_lever_rows(res, wall: float) -> None:
               f"{right} with the right sign claimed")
     for rec, why in dict((r.record, r.reason) for r in res.rows if r.verdict == "refused").items():
         print(f"refused {rec}: {why}")
+    for f in res.folds:
+        print(f"fold without {', '.join(f.excluded)}: {len(f.train)} training records, cost {f.cost:.1f}, "
+              f"{f.evaluations} simulations, model discrepancy {100 * f.discrepancy:.1f}%")

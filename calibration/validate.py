@@ -310,6 +310,13 @@ class ValidateResult:
     def as_json(self) -> dict[str, Any]:
         return contract(self.rows)
 
+    def fits(self, wall_s: float | None = None) -> dict[str, Any]:
+        """What the fits found (``--fits-out``): the start fit per NIC and each fold's refit."""
+        return {"wall_s": None if wall_s is None else round(wall_s, 1), "start": self.start_params,
+                "folds": [{"held_out": f.excluded, "train": f.train, "cost": f.cost,
+                           "evaluations": f.evaluations, "discrepancy": round(f.discrepancy, 4),
+                           "params": f.params} for f in self.folds]}
+
 
 def validate_levers(groups: Mapping[str, tuple[list[RunRecord], Platform, dict[str, Any]]], *,
                     seeds: int = 1, max_nfev: int = 3, start_nfev: int = 8, pred_seeds: int = 3,

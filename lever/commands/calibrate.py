@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 import time
 from pathlib import Path
@@ -56,6 +57,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     v.add_argument("--no-discrepancy", dest="discrepancy", action="store_false",
                    help="--levers: bands from seed noise and parameter draws only, without the refit's "
                         "model discrepancy")
+    v.add_argument("--fits-out", metavar="FITS.json", type=output_file(".json"),
+                   help="--levers: also write the start fits and every fold's refit (parameters, "
+                        "identifiability, discrepancy, training records)")
     v.add_argument("--executor", choices=("local", "ray"), default="local",
                    help="--levers: where the folds run")
     v.add_argument("--address", help="--levers --executor ray: cluster address (default: a local Ray)")
@@ -275,6 +279,10 @@ def main_validate_levers(args: argparse.Namespace) -> int:
         except FitError as e:
             raise UserError(str(e)) from None
     wall = time.perf_counter() - t0
+    if args.fits_out:
+        from lever.calibration.fit import write_atomic
+
+        write_atomic(Path(args.fits_out), json.dumps(res.fits(wall), indent=1) + "\n")
     if args.json:
         print_json(res.as_json())
     else:

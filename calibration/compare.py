@@ -107,6 +107,7 @@ def compare(prereg: dict[str, Any], records: list[RunRecord]) -> dict[str, Any]:
         raise UserError(f"no record lists lever '{lever}' in what.levers")
     out: dict[str, Any] = {"lever": lever, "baseline": prereg["baseline"], "prereg_sha256": prereg["sha256"],
                            "band_kind": prereg.get("band_kind", ""), "ops": {}}
+    measured: dict[str, dict[str, Any]] = {}
     for op, pred in prereg["predictions"].items():
         b, x = _pick(records, lever, op)
         if x is None:
@@ -117,6 +118,7 @@ def compare(prereg: dict[str, Any], records: list[RunRecord]) -> dict[str, Any]:
             raise UserError(f"{op}: no baseline record (one without '{lever}' in what.levers)")
         else:
             m = measured_delta(b.latency_us[op], x.latency_us[op])
+        measured[op] = m
         v = verdict(pred["delta_us"], pred["band_us"], m["delta_us"], m["band_us"])
         out["ops"][op] = {
             "predicted_delta_us": pred["delta_us"],
@@ -130,4 +132,38 @@ def compare(prereg: dict[str, Any], records: list[RunRecord]) -> dict[str, Any]:
         }
     if not out["ops"]:
         raise UserError(f"no record measures a preregistered op of lever '{lever}'")
+    if prereg.get("variants"):
+        out["primary"] = prereg.get("primary")
+        out["variants"] = judge_variants(prereg["variants"], measured)
+        out["supported"] = [n for n, v in out["variants"].items() if v["verdict"] == "validated"]
+    return out
+
+
+def overall(verdicts: list[str]) -> str:
+    """One verdict for a variant over its ops: refuted if any op is, validated if every op is,
+    else inconclusive."""
+    if "refuted" in verdicts:
+        return "refuted"
+    if verdicts and all(v == "validated" for v in verdicts):
+        return "validated"
+    return "inconclusive"
+
+
+def judge_variants(variants: dict[str, Any], measured: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """Per preregistered variant: each measured op judged by the same rule, and one overall
+    verdict; a variant the model could not run is ``not-runnable`` (its ``needs`` says why)."""
+    out: dict[str, Any] = {}
+    for name, v in variants.items():
+        if not v.get("runnable"):
+            out[name] = {"verdict": "not-runnable", "needs": v.get("needs", ""), "ops": {}}
+            continue
+        ops = {}
+        for op, m in measured.items():
+            pred = v["predictions"].get(op)
+            if pred is None:
+                continue
+            j = verdict(pred["delta_us"], pred["band_us"], m["delta_us"], m["band_us"])
+            ops[op] = {"predicted_delta_us": pred["delta_us"], "predicted_band_us": pred["band_us"],
+                       "measured_delta_us": round(m["delta_us"], 4), **j}
+        out[name] = {"verdict": overall([o["verdict"] for o in ops.values()]), "ops": ops}
     return out

@@ -300,15 +300,24 @@ def _get(plat: Platform, path: str) -> float:
     return float(obj)
 
 
+SimCache = dict[tuple, dict[tuple, dict]]
+"""Parameter vector (rounded) -> job key -> that job's simulated summary."""
+
+
 class Evaluator:
     """Evaluates simulations of many parameter vectors, in parallel, with a cache."""
 
     def __init__(self, jobs: list[Job], base_sets: Mapping[str, Any], names: list[str], seeds: int,
-                 workers: int | None, progress: Callable[[int], None] | None = None):
+                 workers: int | None, progress: Callable[[int], None] | None = None,
+                 cache: SimCache | None = None):
         self.jobs, self.base_sets, self.names, self.seeds = jobs, base_sets, names, seeds
         self.workers = max(1, workers or os.cpu_count() or 1)
         self.pool = ProcessPoolExecutor(self.workers) if self.workers > 1 else None
-        self.cache: dict[tuple, dict[tuple, dict]] = {}
+        # shared between fits over overlapping record sets (lever validate's folds): a
+        # simulation is a pure function of (parameter vector, job), so any fit may reuse it
+        self.cache: SimCache = cache if cache is not None else {}
+        # per job and the values it takes: a joint fit's column of one platform's parameter
+        # re-runs only that platform's jobs
         self.job_cache: dict[tuple, dict] = {}
         self.evaluations = 0
         self.progress = progress
@@ -326,12 +335,15 @@ class Evaluator:
         parameter re-runs only that platform's jobs)."""
         keys = [tuple(np.round(x, 12)) for x in xs]
         plan: dict[tuple, tuple] = {}
+        fill: list[tuple[tuple, Job, tuple]] = []
         for k in dict.fromkeys(keys):
-            if k in self.cache:
-                continue
+            have = self.cache.get(k, {})
             vals = {n: float(v) for n, v in zip(self.names, k, strict=True)}
             for j in self.jobs:
+                if j.key() in have:
+                    continue
                 jk = self._job_key(j, vals)
+                fill.append((k, j, jk))
                 if jk not in self.job_cache and jk not in plan:
                     plan[jk] = (j, self.base_sets, vals, self.seeds)
         tasks = list(plan.values())
@@ -350,18 +362,67 @@ class Evaluator:
         self.evaluations += len(tasks)
         for jk, r in zip(plan, results, strict=True):
             self.job_cache[jk] = r
-        for k in dict.fromkeys(keys):
-            if k not in self.cache:
-                vals = {n: float(v) for n, v in zip(self.names, k, strict=True)}
-                self.cache[k] = {j.key(): self.job_cache[self._job_key(j, vals)] for j in self.jobs}
+        for k, j, jk in fill:
+            self.cache.setdefault(k, {})[j.key()] = self.job_cache[jk]
         return [self.cache[k] for k in keys]
+
+
+def start_values(platform: Platform, free: Mapping[str, FreeParam],
+                 start: Mapping[str, float] | None = None) -> dict[str, float]:
+    """Where a fit starts, per free parameter: ``start`` if given, else the platform's value,
+    except a value outside the bounds (e.g. a mechanism off by default at 0) starts at its
+    prior when it has one; the fit clips whatever remains into the bounds."""
+    out = {}
+    for n in sorted(free):
+        f = free[n]
+        v = float(start[n]) if start is not None and n in start else _get(platform, n)
+        if not f.lo <= v <= f.hi and f.prior is not None:
+            v = f.prior.value
+        out[n] = v
+    return out
+
+
+def log_start(names: list[str], free: Mapping[str, FreeParam], values: Mapping[str, float]) -> np.ndarray:
+    """The start in the fit's log space, clipped strictly inside the bounds."""
+    lo = np.log([free[n].lo for n in names])
+    hi = np.log([free[n].hi for n in names])
+    x0 = np.log([max(values[n], 1e-300) for n in names])
+    return np.clip(x0, lo + 1e-9, hi - 1e-9)
+
+
+def jacobian_points(z: np.ndarray, hi: np.ndarray) -> list[np.ndarray]:
+    """``z`` and its forward-difference points (backward at an upper bound), in log space."""
+    out = [z]
+    for i in range(len(z)):
+        h = FD_STEP if z[i] + FD_STEP <= hi[i] else -FD_STEP
+        zi = z.copy()
+        zi[i] += h
+        out.append(zi)
+    return out
+
+
+def warm_cache(records: list[RunRecord], platform: Platform, base_sets: Mapping[str, Any] | None,
+               free: Mapping[str, FreeParam], start: Mapping[str, float], seeds: int = 1,
+               workers: int | None = None) -> SimCache:
+    """Every job of ``records`` simulated at a fit's start and its Jacobian points, in one
+    parallel batch: fits that start there (one per held-out fold) then share that work."""
+    names = sorted(free)
+    hi = np.log([free[n].hi for n in names])
+    z0 = log_start(names, free, start_values(platform, free, start))
+    ev = Evaluator(plan_jobs(records), dict(base_sets or {}), names, seeds, workers)
+    try:
+        ev.many([np.exp(p) for p in jacobian_points(z0, hi)])
+    finally:
+        ev.close()
+    return ev.cache
 
 
 def fit(records: list[RunRecord], platform: Platform, base_sets: Mapping[str, Any] | None = None,
         free: dict[str, FreeParam] | None = None, seeds: int = 1, max_nfev: int = 10,
         workers: int | None = None, progress: Callable[[int, int], None] | None = None,
-        starts: int = 1, jobs: list[Job] | None = None,
-        start: Mapping[str, float] | None = None) -> FitResult:
+        starts: int = 1, start: Mapping[str, float] | None = None,
+        cache: SimCache | None = None, fixed_jacobian: bool = False,
+        jobs: list[Job] | None = None) -> FitResult:
     """Fit ``free`` (default: ``platform.free``) to ``records``; ``base_sets`` swap in a platform.
 
     ``starts`` > 1 runs that many local fits: from the platform's own values and from
@@ -370,9 +431,16 @@ def fit(records: list[RunRecord], platform: Platform, base_sets: Mapping[str, An
     fit from hand-set values can settle where two costs trade off (per-doorbell against
     per-WQE NIC work) far from the records.
 
-    ``jobs`` and ``start`` (the simulations to run, the starting value of every free name)
-    are given by a joint fit over several platforms; by default they come from the records
-    and the platform.
+    ``start`` replaces the platform's values as the first start (``lever validate --levers``
+    starts every fold from a fit that saw none of the held-out records; a joint fit gives
+    every free name's start); ``cache`` holds simulations already made (:func:`warm_cache`)
+    and receives the new ones. ``jobs`` are the simulations to run (a joint fit's, over
+    several platforms); by default they come from the records.
+
+    ``fixed_jacobian`` keeps the start's finite-difference Jacobian for every step and for the
+    covariance (a chord method): each step then costs one simulation batch instead of one per
+    parameter plus one, so a refit from a nearby start (a fold of ``lever validate --levers``,
+    whose start's Jacobian is in ``cache``) can take many steps for the price of one.
     """
     free = dict(platform.free if free is None else free)
     if not free:
@@ -382,8 +450,7 @@ def fit(records: list[RunRecord], platform: Platform, base_sets: Mapping[str, An
     names = sorted(free)
     lo = np.log([free[n].lo for n in names])
     hi = np.log([free[n].hi for n in names])
-    x0 = np.log([start[n] if start is not None else _get(platform, n) for n in names])
-    x0 = np.clip(x0, lo + 1e-9, hi - 1e-9)
+    x0 = log_start(names, free, start_values(platform, free, start))
     jobs = plan_jobs(records) if jobs is None else jobs
     t0 = time.perf_counter()
     total = max_nfev * (len(names) + 1) * len(jobs) * max(starts, 1)
@@ -394,7 +461,7 @@ def fit(records: list[RunRecord], platform: Platform, base_sets: Mapping[str, An
         if progress:
             progress(done[0], max(total, done[0]))
 
-    ev = Evaluator(jobs, dict(base_sets or {}), names, seeds, workers, tick)
+    ev = Evaluator(jobs, dict(base_sets or {}), names, seeds, workers, tick, cache)
 
     def resid_from(sims: dict, z: np.ndarray) -> np.ndarray:
         r = [row.residual for rec in records for row in record_rows(rec, sims)]
@@ -405,13 +472,7 @@ def fit(records: list[RunRecord], platform: Platform, base_sets: Mapping[str, An
         return np.asarray(r, dtype=float)
 
     def pts(z: np.ndarray) -> list[np.ndarray]:
-        out = [z]
-        for i in range(len(z)):
-            h = FD_STEP if z[i] + FD_STEP <= hi[i] else -FD_STEP
-            zi = z.copy()
-            zi[i] += h
-            out.append(zi)
-        return out
+        return jacobian_points(z, hi)
 
     def f(z: np.ndarray) -> np.ndarray:
         return resid_from(ev.many([np.exp(z)])[0], z)
@@ -432,14 +493,21 @@ def fit(records: list[RunRecord], platform: Platform, base_sets: Mapping[str, An
         x0s = [x0] + [np.clip(x0 + rng.uniform(-math.log(10), math.log(10), len(x0)), lo + 1e-9, hi - 1e-9)
                       for _ in range(max(starts, 1) - 1)]
         res = None
+        J = None
         for xs in x0s:
             # Evaluate the start and its Jacobian points in one parallel batch up front.
             ev.many([np.exp(p) for p in pts(xs)])
-            r_k = least_squares(f, xs, jac=jac, bounds=(lo, hi), loss="soft_l1", f_scale=ROBUST_SCALE,
+            jk = jac
+            if fixed_jacobian:  # the start's Jacobian throughout: one simulation batch per step
+                j0 = jac(xs)
+                jk = lambda _z, *_a, j0=j0: j0  # noqa: E731
+            r_k = least_squares(f, xs, jac=jk, bounds=(lo, hi), loss="soft_l1", f_scale=ROBUST_SCALE,
                                 x_scale=1.0, max_nfev=max_nfev, method="trf", diff_step=None)
             if res is None or r_k.cost < res.cost:
                 res = r_k
-        J = jac(res.x)
+                J = j0 if fixed_jacobian else None
+        if J is None:
+            J = jac(res.x)
         r = f(res.x)
     finally:
         ev.close()

@@ -25,7 +25,7 @@ import datetime as _dt
 import math
 import os
 import subprocess
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -85,8 +85,8 @@ def _side(scn: Scenario, seeds: list[int], with_cp: bool) -> dict[str, Any]:
 
 
 def _side_job(args: tuple) -> dict[str, Any]:
-    baseline, lever_names, sets, seeds, with_cp = args
-    scn = levers_mod.load_with_levers(baseline, lever_names, sets)
+    baseline, lever_names, sets, seeds, with_cp, *rest = args
+    scn = levers_mod.load_with_levers(baseline, lever_names, sets, variants=rest[0] if rest else None)
     return _side(scn, seeds, with_cp)
 
 
@@ -115,16 +115,44 @@ def param_sets(scn: Scenario, k: int, rng_seed: int = 12345) -> list[dict[str, f
     cal = scn.platform.calibrated
     if cal is None or k <= 0 or not cal.names:
         return []
+    return draw_params(cal.names, cal.log_mean, cal.log_cov, k, rng_seed=rng_seed)
+
+
+def draw_params(names: list[str], log_mean: Any, log_cov: Any, k: int,
+                bounds: Mapping[str, tuple[float, float]] | None = None,
+                rng_seed: int = 12345) -> list[dict[str, float]]:
+    """K draws from a log-normal (a fit's estimate and covariance) as ``platform.*`` overrides.
+
+    ``bounds`` clip each draw into the parameter's fit bounds: an unidentified parameter has a
+    huge log variance, and a draw far outside the range the fit may use says nothing physical."""
+    if k <= 0 or not names:
+        return []
     rng = np.random.default_rng(rng_seed)
-    draws = rng.multivariate_normal(np.asarray(cal.log_mean), np.asarray(cal.log_cov), size=k)
+    draws = rng.multivariate_normal(np.asarray(log_mean, dtype=float), np.asarray(log_cov, dtype=float),
+                                    size=k, check_valid="ignore")
     out = []
     for row in draws:
         draw = {}
-        for name, v in zip(cal.names, np.exp(row), strict=True):
+        for name, v in zip(names, np.exp(row), strict=True):
+            if bounds is not None and name in bounds:
+                v = min(max(float(v), bounds[name][0]), bounds[name][1])
             path = name if name.startswith("platform.") else f"platform.{name}"
             draw[path] = float(v)
         out.append(draw)
     return out
+
+
+def combine_band(delta: float, hw: float, param_deltas: list[float]) -> tuple[float, float]:
+    """The predicted band: the seed-noise half-width combined (in quadrature, per side) with the
+    spread of the deltas over parameter draws (their 5-95% quantiles about their median)."""
+    if not param_deltas:
+        return delta - hw, delta + hw
+    pd = np.asarray(param_deltas, dtype=float)
+    q = (1 - BAND_LEVEL) / 2
+    plo, phi = np.quantile(pd, [q, 1 - q]) if len(pd) > 1 else (pd[0], pd[0])
+    pmid = float(np.median(pd))
+    return (delta - math.hypot(hw, max(0.0, pmid - float(plo))),
+            delta + math.hypot(hw, max(0.0, float(phi) - pmid)))
 
 
 def paired_delta(base: dict, lev: dict, op: str, paired: bool = True) -> tuple[float, float]:
@@ -179,9 +207,13 @@ def main_shift(shift: dict[str, dict[str, float]]) -> tuple[str, str]:
 
 def split_sets(lev: levers_mod.Lever, sets: Overrides) -> tuple[dict[str, Any], dict[str, Any]]:
     """(common, lever_only): an override of a field the lever itself sets re-parameterises the
-    lever (e.g. ``design.doorbell_batch=4``) and applies to the lever side only; others to both."""
-    common = {k: v for k, v in sets.items() if k not in lev.set}
-    only = {k: v for k, v in sets.items() if k in lev.set}
+    lever (e.g. ``design.doorbell_batch=4``) and applies to the lever side only; others to both.
+    A field any runnable variant sets counts as the lever's."""
+    own = set(lev.set)
+    for v in lev.variants.values():
+        own |= set(v.set or {})
+    common = {k: v for k, v in sets.items() if k not in own}
+    only = {k: v for k, v in sets.items() if k in own}
     return common, only
 
 
@@ -211,6 +243,16 @@ def predict(lever: str, seeds: int = 3, sets: Overrides | None = None, param_sam
     for ps in psets:
         jobs.append((base_name, [], {**common, **ps}, p_seeds, False))
         jobs.append((base_name, names, {**common, **lever_only, **ps}, p_seeds, False))
+    # the other runnable variants: their lever side on the same seeds and draws (the baseline
+    # sides are shared); the primary is the lever itself, already above
+    others = [v for v, var in lev.variants.items() if var.runnable and v != lev.primary] \
+        if lever_names is None else []
+    first_var = len(jobs)
+    for v in others:
+        vmap = {lever: v}
+        jobs.append((base_name, names, {**common, **lever_only}, lev_seeds, False, vmap))
+        for ps in psets:
+            jobs.append((base_name, names, {**common, **lever_only, **ps}, p_seeds, False, vmap))
     sides = _run_sides(jobs, workers, progress)
     base, levr = sides[0], sides[1]
 
@@ -230,13 +272,9 @@ def predict(lever: str, seeds: int = 3, sets: Overrides | None = None, param_sam
                                   zip(base[op]["per_seed_p50"], levr[op]["per_seed_p50"], strict=True)],
         }
         if psets:
-            pd = np.asarray([sides[2 + 2 * i + 1][op]["stats"]["p50_us"] - sides[2 + 2 * i][op]["stats"]["p50_us"]
-                             for i in range(len(psets))])
-            q = (1 - BAND_LEVEL) / 2
-            plo, phi = np.quantile(pd, [q, 1 - q]) if len(pd) > 1 else (pd[0], pd[0])
-            pmid = float(np.median(pd))
-            lo = delta - math.hypot(hw, max(0.0, pmid - float(plo)))
-            hi = delta + math.hypot(hw, max(0.0, float(phi) - pmid))
+            pd = [sides[2 + 2 * i + 1][op]["stats"]["p50_us"] - sides[2 + 2 * i][op]["stats"]["p50_us"]
+                  for i in range(len(psets))]
+            lo, hi = combine_band(delta, hw, pd)
             row["param_deltas_us"] = [round(float(v), 4) for v in pd]
         row["band_us"] = [round(lo, 4), round(hi, 4)]
         row["attribution"] = attribution_shift(base, levr, op)
@@ -244,6 +282,28 @@ def predict(lever: str, seeds: int = 3, sets: Overrides | None = None, param_sam
         row["counters_baseline"] = base[op]["counters"]
         row["counters_lever"] = levr[op]["counters"]
         ops[op] = row
+    variants: dict[str, Any] = {}
+    for name, var in (lev.variants.items() if lever_names is None else ()):
+        entry: dict[str, Any] = {"description": var.description, "source": var.source,
+                                 "runnable": var.runnable}
+        if not var.runnable:
+            entry["needs"] = var.needs
+        elif name == lev.primary:
+            entry["ops"] = {op: {k: ops[op][k] for k in ("lever_p50_us", "delta_us", "band_us")}
+                            for op in ops}
+        else:
+            i = first_var + others.index(name) * (1 + len(psets))
+            vside = sides[i]
+            vops = {}
+            for op in base_scn.ops:
+                delta, hw = paired_delta(base, vside, op, paired)
+                pd = [sides[i + 1 + j][op]["stats"]["p50_us"] - sides[2 + 2 * j][op]["stats"]["p50_us"]
+                      for j in range(len(psets))]
+                lo, hi = combine_band(delta, hw, pd)
+                vops[op] = {"lever_p50_us": round(vside[op]["stats"]["p50_us"], 4),
+                            "delta_us": round(delta, 4), "band_us": [round(lo, 4), round(hi, 4)]}
+            entry["ops"] = vops
+        variants[name] = entry
     return {
         "lever": lever,
         "levers_applied": names,
@@ -262,6 +322,9 @@ def predict(lever: str, seeds: int = 3, sets: Overrides | None = None, param_sam
         "band_level": BAND_LEVEL,
         "critical_path": with_cp,
         "ops": ops,
+        "primary": lev.primary if lever_names is None else None,
+        "primary_why": lev.primary_why if lever_names is None else None,
+        "variants": variants,
     }
 
 
@@ -368,9 +431,68 @@ def preregistration(pred: dict[str, Any]) -> dict[str, Any]:
             op: {k: r[k] for k in ("baseline_p50_us", "lever_p50_us", "delta_us", "band_us")}
             for op, r in pred["ops"].items()
         },
+        # every variant is sealed with the primary: a later measurement may support any of them
+        "primary": pred.get("primary"),
+        "primary_why": pred.get("primary_why"),
+        "variants": {
+            name: ({"runnable": True, "source": v["source"],
+                    "predictions": {op: {k: r[k] for k in ("lever_p50_us", "delta_us", "band_us")}
+                                    for op, r in v["ops"].items()}}
+                   if v["runnable"] else {"runnable": False, "source": v["source"], "needs": v["needs"]})
+            for name, v in pred.get("variants", {}).items()
+        },
         "verdict_rule": VERDICT_RULE,
         "date": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
         "git_rev": git_rev(),
     }
     obj["sha256"] = content_sha256(obj)
     return obj
+
+
+# -- a record's lever, on fitted parameters (lever validate --levers) -------------------
+
+def _link_side(args: tuple) -> dict[str, Any]:
+    scenario, lever_names, base, overrides, seeds = args
+    scn = levers_mod.load_with_levers(scenario, lever_names, overrides, base=base,
+                                      base_source="record sim.set")
+    return _side(scn, seeds, False)
+
+
+def predict_links(base_link: Any, lever_link: Any, base_sets: Mapping[str, Any],
+                  values: Mapping[str, float], draws: list[dict[str, float]], ops: list[str],
+                  seeds: int = 3, workers: int = 1) -> dict[str, dict[str, Any]]:
+    """Per op: the delta between two of a record's run configurations (``SimLink``: scenario,
+    levers, ``set``), lever minus baseline, on common seeds, at fitted ``values`` (dotted
+    platform paths), with the band of :func:`predict`: seed noise of the paired per-seed p50
+    differences, widened by the deltas over parameter ``draws`` (:func:`draw_params`).
+
+    Layering is the fitter's (``fit.run_job``): the base platform (``base_sets``), the record's
+    ``set``, its levers, then the parameters, so the prediction runs the very model the fit
+    saw."""
+    fitted = {f"platform.{k}": float(v) for k, v in values.items()}
+    sel = {"ops": list(ops)}
+    all_seeds = list(range(seeds))
+    p_seeds = all_seeds[: max(1, min(2, seeds))]
+
+    def job(link: Any, params: dict[str, float], s: list[int]) -> tuple:
+        return (link.scenario, list(link.levers), {**base_sets, **link.set}, {**params, **sel}, s)
+
+    jobs = [job(base_link, fitted, all_seeds), job(lever_link, fitted, all_seeds)]
+    for d in draws:
+        jobs += [job(base_link, {**fitted, **d}, p_seeds), job(lever_link, {**fitted, **d}, p_seeds)]
+    if workers > 1 and len(jobs) > 1:
+        with ProcessPoolExecutor(max_workers=min(workers, len(jobs))) as ex:
+            sides = list(ex.map(_link_side, jobs))
+    else:
+        sides = [_link_side(j) for j in jobs]
+    out: dict[str, dict[str, Any]] = {}
+    for op in ops:
+        delta, hw = paired_delta(sides[0], sides[1], op)
+        pd = [sides[2 + 2 * i + 1][op]["stats"]["p50_us"] - sides[2 + 2 * i][op]["stats"]["p50_us"]
+              for i in range(len(draws))]
+        lo, hi = combine_band(delta, hw, pd)
+        out[op] = {"baseline_p50_us": float(sides[0][op]["stats"]["p50_us"]),
+                   "lever_p50_us": float(sides[1][op]["stats"]["p50_us"]),
+                   "delta_us": delta, "noise_halfwidth_us": hw, "band_us": [lo, hi],
+                   "param_deltas_us": [float(v) for v in pd]}
+    return out

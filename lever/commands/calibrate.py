@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 import time
 from pathlib import Path
@@ -14,7 +15,8 @@ from lever.reports.progress import progress_bar
 from lever.reports.tables import console, show
 from lever.sim.errors import UserError
 
-BASE_PLATFORM = {"efa": "platforms/efa-p5.toml", "ib": "platforms/ib-cx7.toml"}
+BASE_PLATFORM = {"efa": "platforms/efa-p5.toml", "ib": "platforms/ib-cx7.toml",
+                 "emulated-srd": "platforms/emulated-nvlink.toml"}
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -45,11 +47,32 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--json", action="store_true", help="print one JSON object on stdout")
     p.set_defaults(func=main_calibrate)
 
-    v = sub.add_parser("validate", help="leave-one-out over the shipped records of one platform")
-    v.add_argument("--nic", choices=sorted(BASE_PLATFORM), default="efa")
+    v = sub.add_parser("validate", help="leave-one-out over the shipped records of one platform; "
+                                        "--levers: over every lever record")
+    v.add_argument("--levers", action="store_true",
+                   help="hold out each lever record (and the records of the same lever), refit on the "
+                        "rest of its NIC's records, predict its delta with a band and judge it")
+    v.add_argument("--nic", choices=sorted(BASE_PLATFORM), default=None,
+                   help="which shipped records (default: efa; with --levers every NIC with lever records)")
     v.add_argument("--records", nargs="*", metavar="RECORD", help="default: calibration/data/*.json of --nic")
     v.add_argument("--platform", metavar="TOML", help="base (uncalibrated) platform; default per NIC")
-    v.add_argument("--max-nfev", type=count(1, 100_000), default=3)
+    v.add_argument("--max-nfev", type=count(1, 100_000), default=None,
+                   help="evaluations per fit (default 3; with --levers: per fold's refit, default 6)")
+    v.add_argument("--start-nfev", type=count(1, 100_000), default=6,
+                   help="--levers: evaluations of the start fit on the records without levers")
+    v.add_argument("--pred-seeds", type=count(1, 1000), default=3,
+                   help="--levers: paired seeds of each held-out prediction")
+    v.add_argument("--param-samples", type=count(0, 1000), default=8,
+                   help="--levers: parameter draws from each fold's covariance (0: noise-only band)")
+    v.add_argument("--no-discrepancy", dest="discrepancy", action="store_false",
+                   help="--levers: bands from seed noise and parameter draws only, without the refit's "
+                        "model discrepancy")
+    v.add_argument("--fits-out", metavar="FITS.json", type=output_file(".json"),
+                   help="--levers: also write the start fits and every fold's refit (parameters, "
+                        "identifiability, discrepancy, training records)")
+    v.add_argument("--executor", choices=("local", "ray"), default="local",
+                   help="--levers: where the folds run")
+    v.add_argument("--address", help="--levers --executor ray: cluster address (default: a local Ray)")
     workers_option(v)
     v.add_argument("--json", action="store_true")
     v.set_defaults(func=main_validate)
@@ -194,6 +217,10 @@ def main_validate(args: argparse.Namespace) -> int:
 
     from lever.calibration.fit import FitError, fit, predict
 
+    if args.levers:
+        return main_validate_levers(args)
+    args.nic = args.nic or "efa"
+    args.max_nfev = args.max_nfev or 3
     paths = args.records if args.records is not None else shipped_records(args.nic)
     if len(paths) < 2:
         raise UserError(f"validate: needs at least 2 records of nic '{args.nic}', found {len(paths)}")
@@ -227,3 +254,89 @@ def main_validate(args: argparse.Namespace) -> int:
         print(f"median |% err| {summary['median_abs_pct_err']}  max |% err| {summary['max_abs_pct_err']} "
               "(deltas in % of their latency level)")
     return 0
+
+
+def main_validate_levers(args: argparse.Namespace) -> int:
+    """``lever validate --levers``: leave-one-out over lever records (calibration/validate.py)."""
+    from lever.calibration.fit import FitError
+    from lever.calibration.validate import validate_levers
+
+    if args.records is not None:
+        if not args.records:
+            raise UserError("validate --levers: --records needs at least one record")
+        recs = [load_record(p) for p in args.records]
+    else:
+        recs = [load_record(p) for p in sorted(DATA_DIR.glob("*.json"))]
+    if args.nic:
+        recs = [r for r in recs if r.nic == args.nic]
+    ids: dict[str, int] = {}
+    for r in recs:
+        ids[r.id] = ids.get(r.id, 0) + 1
+        if ids[r.id] > 1:
+            raise RecordError(f"record {r.id}: id: used twice")
+    by_nic: dict[str, list[RunRecord]] = {}
+    for r in recs:
+        if r.nic in BASE_PLATFORM and r.sim is not None:
+            by_nic.setdefault(r.nic, []).append(r)
+    groups = {}
+    for nic, rs in sorted(by_nic.items()):
+        if not any(r.what.levers for r in rs):
+            continue
+        if args.platform and len(by_nic) > 1:
+            raise UserError("validate --levers: --platform needs --nic (one base platform per NIC kind)")
+        plat, base_sets = resolve_platform(rs, args.platform or BASE_PLATFORM[nic])
+        check_nic(plat.nic_kind, rs, f"platform '{plat.name}'", "calibrate")
+        groups[nic] = (rs, plat, base_sets)
+    if not groups:
+        raise UserError("validate --levers: no lever records (records with what.levers) among the records")
+    t0 = time.perf_counter()
+    with progress_bar(sys.stderr.isatty(), "folds") as bar:
+        task = bar.add_task("leave one lever out", total=None)
+
+        def progress(label: str, done: int, total: int) -> None:
+            bar.update(task, completed=done, total=total, description=label[:60])
+
+        try:
+            res = validate_levers(groups, max_nfev=args.max_nfev or 6, start_nfev=args.start_nfev,
+                                  pred_seeds=args.pred_seeds, param_samples=args.param_samples,
+                                  with_discrepancy=args.discrepancy, workers=args.workers, executor=args.executor, address=args.address,
+                                  progress=progress)
+        except FitError as e:
+            raise UserError(str(e)) from None
+    wall = time.perf_counter() - t0
+    if args.fits_out:
+        from lever.calibration.fit import write_atomic
+
+        write_atomic(Path(args.fits_out), json.dumps(res.fits(wall), indent=1) + "\n")
+    if args.json:
+        print_json(res.as_json())
+    else:
+        print_lever_rows(res, wall)
+    return 0
+
+
+def print_lever_rows(res, wall: float) -> None:
+    from rich.table import Table
+
+    from lever.calibration.validate import tally
+
+    t = Table(title=f"leave one lever out ({len(res.folds)} refits, {wall:.0f} s)")
+    for h in ("record", "op", "predicted us", "band us", "measured us", "measured band", "verdict", "sign"):
+        t.add_column(h, justify="left" if h in ("record", "op", "verdict", "sign") else "right")
+    for r in res.rows:
+        band = "-" if r.band_us is None else f"[{r.band_us[0]:+.1f}, {r.band_us[1]:+.1f}]"
+        pred = "-" if r.predicted_delta_us is None else f"{r.predicted_delta_us:+.1f}"
+        mb = "-" if any(v != v for v in r.measured_band_us) else \
+            f"[{r.measured_band_us[0]:+.1f}, {r.measured_band_us[1]:+.1f}]"
+        t.add_row(r.record, r.op, pred, band, f"{r.measured_delta_us:+.1f}", mb, r.verdict, r.sign)
+    show(t)
+    for nic in sorted({r.nic for r in res.rows}):
+        k = tally([r for r in res.rows if r.nic == nic])
+        right = sum(r.sign == "right" for r in res.rows if r.nic == nic)
+        print(f"{nic}: {k['validated']} of {k['total']} validated, {k['wrong_sign']} wrong sign, "
+              f"{right} with the right sign claimed")
+    for rec, why in dict((r.record, r.reason) for r in res.rows if r.verdict == "refused").items():
+        print(f"refused {rec}: {why}")
+    for f in res.folds:
+        print(f"fold without {', '.join(f.excluded)}: {len(f.train)} training records, cost {f.cost:.1f}, "
+              f"{f.evaluations} simulations, model discrepancy {100 * f.discrepancy:.1f}%")

@@ -124,6 +124,8 @@ def print_predict(res: dict, out: str | None) -> None:
         t.add_row(op, f"{r['baseline_p50_us']:.2f}", f"{r['lever_p50_us']:.2f}", f"{r['delta_us']:+.2f}",
                   _band(r["band_us"]), r["main_shift"])
     show(t, con, caption=DELTA_CAPTION)
+    if res.get("variants"):
+        print_variants(res, con)
     for op, r in res["ops"].items():
         a = Table(title=f"{op}: attribution, baseline -> lever")
         cols = ["category", "profiler", "put path"] + (["critical path us"] if res["critical_path"] else [])
@@ -138,6 +140,34 @@ def print_predict(res: dict, out: str | None) -> None:
         show(a, con)
     if out:
         con.print(f"preregistration written to {out}")
+
+
+def print_variants(res: dict, con) -> None:
+    """Each variant of the lever: its delta and band per op, or what it needs to run."""
+    from rich.table import Table
+
+    ops = list(res["ops"])
+    t = Table(title=f"{res['lever']}: variants (primary: {res['primary']})")
+    t.add_column("variant", justify="left")
+    for op in ops:
+        t.add_column(f"{op} delta us", justify="right")
+        t.add_column(f"{op} band us", justify="right")
+    for name, v in res["variants"].items():
+        label = name + (" (primary)" if name == res["primary"] else "")
+        if not v["runnable"]:
+            t.add_row(label, *(["not runnable"] + ["-"] * (2 * len(ops) - 1)))
+            continue
+        cells = []
+        for op in ops:
+            o = v["ops"].get(op)
+            cells += ["-", "-"] if o is None else [f"{o['delta_us']:+.2f}", _band(o["band_us"])]
+        t.add_row(label, *cells)
+    show(t, con)
+    flat = lambda x: " ".join(str(x).split())  # noqa: E731 - the files wrap their text
+    con.print(f"primary: {res['primary']}, because {flat(res['primary_why'])}")
+    for name, v in res["variants"].items():
+        con.print(f"- {name}: {flat(v['description'])} Source: {flat(v['source'])}"
+                  + ("" if v["runnable"] else f" Not runnable yet: needs {flat(v['needs'])}"))
 
 
 def print_all(rows: list[dict], seeds: int, wall: float) -> None:
@@ -209,6 +239,17 @@ def print_compare(res: dict) -> None:
                   f"{r['measured_delta_us']:+.2f}", _band(r["measured_band_us"]),
                   f"[{style[r['verdict']]}]{v}[/]", r["reason"])
     show(t)
+    if res.get("variants"):
+        vt = Table(title=f"{res['lever']}: which variant the measurement supports")
+        for col in ("variant", "verdict", "per op"):
+            vt.add_column(col, justify="left")
+        for name, v in res["variants"].items():
+            label = name + (" (primary)" if name == res.get("primary") else "")
+            per = "; ".join(f"{op}: {o['predicted_delta_us']:+.2f} {_band(o['predicted_band_us'])} -> "
+                            f"{o['verdict']}" for op, o in v["ops"].items()) or v.get("needs", "")
+            vt.add_row(label, v["verdict"], per)
+        sup = ", ".join(res["supported"]) or "none of the runnable variants"
+        show(vt, caption=f"supported: {sup}")
 
 
 def prereg_sets(prereg: dict, label: str) -> dict[str, Any]:

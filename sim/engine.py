@@ -129,24 +129,52 @@ def call_at(env: simpy.Environment, t: float, fn, *args) -> None:
     heapq.heappush(env._queue, (t, NORMAL, next(env._eid), _Call(fn, args)))
 
 
+def run_events(env: simpy.Environment, limit: int = -1) -> int:
+    """SimPy's ``Environment.step`` inlined in one loop: pop the next (time, priority, id,
+    event), set the clock, run its callbacks, raise a failed event nobody defused.
+
+    The same events in the same order as calling ``env.step()`` until the queue is
+    empty (``tests/test_engine.py`` runs both side by side), without a method call and
+    an ``EmptySchedule`` frame per event (a tenth of the model's time at EP16). The
+    queue is read as ``env._queue`` (SimPy 4.x). ``limit`` >= 0 stops after that many
+    events (the depth sampler's strides). Returns the number processed.
+    """
+    queue = env._queue
+    pop = heapq.heappop
+    n = 0
+    while queue and n != limit:
+        env._now, _, _, event = pop(queue)
+        callbacks, event.callbacks = event.callbacks, None
+        for callback in callbacks:
+            callback(event)
+        n += 1
+        if not event._ok and not hasattr(event, "_defused"):
+            exc = type(event._value)(*event._value.args)
+            exc.__cause__ = event._value
+            raise exc
+    return n
+
+
 class Lock:
     """A capacity-1 lock (a shared QP's doorbell turn) that schedules exactly the
     events ``simpy.Resource(env, 1)`` schedules, in the same order, without its
     put/get queue machinery (one lock cycle per doorbell of a shared QP).
 
     The grant is an event processed in turn: a request finding the lock free is
-    granted at once; ``release`` frees it at once and schedules a hand-off event
-    whose processing grants the oldest waiter, and a request arriving while a
-    waiter is queued and the lock is free grants that waiter first (FIFO).
-    Keeping SimPy's exact sequence keeps every result bit for bit
-    (``tests/test_engine.py`` runs both side by side).
+    granted at once; ``release`` frees it at once and, when a waiter is queued,
+    schedules a hand-off event whose processing grants the oldest waiter, and a
+    request arriving while a waiter is queued and the lock is free grants that
+    waiter first (FIFO). With nobody queued the hand-off would do nothing and is
+    not scheduled. Through ``request``/``release`` this is SimPy's exact sequence
+    (``tests/test_engine.py`` runs both side by side); :meth:`take_if_free` is the
+    event-free turn of a lone holder.
     """
 
     __slots__ = ("env", "holder", "_queue", "_released")
 
     def __init__(self, env: simpy.Environment) -> None:
         self.env = env
-        self.holder: Event | None = None
+        self.holder: object | None = None  # the granted request, or a take_if_free owner
         self._queue: deque[Event] = deque()
         self._released: Rec | None = None  # the last holder's segment when it let go
 
@@ -157,10 +185,28 @@ class Lock:
             self._grant()
         return ev
 
-    def release(self, req: Event) -> None:
+    def take_if_free(self, owner: object) -> bool:
+        """Take the turn at once, with no grant event, when it is free and nobody waits:
+        a single holder's hand-off, which no other warp can observe (no one is queued to
+        be ordered against). ``owner`` then releases it (``release(owner)``). False, and
+        nothing changes, when the caller must ``request()`` and wait its turn.
+
+        The one difference from ``request()``: the caller goes on at once instead of
+        after the events already queued for this instant (same times; ties among
+        same-instant events may resolve in another order, deterministically)."""
+        if self.holder is not None or self._queue:
+            return False
+        self.holder = owner
+        return True
+
+    def release(self, req: object) -> None:
         if self.holder is req:
             self.holder = None
         self._released = _running(self.env)
+        if not self._queue:
+            # nobody waits: the hand-off event would find no one to grant and do nothing
+            # (a later request finding the lock free is granted by request() itself)
+            return
         handoff = Event(self.env)
         handoff.callbacks.append(self._on_handoff)
         handoff.succeed()

@@ -104,3 +104,134 @@ def test_call_at_fires_at_the_instant_given_where_a_delay_rounds_off() -> None:
     call_at(env, float(t), lambda: seen.append(env.now))
     env.run()
     assert seen == [float(t)]
+
+
+# -- the inlined event loop -------------------------------------------------------------------
+
+def _mixed_trace(run) -> list[tuple]:
+    """Processes, timeouts, plain calls, a lock and a defused failure meeting on the same
+    instants: the log of who ran when, under ``run(env)``."""
+    env = simpy.Environment()
+    lock = Lock(env)
+    log: list[tuple] = []
+    rng = np.random.default_rng(7)
+    delays = [float(x) for x in rng.choice([0.0, 0.5, 1.0], 400)]
+
+    def note(tag):
+        log.append((env.now, tag))
+
+    def warp(i: int):
+        for k in range(20):
+            yield env.timeout(delays[i * 20 + k])
+            call_later(env, delays[(i * 20 + k + 7) % 400], note, ("cb", i, k))
+            req = lock.request()
+            yield req
+            note(("got", i, k))
+            lock.release(req)
+            if k == 10:
+                bad = env.event()
+                bad.fail(RuntimeError("caught"))
+                try:
+                    yield bad
+                except RuntimeError:
+                    note(("caught", i))
+
+    for i in range(5):
+        env.process(warp(i))
+    n = run(env)
+    log.append(("events", n))
+    return log
+
+
+def _step_loop(env: simpy.Environment) -> int:
+    n = 0
+    try:
+        while True:
+            env.step()
+            n += 1
+    except simpy.core.EmptySchedule:
+        return n
+
+
+def test_run_events_processes_what_step_does_in_the_same_order() -> None:
+    from lever.sim.engine import run_events
+
+    ref = _mixed_trace(_step_loop)
+    assert _mixed_trace(run_events) == ref
+    assert sum(1 for e in ref[:-1] if e[1][0] == "caught") == 5 and ref[-1][1] > 300
+    # in strides (the depth sampler's) it is still the same sequence
+    assert _mixed_trace(lambda env: sum(iter(lambda: run_events(env, 7), 0))) == ref
+
+
+def test_run_events_raises_a_failure_nobody_defused() -> None:
+    from lever.sim.engine import run_events
+
+    env = simpy.Environment()
+    env.event().fail(ValueError("lost"))
+    with pytest.raises(ValueError, match="lost"):
+        run_events(env)
+
+
+# -- the lone holder's turn -----------------------------------------------------------------
+
+def test_a_release_with_nobody_waiting_schedules_nothing() -> None:
+    env = simpy.Environment()
+    lock = Lock(env)
+    seen = []
+
+    def warp():
+        req = lock.request()
+        yield req
+        before = len(env._queue)
+        lock.release(req)
+        seen.append(len(env._queue) - before)  # no hand-off event: nobody to hand off to
+        req = lock.request()  # free again: granted by the request itself
+        yield req
+        seen.append(lock.holder is req)
+
+    env.process(warp())
+    env.run()
+    assert seen == [0, True]
+
+
+def test_take_if_free_is_a_fifo_exclusive_turn_with_no_event_for_a_lone_holder() -> None:
+    """Warps take the turn with ``take_if_free`` when they can, else request and wait: the
+    holds never overlap, grants follow request order, a waiter is granted at the instant of
+    the release, and a turn taken free schedules no event."""
+    env = simpy.Environment()
+    lock = Lock(env)
+    rng = np.random.default_rng(11)
+    waits = [float(x) for x in rng.choice([0.0, 1.0, 2.0], 300)]
+    holds = [float(x) for x in rng.choice([0.0, 1.0, 3.0], 300)]
+    asked: list[tuple[float, int]] = []
+    got: list[tuple[float, float, int]] = []  # (asked at, granted at, who)
+    freed: list[float] = []
+    free_takes = []
+
+    def warp(i: int):
+        for k in range(30):
+            yield env.timeout(waits[i * 30 + k])
+            t_ask = env.now
+            asked.append((t_ask, i))
+            before = len(env._queue)
+            if lock.take_if_free(i):
+                free_takes.append(len(env._queue) - before)
+                req = i
+            else:
+                req = lock.request()
+                yield req
+            got.append((t_ask, env.now, i))
+            if holds[i * 30 + k]:
+                yield env.timeout(holds[i * 30 + k])
+            freed.append(env.now)
+            lock.release(req)
+
+    for i in range(8):
+        env.process(warp(i))
+    env.run()
+    assert len(got) == 240 and free_takes and set(free_takes) == {0}
+    assert [(a, i) for a, _g, i in got] == asked  # FIFO: granted in the order asked
+    for (_a, g, _i), f in zip(got[1:], freed[:-1], strict=True):
+        assert g >= f  # exclusive: the next grant never precedes the last release
+    waited = [(a, g) for a, g, _i in got if g > a]
+    assert waited and all(g in freed for _a, g in waited)  # handed over at the release

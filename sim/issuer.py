@@ -144,17 +144,25 @@ class NativePort(WarpPort):
         msg.on_complete = self._completed
         msg.t_post = self.env.now
         span = d.put_many_span
+        costs: list[tuple[str, float, int]] = []
+        need = 0
         if span > 1:
             # put_many: one credit check for the whole span, when its slots are reserved
             if self._span_left == 0 and not self.lazy and led.on("credit_wait"):
-                yield from self._credit_check(span)
+                need = span
         else:
             # credit check: a completion poll before the post
             self._since_check += 1
             if not self.lazy and led.on("credit_wait") and self._since_check >= d.credit_check_every:
                 self._since_check = 0
-                yield from self._credit_check(1)
-        costs: list[tuple[str, float, int]] = []
+                need = 1
+        if need:
+            read = self._credit_read()
+            if self._room(need):  # no wait can follow the read: paid with the WQE stores
+                costs.append(("credit_wait", read, 1))
+            else:
+                yield from self._pay("credit_wait", read)
+                yield from self._credit_wait(need)
         if self._span_left == 0:
             costs.append(("wqe", g.atomic_ns, 1))  # reserve slots on the producer counter
             self._span_left = d.put_many_span
@@ -200,8 +208,15 @@ class NativePort(WarpPort):
             yield from self._pay_all(costs)
             costs = []
             lock = self.qp.lock
-            req = lock.request()
-            yield from self._wait("lock", req)
+            if lock.take_if_free(self):  # a lone holder: no grant event, nothing to wait for
+                req = self
+                path = led.path
+                rel = lock._released
+                if path is not None and rel is not None and rel[1] > path.cur[1]:
+                    path.cur = rel  # as a granted request's resume would take it
+            else:
+                req = lock.request()
+                yield from self._wait("lock", req)
             costs.append(("lock", g.atomic_ns, 1))
         costs.append(("doorbell", g.doorbell_ns, 1))
         led.counters["doorbells"] += 1
@@ -219,15 +234,37 @@ class NativePort(WarpPort):
         if self.qp.pending:
             yield from self._ring(self.qp.pending)
 
-    def _credit_check(self, need: int):
-        """Poll completions; spin while the SQ could overflow."""
-        qp, nic = self.qp, self.qp.nic
+    def _credit_read(self) -> float:
+        """The completion poll before a post: the unscaled time of its reads (a completion
+        counter is one read; a CQ is one read plus one per CQE it consumes). The CQEs it
+        consumes are those written by now."""
+        qp = self.qp
         new = qp.completions.value - qp.consumed
         qp.consumed = qp.completions.value
-        # a completion counter is one read; a CQ is one read plus one per CQE it consumes
         reads = 1 if self.counter else 1 + new
-        yield from self._pay("credit_wait", self.counter_read_ns * reads)
-        limit = nic.p.sq_depth
+        return self.counter_read_ns * reads
+
+    def _room(self, need: int) -> bool:
+        """Whether the send queue has room for ``need`` more WQEs by a margin no read can
+        lose: one WQE for every other warp posting on this QP. Then the check after the
+        read can not spin and the read is paid in one timeout with the WQE stores that
+        follow it (no event between them). Deferred doorbells never fuse: the QP's
+        pending list is shared, and appending to it at the read's start rather than its
+        end would change which doorbell other warps' WQEs join.
+
+        Approximation: the unfused check compares at the read's end, so it would also
+        spin where the other warps posted more than one WQE each during this read and
+        filled the queue to within ``need`` meanwhile (never at the shipped SQ depths;
+        near a full SQ the unfused path runs)."""
+        if self.ctx.design.deferred_doorbell_aggregation > 1:
+            return False
+        qp = self.qp
+        return qp.posted - qp.completions.value + need + (qp.owners - 1) <= qp.nic.p.sq_depth
+
+    def _credit_wait(self, need: int):
+        """Spin while the SQ could overflow (after the read: the values at its end)."""
+        qp = self.qp
+        limit = qp.nic.p.sq_depth
         if qp.posted - qp.completions.value + need > limit:
             yield from self._wait("credit_wait", qp.completions.reach(qp.posted + need - limit))
 

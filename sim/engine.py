@@ -103,6 +103,34 @@ class _Call:
         self.args = args
 
 
+class _Hold:
+    """What ``env.timeout(delay)`` is to the process that yields it, as one slotted object:
+    the warp's own busy time (a cost paid, serialisation on a port).
+
+    ``Environment.step`` needs of a queued event only ``callbacks`` and ``_ok``, and
+    ``Process._resume`` only ``callbacks`` (to append itself) and ``_value``; a Timeout
+    carries an attribute dict, its delay and environment besides. One is made per cost a
+    warp pays, so the lighter one is cheaper to build, keep queued and free."""
+
+    __slots__ = ("callbacks", "_ok", "_value")
+
+    def __init__(self) -> None:
+        self.callbacks: list = []
+        self._ok = True
+        self._value = None
+
+
+def hold(env: simpy.Environment, delay: float) -> _Hold:
+    """An event for the running process to yield, firing ``delay`` ns from now in the queue
+    slot ``env.timeout(delay)`` would take (the same ``(now + delay, NORMAL, id)`` entry,
+    so the same order bit for bit: ``tests/test_engine.py``)."""
+    if delay < 0:
+        raise ValueError(f"negative delay {delay}")
+    h = _Hold()
+    heapq.heappush(env._queue, (env._now + delay, NORMAL, next(env._eid), h))
+    return h
+
+
 def call_later(env: simpy.Environment, delay: float, fn, *args) -> None:
     """Run ``fn(*args)`` ``delay`` ns from now, in the queue's order: the same
     (time, priority, insertion) slot ``env.timeout(delay)`` would take, so
@@ -396,7 +424,8 @@ class _PathProcess(Process):
         own = self.rec
         # a timeout is the process's own segment (recorded before it yielded); getattr, not
         # __dict__: on CPython 3.11 reading __dict__ builds one for every event
-        rel = None if type(event) is Timeout else getattr(event, "rec", None)
+        t = type(event)
+        rel = None if t is _Hold or t is Timeout else getattr(event, "rec", None)
         if rel is not None and rel[1] > own[1]:
             own = rel
         path.cur = own

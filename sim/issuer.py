@@ -22,7 +22,7 @@ from __future__ import annotations
 from collections.abc import Generator
 from typing import TYPE_CHECKING, Any, Protocol
 
-from lever.sim.engine import Counter
+from lever.sim.engine import Counter, hold
 
 if TYPE_CHECKING:
     from lever.sim.context import Context
@@ -89,7 +89,7 @@ class WarpPort:
                 total += t
         if total > 0:
             t0 = self.env.now
-            yield self.env.timeout(total)
+            yield hold(self.env, total)
             tr = self.ctx.trace
             if tr.enabled:  # the spans again, from the ledger's scale (costs are pure)
                 acc = 0.0

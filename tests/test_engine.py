@@ -235,3 +235,35 @@ def test_take_if_free_is_a_fifo_exclusive_turn_with_no_event_for_a_lone_holder()
         assert g >= f  # exclusive: the next grant never precedes the last release
     waited = [(a, g) for a, g, _i in got if g > a]
     assert waited and all(g in freed for _a, g in waited)  # handed over at the release
+
+
+def _hold_trace(light: bool) -> list[tuple]:
+    """Processes paying costs (``hold`` or ``env.timeout``) on instants shared with plain
+    timeouts and calls queued before and after them."""
+    from lever.sim.engine import hold
+
+    env = simpy.Environment()
+    log: list[tuple] = []
+    d = [0.0, 0.5, 1.0, 1.5]
+
+    def warp(i: int):
+        for k in range(25):
+            env.timeout(d[(i + k) % 4]).callbacks.append(lambda _e, k=k: log.append((env.now, "t", i, k)))
+            dt = d[(i * k) % 4]
+            yield hold(env, dt) if light else env.timeout(dt)
+            call_later(env, d[k % 4], lambda k=k: log.append((env.now, "c", i, k)))
+            log.append((env.now, "w", i, k))
+        return i
+
+    for i in range(4):
+        env.process(warp(i))
+    env.run()
+    return log
+
+
+def test_hold_takes_the_slot_of_a_timeout() -> None:
+    from lever.sim.engine import hold
+
+    assert _hold_trace(True) == _hold_trace(False)
+    with pytest.raises(ValueError):
+        hold(simpy.Environment(), -1.0)

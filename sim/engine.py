@@ -131,6 +131,17 @@ def hold(env: simpy.Environment, delay: float) -> _Hold:
     return h
 
 
+def hold_at(env: simpy.Environment, t: float) -> _Hold:
+    """:func:`hold` firing at the absolute instant ``t`` (not before now): the slot a
+    timeout due at ``t`` takes, for a wait computed as an instant (``now + a + b`` summed
+    as the separate waits would sum it)."""
+    if t < env._now:
+        raise ValueError(f"time {t} is before now ({env._now})")
+    h = _Hold()
+    heapq.heappush(env._queue, (t, NORMAL, next(env._eid), h))
+    return h
+
+
 def call_later(env: simpy.Environment, delay: float, fn, *args) -> None:
     """Run ``fn(*args)`` ``delay`` ns from now, in the queue's order: the same
     (time, priority, insertion) slot ``env.timeout(delay)`` would take, so
@@ -195,13 +206,19 @@ class Lock:
     waiter first (FIFO). With nobody queued the hand-off would do nothing and is
     not scheduled. Through ``request``/``release`` this is SimPy's exact sequence
     (``tests/test_engine.py`` runs both side by side); :meth:`take_if_free` is the
-    event-free turn of a lone holder.
+    event-free turn of a lone holder, and ``direct=True`` hands the turn to the oldest
+    waiter at the release itself (what the issuer's doorbell turns use).
     """
 
-    __slots__ = ("env", "holder", "_queue", "_released")
+    __slots__ = ("env", "holder", "_queue", "_released", "direct")
 
-    def __init__(self, env: simpy.Environment) -> None:
+    def __init__(self, env: simpy.Environment, direct: bool = False) -> None:
         self.env = env
+        # direct: a release grants the oldest waiter itself (its grant event is the one
+        # event of the hand-off) rather than through a hand-off event processed after the
+        # events queued for that instant: the same FIFO order and the same times, one event
+        # fewer per contended turn; ties at that instant may resolve in another order
+        self.direct = direct
         self.holder: object | None = None  # the granted request, or a take_if_free owner
         self._queue: deque[Event] = deque()
         self._released: Rec | None = None  # the last holder's segment when it let go
@@ -234,6 +251,9 @@ class Lock:
         if not self._queue:
             # nobody waits: the hand-off event would find no one to grant and do nothing
             # (a later request finding the lock free is granted by request() itself)
+            return
+        if self.direct:
+            self._grant()
             return
         handoff = Event(self.env)
         handoff.callbacks.append(self._on_handoff)

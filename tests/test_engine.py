@@ -194,12 +194,16 @@ def test_a_release_with_nobody_waiting_schedules_nothing() -> None:
     assert seen == [0, True]
 
 
-def test_take_if_free_is_a_fifo_exclusive_turn_with_no_event_for_a_lone_holder() -> None:
+@pytest.mark.parametrize("direct", [False, True])
+def test_take_if_free_is_a_fifo_exclusive_turn_with_no_event_for_a_lone_holder(direct) -> None:
     """Warps take the turn with ``take_if_free`` when they can, else request and wait: the
     holds never overlap, grants follow request order, a waiter is granted at the instant of
-    the release, and a turn taken free schedules no event."""
+    the release, and a turn taken free schedules no event; a direct lock hands a waiter the
+    turn with one event (its grant), the SimPy order with two (hand-off, then grant)."""
     env = simpy.Environment()
-    lock = Lock(env)
+    lock = Lock(env, direct=direct)
+    handoff_events: list[int] = []
+    held_at_release: list[bool] = []
     rng = np.random.default_rng(11)
     waits = [float(x) for x in rng.choice([0.0, 1.0, 2.0], 300)]
     holds = [float(x) for x in rng.choice([0.0, 1.0, 3.0], 300)]
@@ -224,7 +228,12 @@ def test_take_if_free_is_a_fifo_exclusive_turn_with_no_event_for_a_lone_holder()
             if holds[i * 30 + k]:
                 yield env.timeout(holds[i * 30 + k])
             freed.append(env.now)
+            before = len(env._queue)
+            queued = len(lock._queue)
             lock.release(req)
+            if queued:
+                handoff_events.append(len(env._queue) - before)
+                held_at_release.append(lock.holder is not None)
 
     for i in range(8):
         env.process(warp(i))
@@ -235,6 +244,9 @@ def test_take_if_free_is_a_fifo_exclusive_turn_with_no_event_for_a_lone_holder()
         assert g >= f  # exclusive: the next grant never precedes the last release
     waited = [(a, g) for a, g, _i in got if g > a]
     assert waited and all(g in freed for _a, g in waited)  # handed over at the release
+    assert handoff_events and set(handoff_events) == {1}  # the grant, or the hand-off event
+    # direct: the waiter holds the turn from the release on; else from the hand-off event
+    assert set(held_at_release) == {direct}
 
 
 def _hold_trace(light: bool) -> list[tuple]:

@@ -103,6 +103,102 @@ class _Call:
         self.args = args
 
 
+def _push(env: simpy.Environment, entry: tuple) -> None:
+    """Queue a ``(time, priority, id, event)`` entry: into a :class:`ModelEnvironment`'s
+    two-level queue, or SimPy's own heap."""
+    push = getattr(env, "push", None)
+    if push is None:
+        heapq.heappush(env._queue, entry)
+    else:
+        push(entry)
+
+
+class ModelEnvironment(simpy.Environment):
+    """SimPy's environment with a two-level event queue: the same events popped in the same
+    ``(time, priority, id)`` order as SimPy's one heap, cheaper when many are pending.
+
+    At EP256 some 70k events are pending, most of them packets, ACKs and completions tens
+    of microseconds away, while the events popped next are the next few hundred ns of
+    warp work; in one heap every pop sifts through all of them (the single largest cost
+    of the model at EP32, a sixth of its samples). Here time is cut into buckets of
+    ``BUCKET_NS``: ``_queue`` (the heap SimPy pops from) holds the entries of the current
+    bucket and earlier, and an entry due in a later bucket is appended, unsorted, to that
+    bucket's list. When the heap runs empty, the earliest bucket is heapified into it.
+
+    Why the order is SimPy's exactly: bucket ``b(t) = t // BUCKET_NS`` never decreases with
+    ``t``. ``_bucket`` is the latest bucket moved into the heap (at first the clock's); an
+    entry goes to the heap when ``b(t) <= _bucket``, to its bucket's list otherwise, and a
+    list is moved only when the heap is empty, the earliest first (``_bucket`` becomes it).
+    So every entry in the heap has a smaller bucket, hence an earlier time, than every
+    entry left in the lists, and within the heap SimPy's own tuple order decides;
+    ``tests/test_engine.py`` compares whole runs event by event.
+    """
+
+    BUCKET_NS = 500.0
+
+    def __init__(self, initial_time: float = 0) -> None:
+        super().__init__(initial_time)
+        # SimPy binds env.timeout, env.event... to the instance, but only those of the
+        # instance's own class: bind the base class's too (else every call builds a method),
+        # except what a subclass defines itself (PathEnvironment's process, all_of)
+        own: set[str] = set()
+        for c in type(self).__mro__:
+            if c is simpy.Environment:
+                break
+            own |= set(c.__dict__)
+        for name, obj in simpy.Environment.__dict__.items():
+            if type(obj) is BoundClass and name not in own:
+                setattr(self, name, getattr(self, name))
+        self._far: dict[float, list] = {}
+        self._far_keys: list[float] = []  # heap of the buckets with entries
+        self._bucket = self._now // self.BUCKET_NS  # the latest bucket moved into the heap
+        self._nfar = 0
+        self.push = self._push_entry  # a bound method kept once: helpers look it up per entry
+
+    def _push_entry(self, entry: tuple) -> None:
+        b = entry[0] // self.BUCKET_NS
+        if b <= self._bucket:
+            heapq.heappush(self._queue, entry)
+            return
+        lst = self._far.get(b)
+        if lst is None:
+            self._far[b] = [entry]
+            heapq.heappush(self._far_keys, b)
+        else:
+            lst.append(entry)
+        self._nfar += 1
+
+    def schedule(self, event, priority=NORMAL, delay=0) -> None:  # type: ignore[override]
+        self._push_entry((self._now + delay, priority, next(self._eid), event))
+
+    def refill(self) -> bool:
+        """The heap ran empty: heapify the earliest bucket into it (False when none is left)."""
+        if not self._far_keys:
+            return False
+        b = heapq.heappop(self._far_keys)
+        self._bucket = b
+        lst = self._far.pop(b)
+        self._nfar -= len(lst)
+        q = self._queue
+        q.extend(lst)  # the same list object: loops hold it
+        heapq.heapify(q)
+        return True
+
+    def pending(self) -> int:
+        """Entries queued, in the heap and the buckets."""
+        return len(self._queue) + self._nfar
+
+    def peek(self) -> float:
+        if not self._queue:
+            self.refill()
+        return self._queue[0][0] if self._queue else simpy.core.Infinity
+
+    def step(self) -> None:
+        if not self._queue:
+            self.refill()
+        super().step()
+
+
 class _Hold:
     """What ``env.timeout(delay)`` is to the process that yields it, as one slotted object:
     the warp's own busy time (a cost paid, serialisation on a port).
@@ -127,7 +223,7 @@ def hold(env: simpy.Environment, delay: float) -> _Hold:
     if delay < 0:
         raise ValueError(f"negative delay {delay}")
     h = _Hold()
-    heapq.heappush(env._queue, (env._now + delay, NORMAL, next(env._eid), h))
+    _push(env, (env._now + delay, NORMAL, next(env._eid), h))
     return h
 
 
@@ -138,7 +234,7 @@ def hold_at(env: simpy.Environment, t: float) -> _Hold:
     if t < env._now:
         raise ValueError(f"time {t} is before now ({env._now})")
     h = _Hold()
-    heapq.heappush(env._queue, (t, NORMAL, next(env._eid), h))
+    _push(env, (t, NORMAL, next(env._eid), h))
     return h
 
 
@@ -165,7 +261,7 @@ def call_at(env: simpy.Environment, t: float, fn, *args) -> None:
     now = env._now
     if t < now:
         raise ValueError(f"time {t} is before now ({now})")
-    heapq.heappush(env._queue, (t, NORMAL, next(env._eid), _Call(fn, args)))
+    _push(env, (t, NORMAL, next(env._eid), _Call(fn, args)))
 
 
 def run_events(env: simpy.Environment, limit: int = -1) -> int:
@@ -180,8 +276,11 @@ def run_events(env: simpy.Environment, limit: int = -1) -> int:
     """
     queue = env._queue
     pop = heapq.heappop
+    refill = getattr(env, "refill", None)  # a ModelEnvironment's later buckets
     n = 0
-    while queue and n != limit:
+    while n != limit:
+        if not queue and (refill is None or not refill()):
+            break
         env._now, _, _, event = pop(queue)
         callbacks, event.callbacks = event.callbacks, None
         for callback in callbacks:
@@ -421,7 +520,7 @@ class CriticalPath:
         now = env._now
         if t < now:
             raise ValueError(f"time {t} is before now ({now})")
-        heapq.heappush(env._queue, (t, NORMAL, next(env._eid), _PathCall(fn, args, self, rec)))
+        _push(env, (t, NORMAL, next(env._eid), _PathCall(fn, args, self, rec)))
 
 
 class _PathProcess(Process):
@@ -463,19 +562,14 @@ def _latest_rec(cond: AllOf) -> None:
     cond.rec = best
 
 
-class PathEnvironment(simpy.Environment):
+class PathEnvironment(ModelEnvironment):
     """A SimPy environment whose processes and ``all_of`` carry critical-path records.
 
-    Used only when the path is recorded, so a plain run is plain SimPy; scheduling is
-    SimPy's own either way (same events, same order)."""
+    Used only when the path is recorded; scheduling is the same either way (same events,
+    same order)."""
 
     def __init__(self) -> None:
         super().__init__()
-        # SimPy binds env.timeout, env.event... to the instance, but only those of the
-        # instance's own class: bind the base class's too (else every call builds a method)
-        for name, obj in simpy.Environment.__dict__.items():
-            if type(obj) is BoundClass and name not in PathEnvironment.__dict__:
-                setattr(self, name, getattr(self, name))
         self.path = CriticalPath(self)
 
     def process(self, generator) -> Process:  # type: ignore[override]

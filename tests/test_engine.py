@@ -279,3 +279,66 @@ def test_hold_takes_the_slot_of_a_timeout() -> None:
     assert _hold_trace(True) == _hold_trace(False)
     with pytest.raises(ValueError):
         hold(simpy.Environment(), -1.0)
+
+
+# -- the two-level queue --------------------------------------------------------------------
+
+def _queue_trace(env: simpy.Environment) -> list[tuple]:
+    """Processes, callbacks and absolute-time calls with delays from 0 to far beyond a
+    bucket, many on shared instants, some scheduled exactly on bucket edges."""
+    from lever.sim.engine import hold, hold_at
+
+    log: list[tuple] = []
+    rng = np.random.default_rng(5)
+    d = [float(x) for x in rng.choice([0.0, 0.25, 1.0, 3.0, 7.5, 40.0, 100.0], 2000)]
+
+    def warp(i: int):
+        for k in range(60):
+            x = d[(i * 60 + k) % 2000]
+            call_at(env, env.now + d[(i * 60 + k + 1) % 2000], lambda k=k: log.append((env.now, "c", i, k)))
+            call_later(env, x, lambda k=k: log.append((env.now, "l", i, k)))
+            if k % 3 == 0:
+                yield env.timeout(x)
+            elif k % 3 == 1:
+                yield hold(env, x)
+            else:
+                yield hold_at(env, float(int(env.now) + 4))  # on an edge of a 4 ns bucket
+            log.append((env.now, "w", i, k, env.peek()))
+
+    for i in range(6):
+        env.process(warp(i))
+    env.run()
+    return log
+
+
+@pytest.mark.parametrize("bucket", [1.0, 4.0, 500.0])
+def test_the_two_level_queue_pops_in_simpys_order(bucket, monkeypatch) -> None:
+    from lever.sim.engine import ModelEnvironment, run_events
+
+    monkeypatch.setattr(ModelEnvironment, "BUCKET_NS", bucket)
+    ref = _queue_trace(simpy.Environment())
+    env = ModelEnvironment()
+    assert _queue_trace(env) == ref
+    assert env.pending() == 0
+    # run_events (the model's loop) refills from the buckets too
+    env2 = ModelEnvironment()
+    log: list[float] = []
+    for t in (30.0, 0.5, 7.0, 7.0, 2000.0, 3.0):
+        call_at(env2, t, lambda: log.append(env2.now))
+    assert env2.pending() == 6 and run_events(env2) == 6
+    assert log == sorted(log) and len(log) == 6
+
+
+def test_a_model_run_is_the_same_on_simpys_own_queue(monkeypatch) -> None:
+    """Latencies, profiler ledger, counters and the event count of whole ops: bit for bit
+    the same with the two-level queue and with SimPy's one heap."""
+    from lever.sim import model, scenario
+
+    scn = scenario.load("decode-ep16-efa-native", {"workload.ep_ranks": 16})
+    for op in ("dispatch", "combine"):
+        mine = model.simulate_op(scn, op, 1)
+        monkeypatch.setattr(model, "ModelEnvironment", simpy.Environment)
+        ref = model.simulate_op(scn, op, 1)
+        monkeypatch.undo()
+        assert mine.latency_us == ref.latency_us and mine.events == ref.events
+        assert dict(mine.ledger.busy) == dict(ref.ledger.busy) and mine.counters == ref.counters

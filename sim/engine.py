@@ -105,12 +105,11 @@ class _Call:
 
 def _push(env: simpy.Environment, entry: tuple) -> None:
     """Queue a ``(time, priority, id, event)`` entry: into a :class:`ModelEnvironment`'s
-    two-level queue, or SimPy's own heap."""
-    push = getattr(env, "push", None)
-    if push is None:
+    two-level queue, or SimPy's own heap (the hot helpers inline this)."""
+    try:
+        env.push(entry)  # type: ignore[attr-defined]
+    except AttributeError:
         heapq.heappush(env._queue, entry)
-    else:
-        push(entry)
 
 
 class ModelEnvironment(simpy.Environment):
@@ -151,12 +150,13 @@ class ModelEnvironment(simpy.Environment):
                 setattr(self, name, getattr(self, name))
         self._far: dict[float, list] = {}
         self._far_keys: list[float] = []  # heap of the buckets with entries
-        self._bucket = self._now // self.BUCKET_NS  # the latest bucket moved into the heap
+        self._width = self.BUCKET_NS
+        self._bucket = self._now // self._width  # the latest bucket moved into the heap
         self._nfar = 0
         self.push = self._push_entry  # a bound method kept once: helpers look it up per entry
 
     def _push_entry(self, entry: tuple) -> None:
-        b = entry[0] // self.BUCKET_NS
+        b = entry[0] // self._width
         if b <= self._bucket:
             heapq.heappush(self._queue, entry)
             return
@@ -223,7 +223,11 @@ def hold(env: simpy.Environment, delay: float) -> _Hold:
     if delay < 0:
         raise ValueError(f"negative delay {delay}")
     h = _Hold()
-    _push(env, (env._now + delay, NORMAL, next(env._eid), h))
+    entry = (env._now + delay, NORMAL, next(env._eid), h)
+    try:
+        env.push(entry)  # type: ignore[attr-defined]
+    except AttributeError:  # SimPy's own environment
+        heapq.heappush(env._queue, entry)
     return h
 
 
@@ -261,7 +265,11 @@ def call_at(env: simpy.Environment, t: float, fn, *args) -> None:
     now = env._now
     if t < now:
         raise ValueError(f"time {t} is before now ({now})")
-    _push(env, (t, NORMAL, next(env._eid), _Call(fn, args)))
+    entry = (t, NORMAL, next(env._eid), _Call(fn, args))
+    try:
+        env.push(entry)  # type: ignore[attr-defined]
+    except AttributeError:  # SimPy's own environment
+        heapq.heappush(env._queue, entry)
 
 
 def run_events(env: simpy.Environment, limit: int = -1) -> int:

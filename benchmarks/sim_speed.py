@@ -75,6 +75,7 @@ def _one(args: tuple[str, int, bool]) -> dict:
         sets["workload.gpus_per_node"] = ep
     scn = scn_mod.load(scenario, sets)
     t = time.perf_counter()
+    cpu = time.process_time()
     events = 0
     lat = {}
     pend = 0.0
@@ -84,8 +85,9 @@ def _one(args: tuple[str, int, bool]) -> dict:
         pend += r.mean_pending * r.events
         lat[op] = max(r.latency_us)
     wall = time.perf_counter() - t
+    cpu = time.process_time() - cpu
     rss_mib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-    return {"ep": ep, "wall_s": wall, "events": events, "events_per_s": events / wall,
+    return {"ep": ep, "wall_s": wall, "cpu_s": cpu, "events": events, "events_per_s": events / wall,
             "peak_rss_mib": rss_mib, "max_latency_us": lat, "mean_pending": pend / events}
 
 

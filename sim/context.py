@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import simpy
-from lever.sim.engine import Ledger, Trace
+from lever.sim.engine import Ledger, Trace, hold
 from lever.sim.params import Design, Platform
 
 
@@ -24,19 +24,19 @@ class Context:
     platform: Platform
     design: Design
 
-    def hold(self, cat: str, t: float) -> simpy.Timeout:
+    def hold(self, cat: str, t: float) -> simpy.Event:
         """The running process spends ``t`` ns on ``cat`` (yield the result): the timeout,
         recorded as a segment of its chain when the critical path is recorded."""
         path = self.ledger.path
         if path is not None:
             path.seg(cat, t)
-        return self.env.timeout(t)
+        return hold(self.env, t)
 
-    def busy(self, cat: str, ns: float, n: int = 1) -> simpy.Timeout:
+    def busy(self, cat: str, ns: float, n: int = 1) -> simpy.Event:
         """A warp's own work: the scaled cost counted for the profiler, then :meth:`hold`
         (inlined: one call per token on the hot path)."""
         led = self.ledger
         t = led.issue(cat, ns, n)
         if led.path is not None:
             led.path.seg(cat, t)
-        return self.env.timeout(t)
+        return hold(self.env, t)

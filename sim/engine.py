@@ -103,6 +103,145 @@ class _Call:
         self.args = args
 
 
+def _push(env: simpy.Environment, entry: tuple) -> None:
+    """Queue a ``(time, priority, id, event)`` entry: into a :class:`ModelEnvironment`'s
+    two-level queue, or SimPy's own heap (the hot helpers inline this)."""
+    try:
+        env.push(entry)  # type: ignore[attr-defined]
+    except AttributeError:
+        heapq.heappush(env._queue, entry)
+
+
+class ModelEnvironment(simpy.Environment):
+    """SimPy's environment with a two-level event queue: the same events popped in the same
+    ``(time, priority, id)`` order as SimPy's one heap, cheaper when many are pending.
+
+    At EP256 some 70k events are pending, most of them packets, ACKs and completions tens
+    of microseconds away, while the events popped next are the next few hundred ns of
+    warp work; in one heap every pop sifts through all of them (the single largest cost
+    of the model at EP32, a sixth of its samples). Here time is cut into buckets of
+    ``BUCKET_NS``: ``_queue`` (the heap SimPy pops from) holds the entries of the current
+    bucket and earlier, and an entry due in a later bucket is appended, unsorted, to that
+    bucket's list. When the heap runs empty, the earliest bucket is heapified into it.
+
+    Why the order is SimPy's exactly: bucket ``b(t) = t // BUCKET_NS`` never decreases with
+    ``t``. ``_bucket`` is the latest bucket moved into the heap (at first the clock's); an
+    entry goes to the heap when ``b(t) <= _bucket``, to its bucket's list otherwise, and a
+    list is moved only when the heap is empty, the earliest first (``_bucket`` becomes it).
+    So every entry in the heap has a smaller bucket, hence an earlier time, than every
+    entry left in the lists, and within the heap SimPy's own tuple order decides;
+    ``tests/test_engine.py`` compares whole runs event by event.
+    """
+
+    BUCKET_NS = 500.0
+
+    def __init__(self, initial_time: float = 0) -> None:
+        super().__init__(initial_time)
+        # SimPy binds env.timeout, env.event... to the instance, but only those of the
+        # instance's own class: bind the base class's too (else every call builds a method),
+        # except what a subclass defines itself (PathEnvironment's process, all_of)
+        own: set[str] = set()
+        for c in type(self).__mro__:
+            if c is simpy.Environment:
+                break
+            own |= set(c.__dict__)
+        for name, obj in simpy.Environment.__dict__.items():
+            if type(obj) is BoundClass and name not in own:
+                setattr(self, name, getattr(self, name))
+        self._far: dict[float, list] = {}
+        self._far_keys: list[float] = []  # heap of the buckets with entries
+        self._width = self.BUCKET_NS
+        self._bucket = self._now // self._width  # the latest bucket moved into the heap
+        self._nfar = 0
+        self.push = self._push_entry  # a bound method kept once: helpers look it up per entry
+
+    def _push_entry(self, entry: tuple) -> None:
+        b = entry[0] // self._width
+        if b <= self._bucket:
+            heapq.heappush(self._queue, entry)
+            return
+        lst = self._far.get(b)
+        if lst is None:
+            self._far[b] = [entry]
+            heapq.heappush(self._far_keys, b)
+        else:
+            lst.append(entry)
+        self._nfar += 1
+
+    def schedule(self, event, priority=NORMAL, delay=0) -> None:  # type: ignore[override]
+        self._push_entry((self._now + delay, priority, next(self._eid), event))
+
+    def refill(self) -> bool:
+        """The heap ran empty: heapify the earliest bucket into it (False when none is left)."""
+        if not self._far_keys:
+            return False
+        b = heapq.heappop(self._far_keys)
+        self._bucket = b
+        lst = self._far.pop(b)
+        self._nfar -= len(lst)
+        q = self._queue
+        q.extend(lst)  # the same list object: loops hold it
+        heapq.heapify(q)
+        return True
+
+    def pending(self) -> int:
+        """Entries queued, in the heap and the buckets."""
+        return len(self._queue) + self._nfar
+
+    def peek(self) -> float:
+        if not self._queue:
+            self.refill()
+        return self._queue[0][0] if self._queue else simpy.core.Infinity
+
+    def step(self) -> None:
+        if not self._queue:
+            self.refill()
+        super().step()
+
+
+class _Hold:
+    """What ``env.timeout(delay)`` is to the process that yields it, as one slotted object:
+    the warp's own busy time (a cost paid, serialisation on a port).
+
+    ``Environment.step`` needs of a queued event only ``callbacks`` and ``_ok``, and
+    ``Process._resume`` only ``callbacks`` (to append itself) and ``_value``; a Timeout
+    carries an attribute dict, its delay and environment besides. One is made per cost a
+    warp pays, so the lighter one is cheaper to build, keep queued and free."""
+
+    __slots__ = ("callbacks", "_ok", "_value")
+
+    def __init__(self) -> None:
+        self.callbacks: list = []
+        self._ok = True
+        self._value = None
+
+
+def hold(env: simpy.Environment, delay: float) -> _Hold:
+    """An event for the running process to yield, firing ``delay`` ns from now in the queue
+    slot ``env.timeout(delay)`` would take (the same ``(now + delay, NORMAL, id)`` entry,
+    so the same order bit for bit: ``tests/test_engine.py``)."""
+    if delay < 0:
+        raise ValueError(f"negative delay {delay}")
+    h = _Hold()
+    entry = (env._now + delay, NORMAL, next(env._eid), h)
+    try:
+        env.push(entry)  # type: ignore[attr-defined]
+    except AttributeError:  # SimPy's own environment
+        heapq.heappush(env._queue, entry)
+    return h
+
+
+def hold_at(env: simpy.Environment, t: float) -> _Hold:
+    """:func:`hold` firing at the absolute instant ``t`` (not before now): the slot a
+    timeout due at ``t`` takes, for a wait computed as an instant (``now + a + b`` summed
+    as the separate waits would sum it)."""
+    if t < env._now:
+        raise ValueError(f"time {t} is before now ({env._now})")
+    h = _Hold()
+    _push(env, (t, NORMAL, next(env._eid), h))
+    return h
+
+
 def call_later(env: simpy.Environment, delay: float, fn, *args) -> None:
     """Run ``fn(*args)`` ``delay`` ns from now, in the queue's order: the same
     (time, priority, insertion) slot ``env.timeout(delay)`` would take, so
@@ -126,7 +265,40 @@ def call_at(env: simpy.Environment, t: float, fn, *args) -> None:
     now = env._now
     if t < now:
         raise ValueError(f"time {t} is before now ({now})")
-    heapq.heappush(env._queue, (t, NORMAL, next(env._eid), _Call(fn, args)))
+    entry = (t, NORMAL, next(env._eid), _Call(fn, args))
+    try:
+        env.push(entry)  # type: ignore[attr-defined]
+    except AttributeError:  # SimPy's own environment
+        heapq.heappush(env._queue, entry)
+
+
+def run_events(env: simpy.Environment, limit: int = -1) -> int:
+    """SimPy's ``Environment.step`` inlined in one loop: pop the next (time, priority, id,
+    event), set the clock, run its callbacks, raise a failed event nobody defused.
+
+    The same events in the same order as calling ``env.step()`` until the queue is
+    empty (``tests/test_engine.py`` runs both side by side), without a method call and
+    an ``EmptySchedule`` frame per event (a tenth of the model's time at EP16). The
+    queue is read as ``env._queue`` (SimPy 4.x). ``limit`` >= 0 stops after that many
+    events (the depth sampler's strides). Returns the number processed.
+    """
+    queue = env._queue
+    pop = heapq.heappop
+    refill = getattr(env, "refill", None)  # a ModelEnvironment's later buckets
+    n = 0
+    while n != limit:
+        if not queue and (refill is None or not refill()):
+            break
+        env._now, _, _, event = pop(queue)
+        callbacks, event.callbacks = event.callbacks, None
+        for callback in callbacks:
+            callback(event)
+        n += 1
+        if not event._ok and not hasattr(event, "_defused"):
+            exc = type(event._value)(*event._value.args)
+            exc.__cause__ = event._value
+            raise exc
+    return n
 
 
 class Lock:
@@ -135,18 +307,26 @@ class Lock:
     put/get queue machinery (one lock cycle per doorbell of a shared QP).
 
     The grant is an event processed in turn: a request finding the lock free is
-    granted at once; ``release`` frees it at once and schedules a hand-off event
-    whose processing grants the oldest waiter, and a request arriving while a
-    waiter is queued and the lock is free grants that waiter first (FIFO).
-    Keeping SimPy's exact sequence keeps every result bit for bit
-    (``tests/test_engine.py`` runs both side by side).
+    granted at once; ``release`` frees it at once and, when a waiter is queued,
+    schedules a hand-off event whose processing grants the oldest waiter, and a
+    request arriving while a waiter is queued and the lock is free grants that
+    waiter first (FIFO). With nobody queued the hand-off would do nothing and is
+    not scheduled. Through ``request``/``release`` this is SimPy's exact sequence
+    (``tests/test_engine.py`` runs both side by side); :meth:`take_if_free` is the
+    event-free turn of a lone holder, and ``direct=True`` hands the turn to the oldest
+    waiter at the release itself (what the issuer's doorbell turns use).
     """
 
-    __slots__ = ("env", "holder", "_queue", "_released")
+    __slots__ = ("env", "holder", "_queue", "_released", "direct")
 
-    def __init__(self, env: simpy.Environment) -> None:
+    def __init__(self, env: simpy.Environment, direct: bool = False) -> None:
         self.env = env
-        self.holder: Event | None = None
+        # direct: a release grants the oldest waiter itself (its grant event is the one
+        # event of the hand-off) rather than through a hand-off event processed after the
+        # events queued for that instant: the same FIFO order and the same times, one event
+        # fewer per contended turn; ties at that instant may resolve in another order
+        self.direct = direct
+        self.holder: object | None = None  # the granted request, or a take_if_free owner
         self._queue: deque[Event] = deque()
         self._released: Rec | None = None  # the last holder's segment when it let go
 
@@ -157,10 +337,31 @@ class Lock:
             self._grant()
         return ev
 
-    def release(self, req: Event) -> None:
+    def take_if_free(self, owner: object) -> bool:
+        """Take the turn at once, with no grant event, when it is free and nobody waits:
+        a single holder's hand-off, which no other warp can observe (no one is queued to
+        be ordered against). ``owner`` then releases it (``release(owner)``). False, and
+        nothing changes, when the caller must ``request()`` and wait its turn.
+
+        The one difference from ``request()``: the caller goes on at once instead of
+        after the events already queued for this instant (same times; ties among
+        same-instant events may resolve in another order, deterministically)."""
+        if self.holder is not None or self._queue:
+            return False
+        self.holder = owner
+        return True
+
+    def release(self, req: object) -> None:
         if self.holder is req:
             self.holder = None
         self._released = _running(self.env)
+        if not self._queue:
+            # nobody waits: the hand-off event would find no one to grant and do nothing
+            # (a later request finding the lock free is granted by request() itself)
+            return
+        if self.direct:
+            self._grant()
+            return
         handoff = Event(self.env)
         handoff.callbacks.append(self._on_handoff)
         handoff.succeed()
@@ -327,7 +528,7 @@ class CriticalPath:
         now = env._now
         if t < now:
             raise ValueError(f"time {t} is before now ({now})")
-        heapq.heappush(env._queue, (t, NORMAL, next(env._eid), _PathCall(fn, args, self, rec)))
+        _push(env, (t, NORMAL, next(env._eid), _PathCall(fn, args, self, rec)))
 
 
 class _PathProcess(Process):
@@ -350,7 +551,8 @@ class _PathProcess(Process):
         own = self.rec
         # a timeout is the process's own segment (recorded before it yielded); getattr, not
         # __dict__: on CPython 3.11 reading __dict__ builds one for every event
-        rel = None if type(event) is Timeout else getattr(event, "rec", None)
+        t = type(event)
+        rel = None if t is _Hold or t is Timeout else getattr(event, "rec", None)
         if rel is not None and rel[1] > own[1]:
             own = rel
         path.cur = own
@@ -368,19 +570,14 @@ def _latest_rec(cond: AllOf) -> None:
     cond.rec = best
 
 
-class PathEnvironment(simpy.Environment):
+class PathEnvironment(ModelEnvironment):
     """A SimPy environment whose processes and ``all_of`` carry critical-path records.
 
-    Used only when the path is recorded, so a plain run is plain SimPy; scheduling is
-    SimPy's own either way (same events, same order)."""
+    Used only when the path is recorded; scheduling is the same either way (same events,
+    same order)."""
 
     def __init__(self) -> None:
         super().__init__()
-        # SimPy binds env.timeout, env.event... to the instance, but only those of the
-        # instance's own class: bind the base class's too (else every call builds a method)
-        for name, obj in simpy.Environment.__dict__.items():
-            if type(obj) is BoundClass and name not in PathEnvironment.__dict__:
-                setattr(self, name, getattr(self, name))
         self.path = CriticalPath(self)
 
     def process(self, generator) -> Process:  # type: ignore[override]

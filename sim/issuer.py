@@ -22,7 +22,7 @@ from __future__ import annotations
 from collections.abc import Generator
 from typing import TYPE_CHECKING, Any, Protocol
 
-from lever.sim.engine import Counter
+from lever.sim.engine import Counter, call_at, hold, hold_at
 
 if TYPE_CHECKING:
     from lever.sim.context import Context
@@ -89,7 +89,7 @@ class WarpPort:
                 total += t
         if total > 0:
             t0 = self.env.now
-            yield self.env.timeout(total)
+            yield hold(self.env, total)
             tr = self.ctx.trace
             if tr.enabled:  # the spans again, from the ledger's scale (costs are pure)
                 acc = 0.0
@@ -144,17 +144,25 @@ class NativePort(WarpPort):
         msg.on_complete = self._completed
         msg.t_post = self.env.now
         span = d.put_many_span
+        costs: list[tuple[str, float, int]] = []
+        need = 0
         if span > 1:
             # put_many: one credit check for the whole span, when its slots are reserved
             if self._span_left == 0 and not self.lazy and led.on("credit_wait"):
-                yield from self._credit_check(span)
+                need = span
         else:
             # credit check: a completion poll before the post
             self._since_check += 1
             if not self.lazy and led.on("credit_wait") and self._since_check >= d.credit_check_every:
                 self._since_check = 0
-                yield from self._credit_check(1)
-        costs: list[tuple[str, float, int]] = []
+                need = 1
+        if need:
+            read = self._credit_read()
+            if self._room(need):  # no wait can follow the read: paid with the WQE stores
+                costs.append(("credit_wait", read, 1))
+            else:
+                yield from self._pay("credit_wait", read)
+                yield from self._credit_wait(need)
         if self._span_left == 0:
             costs.append(("wqe", g.atomic_ns, 1))  # reserve slots on the producer counter
             self._span_left = d.put_many_span
@@ -200,17 +208,89 @@ class NativePort(WarpPort):
             yield from self._pay_all(costs)
             costs = []
             lock = self.qp.lock
-            req = lock.request()
-            yield from self._wait("lock", req)
+            if lock.take_if_free(self):  # a lone holder: no grant event, nothing to wait for
+                req = self
+                path = led.path
+                rel = lock._released
+                if path is not None and rel is not None and rel[1] > path.cur[1]:
+                    path.cur = rel  # as a granted request's resume would take it
+            else:
+                req = lock.request()
+                yield from self._wait("lock", req)
             costs.append(("lock", g.atomic_ns, 1))
         costs.append(("doorbell", g.doorbell_ns, 1))
         led.counters["doorbells"] += 1
-        yield from self._pay_all(costs)
-        self.qp.nic.doorbell(msgs)  # a posted MMIO store: the NIC sees it now
-        if nf > 1:  # the fence after the doorbell, still holding the turn
-            yield from self._pay_all([("fence", g.fence_ns * (nf - 1), nf - 1)])
+        tail = [("fence", g.fence_ns * (nf - 1), nf - 1)] if nf > 1 else []
+        yield from self._pay_ringing(costs, tail, msgs)
         if locked:
             lock.release(req)
+
+    def _pay_ringing(self, costs: list[tuple[str, float, int]], tail: list[tuple[str, float, int]],
+                     msgs: list[Message]):
+        """Pay ``costs`` (up to the doorbell store), ring, then pay ``tail`` (the fence after
+        the doorbell, still holding the turn) as one wait of the warp.
+
+        The doorbell is a posted MMIO store: the NIC sees it when the store issues, at the
+        end of ``costs``, and nothing the warp does depends on it. So the NIC's doorbell is a
+        call scheduled for that instant (the queue slot the timeout ending ``costs`` would
+        take, running as its critical-path segment) and the warp waits once, to the end of
+        ``tail``: the same instants as paying the two apart, one process resume fewer."""
+        led = self.ctx.ledger
+        issue = led.issue
+        path = led.path
+        env = self.env
+        now = env._now
+        acc = now
+        total = 0.0
+        for cat, ns, n in costs:
+            t = issue(cat, ns, n)
+            if t > 0:
+                if path is not None:
+                    path.cur = (acc, acc + t, cat, path.cur)
+                    acc += t
+                total += t
+        rung = path.cur if path is not None else None  # the segment the doorbell ends
+        after = 0.0
+        for cat, ns, n in tail:
+            t = issue(cat, ns, n)
+            if t > 0:
+                after += t
+        nic = self.qp.nic
+        if total > 0 and after > 0:
+            t_ring = now + total  # where hold(env, total) would fire
+            if path is None:
+                call_at(env, t_ring, nic.doorbell, msgs)
+            else:
+                path.call_at(t_ring, rung, nic.doorbell, msgs)
+                acc = t_ring
+                for cat, ns, _n in tail:  # the warp's own chain goes on through the tail
+                    t = led.cost(cat, ns)
+                    if t > 0:
+                        path.cur = (acc, acc + t, cat, path.cur)
+                        acc += t
+            yield hold_at(env, t_ring + after)
+        else:  # nothing to wait for on one side: as two separate payments
+            if total > 0:
+                yield hold(env, total)
+            nic.doorbell(msgs)  # a posted MMIO store: the NIC sees it now
+            if after > 0:
+                if path is not None:
+                    acc = env._now
+                    for cat, ns, _n in tail:
+                        t = led.cost(cat, ns)
+                        if t > 0:
+                            path.cur = (acc, acc + t, cat, path.cur)
+                            acc += t
+                yield hold(env, after)
+        tr = self.ctx.trace
+        if tr.enabled:  # the spans, from the ledger's scale (costs are pure)
+            acc = now
+            cost = led.cost
+            for cat, ns, _n in costs + tail:
+                t = cost(cat, ns)
+                if t > 0:
+                    tr.span(self.proc, self.track, cat, acc, t)
+                    acc += t
 
     def finish(self):
         """End of this warp's puts: ring what is still un-rung (own or the QP's)."""
@@ -219,15 +299,37 @@ class NativePort(WarpPort):
         if self.qp.pending:
             yield from self._ring(self.qp.pending)
 
-    def _credit_check(self, need: int):
-        """Poll completions; spin while the SQ could overflow."""
-        qp, nic = self.qp, self.qp.nic
+    def _credit_read(self) -> float:
+        """The completion poll before a post: the unscaled time of its reads (a completion
+        counter is one read; a CQ is one read plus one per CQE it consumes). The CQEs it
+        consumes are those written by now."""
+        qp = self.qp
         new = qp.completions.value - qp.consumed
         qp.consumed = qp.completions.value
-        # a completion counter is one read; a CQ is one read plus one per CQE it consumes
         reads = 1 if self.counter else 1 + new
-        yield from self._pay("credit_wait", self.counter_read_ns * reads)
-        limit = nic.p.sq_depth
+        return self.counter_read_ns * reads
+
+    def _room(self, need: int) -> bool:
+        """Whether the send queue has room for ``need`` more WQEs by a margin no read can
+        lose: one WQE for every other warp posting on this QP. Then the check after the
+        read can not spin and the read is paid in one timeout with the WQE stores that
+        follow it (no event between them). Deferred doorbells never fuse: the QP's
+        pending list is shared, and appending to it at the read's start rather than its
+        end would change which doorbell other warps' WQEs join.
+
+        Approximation: the unfused check compares at the read's end, so it would also
+        spin where the other warps posted more than one WQE each during this read and
+        filled the queue to within ``need`` meanwhile (never at the shipped SQ depths;
+        near a full SQ the unfused path runs)."""
+        if self.ctx.design.deferred_doorbell_aggregation > 1:
+            return False
+        qp = self.qp
+        return qp.posted - qp.completions.value + need + (qp.owners - 1) <= qp.nic.p.sq_depth
+
+    def _credit_wait(self, need: int):
+        """Spin while the SQ could overflow (after the read: the values at its end)."""
+        qp = self.qp
+        limit = qp.nic.p.sq_depth
         if qp.posted - qp.completions.value + need > limit:
             yield from self._wait("credit_wait", qp.completions.reach(qp.posted + need - limit))
 

@@ -16,7 +16,15 @@ from dataclasses import dataclass, field
 import numpy as np
 import simpy
 from lever.sim.context import Context
-from lever.sim.engine import Ledger, PathEnvironment, Trace, rec_of, walk
+from lever.sim.engine import (
+    Ledger,
+    ModelEnvironment,
+    PathEnvironment,
+    Trace,
+    rec_of,
+    run_events,
+    walk,
+)
 from lever.sim.errors import UserError
 from lever.sim.fabric import Draws, Fabric
 from lever.sim.issuer import NativePort, Port
@@ -52,8 +60,9 @@ class World:
         self.design = scn.design
         self.op = op
         # recording the critical path takes an environment whose processes carry it; a
-        # plain run keeps SimPy's own (the pieces see the recorder, or None, on the ledger)
-        self.env = PathEnvironment() if record_path else simpy.Environment()
+        # plain run a ModelEnvironment (SimPy's, with a two-level queue of the same order);
+        # the pieces see the recorder, or None, on the ledger
+        self.env = PathEnvironment() if record_path else ModelEnvironment()
         ledger.path = self.env.path if record_path else None
         self.ledger = ledger
         self.trace = trace
@@ -267,35 +276,24 @@ def _gc_paused():
 
 
 def _run_counting(env: simpy.Environment) -> int:
-    """Run to exhaustion counting processed events (SimPy's own loop, one step at a time)."""
-    n = 0
-    step = env.step
+    """Run to exhaustion counting processed events: :func:`run_events`, every event."""
     with _gc_paused():
-        try:
-            while True:
-                step()
-                n += 1
-        except simpy.core.EmptySchedule:
-            pass
-    return n
+        return run_events(env)
 
 
 def _run_sampling_depth(env: simpy.Environment, every: int = 64) -> tuple[int, float]:
-    """:func:`_run_counting` plus the queue length every ``every`` events (a separate
-    loop so the plain one pays nothing for it); the same events, the same order."""
+    """:func:`_run_counting` plus the queue length every ``every`` events; the same
+    events, the same order."""
     n = 0
     total = 0
     samples = 0
-    step = env.step
-    queue = env._queue  # SimPy keeps one heap list for the environment's life
+    pending = getattr(env, "pending", lambda: len(env._queue))  # a ModelEnvironment's buckets too
     with _gc_paused():
-        try:
-            while True:
-                step()
-                n += 1
-                if n % every == 0:
-                    total += len(queue)
-                    samples += 1
-        except simpy.core.EmptySchedule:
-            pass
+        while True:
+            k = run_events(env, every)
+            n += k
+            if k < every:
+                break
+            total += pending()
+            samples += 1
     return n, total / max(1, samples)

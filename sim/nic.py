@@ -42,7 +42,7 @@ class QueuePair:
         self.posted = 0
         self.completions = Counter(env)
         self.consumed = 0
-        self.lock = Lock(env)
+        self.lock = Lock(env, direct=True)  # the doorbell turn: FIFO, handed over at release
         self.pending: list[Message] = []
         self.owners = 0
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from lever.sim.engine import ROOT, Rec, call_later
+from lever.sim.engine import ROOT, Rec, call_later, hold
 
 if TYPE_CHECKING:
     from lever.sim.context import Context
@@ -55,7 +55,7 @@ class Nvlink:
         if busy > 0:
             if path is not None:
                 path.cur = self.port_rec[src]  # the warp is done when its stores are
-            yield self.env.timeout(busy)
+            yield hold(self.env, busy)
             if ctx.trace.enabled:
                 ctx.trace.span(f"rank{src}", track, "nvlink", now, busy, dst=dst, bytes=nbytes)
 

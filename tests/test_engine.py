@@ -104,3 +104,241 @@ def test_call_at_fires_at_the_instant_given_where_a_delay_rounds_off() -> None:
     call_at(env, float(t), lambda: seen.append(env.now))
     env.run()
     assert seen == [float(t)]
+
+
+# -- the inlined event loop -------------------------------------------------------------------
+
+def _mixed_trace(run) -> list[tuple]:
+    """Processes, timeouts, plain calls, a lock and a defused failure meeting on the same
+    instants: the log of who ran when, under ``run(env)``."""
+    env = simpy.Environment()
+    lock = Lock(env)
+    log: list[tuple] = []
+    rng = np.random.default_rng(7)
+    delays = [float(x) for x in rng.choice([0.0, 0.5, 1.0], 400)]
+
+    def note(tag):
+        log.append((env.now, tag))
+
+    def warp(i: int):
+        for k in range(20):
+            yield env.timeout(delays[i * 20 + k])
+            call_later(env, delays[(i * 20 + k + 7) % 400], note, ("cb", i, k))
+            req = lock.request()
+            yield req
+            note(("got", i, k))
+            lock.release(req)
+            if k == 10:
+                bad = env.event()
+                bad.fail(RuntimeError("caught"))
+                try:
+                    yield bad
+                except RuntimeError:
+                    note(("caught", i))
+
+    for i in range(5):
+        env.process(warp(i))
+    n = run(env)
+    log.append(("events", n))
+    return log
+
+
+def _step_loop(env: simpy.Environment) -> int:
+    n = 0
+    try:
+        while True:
+            env.step()
+            n += 1
+    except simpy.core.EmptySchedule:
+        return n
+
+
+def test_run_events_processes_what_step_does_in_the_same_order() -> None:
+    from lever.sim.engine import run_events
+
+    ref = _mixed_trace(_step_loop)
+    assert _mixed_trace(run_events) == ref
+    assert sum(1 for e in ref[:-1] if e[1][0] == "caught") == 5 and ref[-1][1] > 300
+    # in strides (the depth sampler's) it is still the same sequence
+    assert _mixed_trace(lambda env: sum(iter(lambda: run_events(env, 7), 0))) == ref
+
+
+def test_run_events_raises_a_failure_nobody_defused() -> None:
+    from lever.sim.engine import run_events
+
+    env = simpy.Environment()
+    env.event().fail(ValueError("lost"))
+    with pytest.raises(ValueError, match="lost"):
+        run_events(env)
+
+
+# -- the lone holder's turn -----------------------------------------------------------------
+
+def test_a_release_with_nobody_waiting_schedules_nothing() -> None:
+    env = simpy.Environment()
+    lock = Lock(env)
+    seen = []
+
+    def warp():
+        req = lock.request()
+        yield req
+        before = len(env._queue)
+        lock.release(req)
+        seen.append(len(env._queue) - before)  # no hand-off event: nobody to hand off to
+        req = lock.request()  # free again: granted by the request itself
+        yield req
+        seen.append(lock.holder is req)
+
+    env.process(warp())
+    env.run()
+    assert seen == [0, True]
+
+
+@pytest.mark.parametrize("direct", [False, True])
+def test_take_if_free_is_a_fifo_exclusive_turn_with_no_event_for_a_lone_holder(direct) -> None:
+    """Warps take the turn with ``take_if_free`` when they can, else request and wait: the
+    holds never overlap, grants follow request order, a waiter is granted at the instant of
+    the release, and a turn taken free schedules no event; a direct lock hands a waiter the
+    turn with one event (its grant), the SimPy order with two (hand-off, then grant)."""
+    env = simpy.Environment()
+    lock = Lock(env, direct=direct)
+    handoff_events: list[int] = []
+    held_at_release: list[bool] = []
+    rng = np.random.default_rng(11)
+    waits = [float(x) for x in rng.choice([0.0, 1.0, 2.0], 300)]
+    holds = [float(x) for x in rng.choice([0.0, 1.0, 3.0], 300)]
+    asked: list[tuple[float, int]] = []
+    got: list[tuple[float, float, int]] = []  # (asked at, granted at, who)
+    freed: list[float] = []
+    free_takes = []
+
+    def warp(i: int):
+        for k in range(30):
+            yield env.timeout(waits[i * 30 + k])
+            t_ask = env.now
+            asked.append((t_ask, i))
+            before = len(env._queue)
+            if lock.take_if_free(i):
+                free_takes.append(len(env._queue) - before)
+                req = i
+            else:
+                req = lock.request()
+                yield req
+            got.append((t_ask, env.now, i))
+            if holds[i * 30 + k]:
+                yield env.timeout(holds[i * 30 + k])
+            freed.append(env.now)
+            before = len(env._queue)
+            queued = len(lock._queue)
+            lock.release(req)
+            if queued:
+                handoff_events.append(len(env._queue) - before)
+                held_at_release.append(lock.holder is not None)
+
+    for i in range(8):
+        env.process(warp(i))
+    env.run()
+    assert len(got) == 240 and free_takes and set(free_takes) == {0}
+    assert [(a, i) for a, _g, i in got] == asked  # FIFO: granted in the order asked
+    for (_a, g, _i), f in zip(got[1:], freed[:-1], strict=True):
+        assert g >= f  # exclusive: the next grant never precedes the last release
+    waited = [(a, g) for a, g, _i in got if g > a]
+    assert waited and all(g in freed for _a, g in waited)  # handed over at the release
+    assert handoff_events and set(handoff_events) == {1}  # the grant, or the hand-off event
+    # direct: the waiter holds the turn from the release on; else from the hand-off event
+    assert set(held_at_release) == {direct}
+
+
+def _hold_trace(light: bool) -> list[tuple]:
+    """Processes paying costs (``hold`` or ``env.timeout``) on instants shared with plain
+    timeouts and calls queued before and after them."""
+    from lever.sim.engine import hold
+
+    env = simpy.Environment()
+    log: list[tuple] = []
+    d = [0.0, 0.5, 1.0, 1.5]
+
+    def warp(i: int):
+        for k in range(25):
+            env.timeout(d[(i + k) % 4]).callbacks.append(lambda _e, k=k: log.append((env.now, "t", i, k)))
+            dt = d[(i * k) % 4]
+            yield hold(env, dt) if light else env.timeout(dt)
+            call_later(env, d[k % 4], lambda k=k: log.append((env.now, "c", i, k)))
+            log.append((env.now, "w", i, k))
+        return i
+
+    for i in range(4):
+        env.process(warp(i))
+    env.run()
+    return log
+
+
+def test_hold_takes_the_slot_of_a_timeout() -> None:
+    from lever.sim.engine import hold
+
+    assert _hold_trace(True) == _hold_trace(False)
+    with pytest.raises(ValueError):
+        hold(simpy.Environment(), -1.0)
+
+
+# -- the two-level queue --------------------------------------------------------------------
+
+def _queue_trace(env: simpy.Environment) -> list[tuple]:
+    """Processes, callbacks and absolute-time calls with delays from 0 to far beyond a
+    bucket, many on shared instants, some scheduled exactly on bucket edges."""
+    from lever.sim.engine import hold, hold_at
+
+    log: list[tuple] = []
+    rng = np.random.default_rng(5)
+    d = [float(x) for x in rng.choice([0.0, 0.25, 1.0, 3.0, 7.5, 40.0, 100.0], 2000)]
+
+    def warp(i: int):
+        for k in range(60):
+            x = d[(i * 60 + k) % 2000]
+            call_at(env, env.now + d[(i * 60 + k + 1) % 2000], lambda k=k: log.append((env.now, "c", i, k)))
+            call_later(env, x, lambda k=k: log.append((env.now, "l", i, k)))
+            if k % 3 == 0:
+                yield env.timeout(x)
+            elif k % 3 == 1:
+                yield hold(env, x)
+            else:
+                yield hold_at(env, float(int(env.now) + 4))  # on an edge of a 4 ns bucket
+            log.append((env.now, "w", i, k, env.peek()))
+
+    for i in range(6):
+        env.process(warp(i))
+    env.run()
+    return log
+
+
+@pytest.mark.parametrize("bucket", [1.0, 4.0, 500.0])
+def test_the_two_level_queue_pops_in_simpys_order(bucket, monkeypatch) -> None:
+    from lever.sim.engine import ModelEnvironment, run_events
+
+    monkeypatch.setattr(ModelEnvironment, "BUCKET_NS", bucket)
+    ref = _queue_trace(simpy.Environment())
+    env = ModelEnvironment()
+    assert _queue_trace(env) == ref
+    assert env.pending() == 0
+    # run_events (the model's loop) refills from the buckets too
+    env2 = ModelEnvironment()
+    log: list[float] = []
+    for t in (30.0, 0.5, 7.0, 7.0, 2000.0, 3.0):
+        call_at(env2, t, lambda: log.append(env2.now))
+    assert env2.pending() == 6 and run_events(env2) == 6
+    assert log == sorted(log) and len(log) == 6
+
+
+def test_a_model_run_is_the_same_on_simpys_own_queue(monkeypatch) -> None:
+    """Latencies, profiler ledger, counters and the event count of whole ops: bit for bit
+    the same with the two-level queue and with SimPy's one heap."""
+    from lever.sim import model, scenario
+
+    scn = scenario.load("decode-ep16-efa-native", {"workload.ep_ranks": 16})
+    for op in ("dispatch", "combine"):
+        mine = model.simulate_op(scn, op, 1)
+        monkeypatch.setattr(model, "ModelEnvironment", simpy.Environment)
+        ref = model.simulate_op(scn, op, 1)
+        monkeypatch.undo()
+        assert mine.latency_us == ref.latency_us and mine.events == ref.events
+        assert dict(mine.ledger.busy) == dict(ref.ledger.busy) and mine.counters == ref.counters

@@ -453,6 +453,48 @@ def test_credit_checks_keep_an_owned_send_queue_within_its_depth():
     assert w.ledger.busy["credit_wait"] > 0
 
 
+def test_a_credit_read_with_room_to_spare_is_paid_with_the_wqe_stores(monkeypatch):
+    """With the SQ far from full the read before a post cannot end in a wait, so it is paid
+    in the same timeout as the WQE stores after it: the same times and costs as paying it
+    alone, one event fewer per put. Near a full SQ (room for fewer WQEs than the warps on the
+    QP) the read is paid alone and the check after it still makes the warp wait: the same
+    times as never fusing."""
+    from lever.sim.issuer import NativePort
+
+    def run(sets: dict, fuse: bool) -> tuple[float, int, float]:
+        if not fuse:
+            monkeypatch.setattr(NativePort, "_room", lambda self, need: False)
+        w = _world(_load(_one_warp(sets)))
+        port = w.port(0, 0)
+        out = {}
+
+        def warp():
+            yield from _post(w, port, 12, after=False)
+            yield from port.flush()
+            out["t"] = w.env.now
+
+        w.env.process(warp())
+        n = 0
+        try:
+            while True:
+                w.env.step()
+                n += 1
+        except simpy.core.EmptySchedule:
+            pass
+        monkeypatch.undo()
+        return out["t"], n, w.ledger.busy["credit_wait"]
+
+    t_f, n_f, cw_f = run({}, True)
+    t_u, n_u, cw_u = run({}, False)
+    assert t_f == pytest.approx(t_u, rel=1e-12) and cw_f == pytest.approx(cw_u, rel=1e-12)
+    assert n_u - n_f == 12  # one timeout fewer per put
+    # a shallow queue: no room to spare, the unfused check runs and waits as before
+    t_s, n_s, cw_s = run({"platform.nic.sq_depth": 4}, True)
+    t_su, n_su, cw_su = run({"platform.nic.sq_depth": 4}, False)
+    assert t_s == pytest.approx(t_su, rel=1e-12) and cw_s == pytest.approx(cw_su, rel=1e-12)
+    assert t_s > t_f and n_u - n_f > n_su - n_s > 0  # fused while the room lasts, then not
+
+
 def test_lazy_completion_is_refused_when_the_sq_could_overflow():
     """Lazy completion drops the credit checks only when the call provably fits the SQ; with
     a shallow queue the model refuses it and the queue still never overflows."""

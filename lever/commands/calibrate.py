@@ -101,8 +101,6 @@ def load_records(paths: list[str]) -> list[RunRecord]:
 def resolve_platform(records: list[RunRecord], platform: str | None):
     """(Platform, base_sets): the platform fitted and the overrides that install it everywhere."""
     from lever.calibration.fit import flatten_platform
-    from lever.sim import scenario as scn_mod
-    from lever.sim.params import Platform
 
     if platform is None:
         link = records[0].sim
@@ -110,20 +108,9 @@ def resolve_platform(records: list[RunRecord], platform: str | None):
             raise RecordError(f"record {records[0].id}: sim: missing")
         plat = link.load().platform
         return plat, {}
-    path = scn_mod.resolve(platform, kind="")
-    origin: dict = {}
-    data = scn_mod.load_fragment(path, origin)
-    if "platform" not in data:
-        raise scn_mod.ScenarioError(f"{path}: platform: missing [platform] table")
-    try:
-        plat = Platform.model_validate(data["platform"])
-    except Exception as e:  # pydantic ValidationError -> one line
-        errs = getattr(e, "errors", None)
-        if errs:
-            err = errs()[0]
-            raise scn_mod.ScenarioError(
-                f"{path}: platform.{'.'.join(str(x) for x in err['loc'])}: {err['msg']}") from None
-        raise
+    from lever.calibration.paramtable import load_platform
+
+    plat = load_platform(platform).platform
     return plat, flatten_platform(plat.model_dump(mode="json"))
 
 

@@ -37,15 +37,8 @@ from lever.calibration.fit import (
     link_key,
 )
 from lever.calibration.paramtable import class_values
-from lever.calibration.records import OPS, RunRecord
+from lever.calibration.records import BASE_PLATFORM, OPS, RunRecord
 from lever.sim.params import FreeParam, Platform
-
-BASE_PLATFORM: dict[str, str] = {
-    "efa": "platforms/efa-p5.toml",
-    "ib": "platforms/ib-cx7.toml",
-    "emulated-srd": "platforms/emulated-nvlink.toml",
-}
-"""The uncalibrated platform each NIC's records are fitted on (``lever validate`` uses it too)."""
 
 
 @dataclass

@@ -314,4 +314,11 @@ def check_nic(nic_kind: str, records: list[RunRecord], label: str, use: str) -> 
                               f"'{nic_kind}': records {use} only a platform of their own NIC kind")
 
 
+BASE_PLATFORM: dict[str, str] = {
+    "efa": "platforms/efa-p5.toml",
+    "ib": "platforms/ib-cx7.toml",
+    "emulated-srd": "platforms/emulated-nvlink.toml",
+}
+"""The uncalibrated platform each NIC's records are fitted on (lever calibrate --joint, validate)."""
+
 DATA_DIR = Path(str(resources.files("lever.calibration.data")))  # shipped records (package data)

@@ -8,15 +8,19 @@ import sys
 import time
 from pathlib import Path
 
-from lever.calibration.records import DATA_DIR, RecordError, RunRecord, check_nic, load_record
+from lever.calibration.records import (
+    BASE_PLATFORM,
+    DATA_DIR,
+    RecordError,
+    RunRecord,
+    check_nic,
+    load_record,
+)
 from lever.commands.options import count, output_file, seeds_option, workers_option
 from lever.reports.jsonout import print_json
 from lever.reports.progress import progress_bar
 from lever.reports.tables import console, show
 from lever.sim.errors import UserError
-
-BASE_PLATFORM = {"efa": "platforms/efa-p5.toml", "ib": "platforms/ib-cx7.toml",
-                 "emulated-srd": "platforms/emulated-nvlink.toml"}
 
 
 def register(sub: argparse._SubParsersAction) -> None:

@@ -20,7 +20,7 @@ it, with its own parameters and the shared ones, and their covariance block.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -34,10 +34,10 @@ from lever.calibration.fit import (
     _get,
     fit,
     flatten_platform,
-    link_key,
+    plan_jobs,
 )
-from lever.calibration.paramtable import class_values
-from lever.calibration.records import BASE_PLATFORM, OPS, RunRecord
+from lever.calibration.paramtable import load_class
+from lever.calibration.records import BASE_PLATFORM, RunRecord
 from lever.sim.params import FreeParam, Platform
 
 
@@ -60,16 +60,6 @@ class JointPlan:
     shared: list[str]
 
 
-def _class_free(gpu_class: str) -> dict[str, FreeParam]:
-    from lever.sim import scenario as scn_mod
-
-    p = scn_mod.SCENARIO_DIR / "gpus" / f"{gpu_class}.toml"
-    if not gpu_class or not p.is_file():
-        return {}
-    data = scn_mod.load_fragment(p, {}).get("platform", {})
-    return {k: FreeParam.model_validate(v) for k, v in data.get("free", {}).items()}
-
-
 def plan(groups: list[Group], warm: Mapping[str, Platform] | None = None) -> JointPlan:
     """Name every free parameter (shared or ``PATH@PLATFORM``) and plan one job per distinct
     simulation of each platform's records. ``warm`` (group name -> a platform, e.g. its last
@@ -83,41 +73,26 @@ def plan(groups: list[Group], warm: Mapping[str, Platform] | None = None) -> Joi
     shared: set[str] = set()
     for g in groups:
         plat = g.platform
-        shared_vals, _ = class_values(plat.gpu_class)
-        class_free = _class_free(plat.gpu_class)
+        cls = load_class(plat.gpu_class)
         for path, fp in plat.free.items():
-            if path in shared_vals:
-                name = path
-                cf = class_free.get(path, fp)
-                if name in free:  # tighten to the common range; the class file's prior
-                    lo, hi = max(free[name].lo, fp.lo, cf.lo), min(free[name].hi, fp.hi, cf.hi)
-                    if not lo < hi:
-                        raise FitError(f"joint fit: {path}: the platforms' ranges do not overlap")
-                    free[name] = FreeParam(lo=lo, hi=hi, prior=cf.prior)
-                else:
-                    free[name] = FreeParam(lo=max(fp.lo, cf.lo), hi=min(fp.hi, cf.hi), prior=cf.prior)
-                    start[name] = _start(plat, warm.get(g.name), path)
-                shared.add(name)
+            if path in cls.values:  # one parameter for the class: the common range, the class's prior
+                cf = cls.free.get(path, fp)
+                prev = free.get(path)
+                lo = max(fp.lo, cf.lo, prev.lo if prev else fp.lo)
+                hi = min(fp.hi, cf.hi, prev.hi if prev else fp.hi)
+                if not lo < hi:
+                    raise FitError(f"joint fit: {path}: the platforms' ranges do not overlap")
+                free[path] = FreeParam(lo=lo, hi=hi, prior=cf.prior)
+                start.setdefault(path, _start(plat, warm.get(g.name), path))
+                shared.add(path)
             else:
                 name = f"{path}{GROUP_SEP}{g.name}"
                 free[name] = fp
                 start[name] = _start(plat, warm.get(g.name), path)
     jobs: list[Job] = []
-    for g in groups:
-        ops: dict[tuple, set[str]] = {}
-        links: dict[tuple, Any] = {}
-        from lever.calibration.fit import _needs
-
-        for r in g.records:
-            for link, need in _needs(r):
-                k = link_key(link)
-                ops.setdefault(k, set()).update(need)
-                links.setdefault(k, link)
+    for g in groups:  # each platform's simulations, run on its base platform
         base = tuple(sorted(g.base_sets.items()))
-        for k, need in ops.items():
-            link = links[k]
-            jobs.append(Job(link.scenario, tuple(link.levers), tuple(sorted(link.set.items())),
-                            tuple(o for o in OPS if o in need), group=g.name, base=base))
+        jobs += [replace(j, group=g.name, base=base) for j in plan_jobs(g.records)]
     keys = [j.key() for j in jobs]
     if len(set(keys)) != len(keys):
         dup = next(k for k in keys if keys.count(k) > 1)

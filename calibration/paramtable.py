@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from lever.sim import scenario as scn_mod
-from lever.sim.params import Platform, parameter_value
+from lever.sim.params import FreeParam, Platform, parameter_value
 
 GPUS = "gpus"
 """The folder of GPU-class files under ``scenarios/``: what every platform of a class shares."""
@@ -112,16 +112,21 @@ def _log_sigma(plat: Platform, path: str) -> float | None:
     return src.rel_sigma if src is not None else None
 
 
-def _class_file(gpu_class: str) -> Path | None:
+@dataclass
+class GpuClass:
+    """What a GPU-class file (``scenarios/gpus/CLASS.toml``) sets for every platform of the
+    class: values by dotted path, their log sigmas, and the free ranges a joint fit shares."""
+
+    values: dict[str, float] = field(default_factory=dict)
+    sigmas: dict[str, float | None] = field(default_factory=dict)
+    free: dict[str, FreeParam] = field(default_factory=dict)
+
+
+def load_class(gpu_class: str) -> GpuClass:
+    """The class file of ``gpu_class`` (empty when the platform names none or it has no file)."""
     p = scn_mod.SCENARIO_DIR / GPUS / f"{gpu_class}.toml"
-    return p if gpu_class and p.is_file() else None
-
-
-def class_values(gpu_class: str) -> tuple[dict[str, float], dict[str, float | None]]:
-    """The values a GPU-class file sets (dotted path -> value) and their log sigmas."""
-    p = _class_file(gpu_class)
-    if p is None:
-        return {}, {}
+    if not gpu_class or not p.is_file():
+        return GpuClass()
     data = scn_mod.load_fragment(p, {}).get("platform", {})
     vals: dict[str, float] = {}
     for part, table in data.items():
@@ -131,8 +136,8 @@ def class_values(gpu_class: str) -> tuple[dict[str, float], dict[str, float | No
             if isinstance(v, (int, float)) and not isinstance(v, bool):
                 vals[f"{part}.{k}"] = float(v)
     srcs = data.get("sources", {})
-    sig = {k: (srcs.get(k) or {}).get("rel_sigma") for k in vals}
-    return vals, sig
+    return GpuClass(values=vals, sigmas={k: (srcs.get(k) or {}).get("rel_sigma") for k in vals},
+                    free={k: FreeParam.model_validate(v) for k, v in data.get("free", {}).items()})
 
 
 def _shipped_same_class(plat: Platform, path: Path) -> list[LoadedPlatform]:
@@ -168,7 +173,8 @@ def parameter_table(name_or_path: str | Path, compare: bool = True) -> tuple[Loa
     lp = load_platform(name_or_path)
     plat = lp.platform
     cal = plat.calibrated
-    shared_vals, shared_sig = class_values(plat.gpu_class)
+    cls = load_class(plat.gpu_class)
+    shared_vals, shared_sig = cls.values, cls.sigmas
     gpus_dir = (scn_mod.SCENARIO_DIR / GPUS).resolve()
     others = _shipped_same_class(plat, lp.path) if compare and shared_vals else []
     rows: list[ParamRow] = []

@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import simpy
-from lever.sim.engine import Ledger, Trace, hold
+from lever.sim.engine import Ledger, Trace, call_later, hold
 from lever.sim.params import Design, Platform
 
 
@@ -40,3 +40,13 @@ class Context:
         if led.path is not None:
             led.path.seg(cat, t)
         return hold(self.env, t)
+
+    def later(self, cat: str, delay: float, fn, *args) -> None:
+        """``fn(*args)`` ``delay`` ns from now: a delayed effect of a piece (a receive CQE
+        written, a push seen by the host, a report seen by the GPU), recorded as a segment
+        of ``cat`` on the critical path when it is recorded."""
+        path = self.ledger.path
+        if path is None:
+            call_later(self.env, delay, fn, *args)
+        else:
+            path.later(cat, delay, fn, *args)

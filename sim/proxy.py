@@ -17,7 +17,8 @@ from __future__ import annotations
 from collections import deque
 from typing import TYPE_CHECKING
 
-from lever.sim.engine import Counter, call_later
+import simpy
+from lever.sim.engine import Counter
 from lever.sim.issuer import WarpPort
 
 if TYPE_CHECKING:
@@ -74,29 +75,18 @@ class RingTable:
         return ring
 
 
-class ProxyThread:
-    """One host progress thread of one rank: its rings, and the rank's queue pairs it
-    posts (and stripes) the descriptors' writes on."""
+class HostThread:
+    """A host progress thread of one rank (GIN's proxy, UCCL-EP's, fabric-lib's worker): it
+    sleeps when a pass of its loop found nothing to do, and the next CQE or command wakes it
+    (:meth:`kick`), carrying the critical-path segment that woke it."""
 
-    def __init__(self, ctx: Context, rank: int, index: int, qps: list[QueuePair],
-                 messages: Messages) -> None:
+    def __init__(self, ctx: Context, rank: int, track: str) -> None:
         self.ctx = ctx
         self.env = ctx.env
         self.rank = rank
-        self.index = index
-        self.qps = qps
-        self.messages = messages
-        self.rings: list[Ring] = []
-        self.cq: deque[Message] = deque()
-        self._kick = None
-        self.track = f"proxy{index}"
+        self._kick: simpy.Event | None = None
+        self.track = track
         self.proc = f"rank{rank} host"
-        ctx.env.process(self._loop())
-
-    def cq_append(self, msg: Message) -> None:
-        """The NIC wrote a CQE for one of this thread's posts."""
-        self.cq.append(msg)
-        self.kick()
 
     def kick(self) -> None:
         if self._kick is not None and not self._kick.triggered:
@@ -104,6 +94,50 @@ class ProxyThread:
             if path is not None:
                 self._kick.rec = path.cur  # the idle thread is woken by this (CQE, descriptor)
             self._kick.succeed()
+
+    def sleep(self) -> simpy.Event:
+        """The event an idle pass yields: triggered by the next :meth:`kick`."""
+        self._kick = self.env.event()
+        return self._kick
+
+
+class CompletionThread(HostThread):
+    """A host thread whose CQ holds send and receive completions alike, as ``(is_receive,
+    write)`` (UCCL-EP's proxy threads, fabric-lib's worker)."""
+
+    def __init__(self, ctx: Context, rank: int, track: str) -> None:
+        super().__init__(ctx, rank, track)
+        self.cq: deque[tuple[bool, Message]] = deque()
+
+    def send_cqe(self, msg: Message) -> None:
+        """The NIC wrote the send completion of one of this thread's writes."""
+        self.cq.append((False, msg))
+        self.kick()
+
+    def recv_cqe(self, msg: Message) -> None:
+        """The receive completion of a write-with-immediate that reached this thread."""
+        self.cq.append((True, msg))
+        self.kick()
+
+
+class ProxyThread(HostThread):
+    """One host progress thread of one rank: its rings, and the rank's queue pairs it
+    posts (and stripes) the descriptors' writes on."""
+
+    def __init__(self, ctx: Context, rank: int, index: int, qps: list[QueuePair],
+                 messages: Messages) -> None:
+        super().__init__(ctx, rank, f"proxy{index}")
+        self.index = index
+        self.qps = qps
+        self.messages = messages
+        self.rings: list[Ring] = []
+        self.cq: deque[Message] = deque()
+        ctx.env.process(self._loop())
+
+    def cq_append(self, msg: Message) -> None:
+        """The NIC wrote a CQE for one of this thread's posts."""
+        self.cq.append(msg)
+        self.kick()
 
     def _loop(self):
         env, w = self.env, self.ctx
@@ -137,8 +171,7 @@ class ProxyThread:
                 poll = led.cost("proxy_post", pp.host_poll_ns * len(self.rings))
                 yield w.hold("proxy_post", poll)
             else:
-                self._kick = env.event()
-                yield self._kick
+                yield self.sleep()
 
     def _stripes(self, msg: Message) -> list[Message]:
         """The provider's writes for one put: striped over rails (NICs) when large.
@@ -182,10 +215,7 @@ class ProxyThread:
         port: ProxyPort = msg.port
         led = self.ctx.ledger
         lat = led.cost("proxy_queue", self.ctx.platform.proxy.host_to_gpu_ns)
-        if led.path is None:
-            call_later(self.env, lat, _host_reported, ring, freed, port)
-        else:
-            led.path.later("proxy_queue", lat, _host_reported, ring, freed, port)
+        self.ctx.later("proxy_queue", lat, _host_reported, ring, freed, port)
 
 
 class ProxyPort(WarpPort):
@@ -215,10 +245,7 @@ class ProxyPort(WarpPort):
         self.posted += 1
         w.ledger.counters["descriptors"] += 1
         lat = w.ledger.cost("proxy_queue", pp.gpu_to_host_ns)
-        if w.ledger.path is None:
-            call_later(self.env, lat, _descriptor_seen, ring, msg)
-        else:
-            w.ledger.path.later("proxy_queue", lat, _descriptor_seen, ring, msg)
+        w.later("proxy_queue", lat, _descriptor_seen, ring, msg)
 
     def finish(self):
         return

@@ -45,9 +45,9 @@ from __future__ import annotations
 from collections import defaultdict, deque
 from typing import TYPE_CHECKING
 
-from lever.sim.engine import call_later
 from lever.sim.issuer import WarpPort
 from lever.sim.nic import QueuePair
+from lever.sim.proxy import CompletionThread
 from lever.sim.tags import ExpertTag
 
 if TYPE_CHECKING:
@@ -56,17 +56,6 @@ if TYPE_CHECKING:
     from lever.sim.nic import Nic
     from lever.sim.receiver import Receiver
     from lever.sim.routing import Routing
-
-
-def later(ctx: Context, cat: str, delay: float, fn, *args) -> None:
-    """``fn(*args)`` ``delay`` ns from now, a segment of ``cat`` on the critical path when it
-    is recorded (the proxy pieces' delayed effects: a push seen by the host, a report seen
-    by the GPU, a receive completion)."""
-    path = ctx.ledger.path
-    if path is None:
-        call_later(ctx.env, delay, fn, *args)
-    else:
-        path.later(cat, delay, fn, *args)
 
 
 class Fifo:
@@ -138,51 +127,27 @@ class UcclTable:
         src_thread: UcclThread = msg.ring.thread
         dst_thread = self.threads(msg.dst)[src_thread.index]
         rp = self.ctx.platform.receiver
-        later(self.ctx, "signal", self.ctx.ledger.cost("signal", rp.recv_completion_ns),
+        self.ctx.later("signal", self.ctx.ledger.cost("signal", rp.recv_completion_ns),
               dst_thread.recv_cqe, msg)
 
 
-class UcclThread:
+class UcclThread(CompletionThread):
     """One UCCL-EP proxy thread of one rank: its FIFOs, its queue pair (on one NIC), its CQ,
     and the receive-side counts of the writes that reach it."""
 
     def __init__(self, ctx: Context, rank: int, index: int, nic: Nic, table: UcclTable) -> None:
-        self.ctx = ctx
-        self.env = ctx.env
-        self.rank = rank
+        super().__init__(ctx, rank, f"uccl{index}")
         self.index = index
         self.table = table
         self.qp = QueuePair(ctx.env, index, rank, nic)
         self.fifos = [Fifo(i, self) for i in range(table.n_fifos)]
-        self.cq: deque[tuple[bool, Message]] = deque()  # (receive completion?, write)
         self.arrived: dict = defaultdict(int)  # receive side: data writes counted per tag
         self.held: list[Message] = []  # receive side: counts waiting for their writes
         self.sent: dict = defaultdict(int)  # send side: data writes posted per tag
         self.completed: dict = defaultdict(int)  # send side: ... and completed
         self.postponed: list[Message] = []  # sender barrier: counts waiting for completions
-        self._kick = None
-        self.track = f"uccl{index}"
-        self.proc = f"rank{rank} host"
         self.mode = ctx.design.signal_mode
         ctx.env.process(self._loop())
-
-    # -- events from outside ------------------------------------------------------------
-    def kick(self) -> None:
-        if self._kick is not None and not self._kick.triggered:
-            path = self.ctx.ledger.path
-            if path is not None:
-                self._kick.rec = path.cur
-            self._kick.succeed()
-
-    def send_cqe(self, msg: Message) -> None:
-        """The NIC wrote the send completion of one of this thread's writes."""
-        self.cq.append((False, msg))
-        self.kick()
-
-    def recv_cqe(self, msg: Message) -> None:
-        """The receive completion of a write-with-immediate from the peer's same-index thread."""
-        self.cq.append((True, msg))
-        self.kick()
 
     # -- the loop --------------------------------------------------------------------------
     def _loop(self):
@@ -237,8 +202,7 @@ class UcclThread:
             if did:
                 yield w.hold("proxy_post", led.cost("proxy_post", pp.host_poll_ns * len(self.fifos)))
             else:
-                self._kick = env.event()
-                yield self._kick
+                yield self.sleep()
 
     # -- send side -----------------------------------------------------------------------
     def _completed(self, msg: Message) -> None:
@@ -253,7 +217,7 @@ class UcclThread:
         for fifo in self.fifos:
             while fifo.pending and fifo.pending[0].host_done:
                 msg = fifo.pending.popleft()
-                later(self.ctx, "proxy_queue", lat, msg.port.done.add, 1)
+                self.ctx.later("proxy_queue", lat, msg.port.done.add, 1)
 
     # -- receive side --------------------------------------------------------------------
     def _received(self, msg: Message) -> None:
@@ -279,7 +243,7 @@ class UcclThread:
         """The atomic the count carries, written where the GPU polls it."""
         rcv = self.table.receivers[self.rank]
         lat = self.ctx.ledger.cost("proxy_queue", self.ctx.platform.proxy.host_to_gpu_ns)
-        later(self.ctx, "proxy_queue", lat, _deliver, rcv, msg.tag, msg.value)
+        self.ctx.later("proxy_queue", lat, _deliver, rcv, msg.tag, msg.value)
 
 
 def _deliver(rcv: Receiver, tag, value: int) -> None:
@@ -310,7 +274,7 @@ class UcclPort(WarpPort):
         yield from self._pay_all([("fence", g.fence_ns, 1), ("wqe", pp.descriptor_store_ns, 1)])
         self.posted += 1
         w.ledger.counters["descriptors"] += 1
-        later(w, "proxy_queue", w.ledger.cost("proxy_queue", pp.gpu_to_host_ns), fifo.push, msg)
+        w.later("proxy_queue", w.ledger.cost("proxy_queue", pp.gpu_to_host_ns), fifo.push, msg)
 
     def finish(self):
         return

@@ -29,7 +29,7 @@ from __future__ import annotations
 from collections import defaultdict
 from typing import TYPE_CHECKING
 
-from lever.sim.engine import ROOT, Counter, Rec, call_at, call_later
+from lever.sim.engine import ROOT, Counter, Rec, call_at
 from lever.sim.recv_cq import RecvCq
 
 if TYPE_CHECKING:
@@ -91,9 +91,9 @@ class Receiver:
                 cq = self.cqs.get(rail)
                 if cq is None:
                     cq = self.cqs[rail] = RecvCq(ctx, self._counted)
-                self._after(led.cost("signal", rp.recv_completion_ns), cq.cqe, tag)
+                ctx.later("signal", led.cost("signal", rp.recv_completion_ns), cq.cqe, tag)
             elif self.mode == "hw-counter":
-                self._later(led.cost("signal", ctx.platform.nic.completion_ns), tag, 1)
+                ctx.later("signal", led.cost("signal", ctx.platform.nic.completion_ns), self._know, tag, 1)
             elif self.mode == "unordered-counting":
                 self._prefix[tag].add(msg.seq)
                 self._advance_prefix(tag)
@@ -108,16 +108,6 @@ class Receiver:
             if msg.value > k.value:
                 k.add(msg.value - k.value)
         self.flags[tag].add(1)
-
-    def _later(self, dt: float, tag, n: int) -> None:
-        self._after(dt, self._know, tag, n)
-
-    def _after(self, dt: float, fn, *args) -> None:
-        path = self.ctx.ledger.path
-        if path is None:
-            call_later(self.env, dt, fn, *args)
-        else:
-            path.later("signal", dt, fn, *args)
 
     def _know(self, tag, n: int) -> None:
         self.known[tag].add(n)

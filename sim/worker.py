@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING
 
 from lever.sim.engine import Counter
 from lever.sim.nic import QueuePair
-from lever.sim.proxy_uccl import later
+from lever.sim.proxy import CompletionThread
 
 if TYPE_CHECKING:
     from lever.sim.context import Context
@@ -35,23 +35,17 @@ if TYPE_CHECKING:
     from lever.sim.nic import Nic
 
 
-class FabricWorker:
+class FabricWorker(CompletionThread):
     """The fabric-lib worker thread of one GPU: its NICs' queue pairs, the requests submitted
     to it, its CQ and its immediate counters."""
 
     def __init__(self, ctx: Context, rank: int, nics: list[Nic]) -> None:
-        self.ctx = ctx
-        self.env = ctx.env
-        self.rank = rank
+        super().__init__(ctx, rank, "fabric")
         self.qps = [QueuePair(ctx.env, i, rank, nic) for i, nic in enumerate(nics)]
         self.requests: deque[list[Message]] = deque()
         self.sendq: deque[Message] = deque()
-        self.cq: deque[tuple[bool, Message]] = deque()  # (receive completion?, write)
         self.imm: dict[Hashable, Counter] = defaultdict(lambda: Counter(self.env))
         self.tx = Counter(ctx.env)  # send completions seen (the transfers' tx counter)
-        self._kick = None
-        self.track = "fabric"
-        self.proc = f"rank{rank} host"
         ctx.env.process(self._loop())
 
     # -- what the control thread and the NICs do ----------------------------------------
@@ -61,22 +55,6 @@ class FabricWorker:
             m.on_complete = self.send_cqe
         self.requests.append(writes)
         self.kick()
-
-    def send_cqe(self, msg: Message) -> None:
-        self.cq.append((False, msg))
-        self.kick()
-
-    def recv_cqe(self, msg: Message) -> None:
-        """The receive completion of a write-with-immediate that landed on this GPU."""
-        self.cq.append((True, msg))
-        self.kick()
-
-    def kick(self) -> None:
-        if self._kick is not None and not self._kick.triggered:
-            path = self.ctx.ledger.path
-            if path is not None:
-                self._kick.rec = path.cur
-            self._kick.succeed()
 
     # -- the loop --------------------------------------------------------------------------
     def _loop(self):
@@ -115,15 +93,14 @@ class FabricWorker:
             if did:
                 yield w.hold("proxy_post", led.cost("proxy_post", pp.host_poll_ns * len(self.qps)))
             else:
-                self._kick = env.event()
-                yield self._kick
+                yield self.sleep()
 
 
 def arrived(ctx: Context, workers: list[FabricWorker], msg: Message) -> None:
     """Every byte of a write is visible at its target: its receive completion reaches the
     target worker's CQ ``receiver.recv_completion_ns`` later."""
     cost = ctx.ledger.cost("signal", ctx.platform.receiver.recv_completion_ns)
-    later(ctx, "signal", cost, workers[msg.dst].recv_cqe, msg)
+    ctx.later("signal", cost, workers[msg.dst].recv_cqe, msg)
 
 
 def divide_evenly(n: int, k: int) -> list[tuple[int, int]]:

@@ -44,7 +44,6 @@ from typing import TYPE_CHECKING, NamedTuple
 
 from lever.sim.engine import Counter
 from lever.sim.protocols.common import nvlink_put
-from lever.sim.proxy_uccl import later
 from lever.sim.worker import FabricWorker, arrived, divide_evenly
 
 if TYPE_CHECKING:
@@ -123,7 +122,7 @@ def _flag_to_gpu(w: World, rank: int, what: str) -> None:
     rcv = w.receivers[rank]
     tag = PplxTag(what, FLAG)
     lat = w.ledger.cost("proxy_queue", w.platform.proxy.host_to_gpu_ns)
-    later(w.ctx, "proxy_queue", lat, _set, rcv.known[tag])
+    w.ctx.later("proxy_queue", lat, _set, rcv.known[tag])
 
 
 def _set(c: Counter) -> None:
@@ -133,7 +132,7 @@ def _set(c: Counter) -> None:
 def _gpu_flag(w: World, flag: Counter):
     """A kernel raises a flag the host polls: a system fence, then the store crosses PCIe."""
     yield w.ctx.busy("fence", w.platform.gpu.fence_ns)
-    later(w.ctx, "proxy_queue", w.ledger.cost("proxy_queue", w.platform.proxy.gpu_to_host_ns),
+    w.ctx.later("proxy_queue", w.ledger.cost("proxy_queue", w.platform.proxy.gpu_to_host_ns),
           _set, flag)
 
 

@@ -300,8 +300,11 @@ def _get(plat: Platform, path: str) -> float:
     return float(obj)
 
 
-SimCache = dict[tuple, dict[tuple, dict]]
-"""Parameter vector (rounded) -> job key -> that job's simulated summary."""
+SimCache = dict[tuple, dict]
+"""(platform group, job key, the fitted values the job runs with) -> that job's simulated
+summary. A simulation is a pure function of them, so any fit over overlapping records may
+reuse it (lever validate's folds), and a joint fit's Jacobian column of one platform's
+parameter re-runs only that platform's jobs."""
 
 
 class Evaluator:
@@ -313,12 +316,7 @@ class Evaluator:
         self.jobs, self.base_sets, self.names, self.seeds = jobs, base_sets, names, seeds
         self.workers = max(1, workers or os.cpu_count() or 1)
         self.pool = ProcessPoolExecutor(self.workers) if self.workers > 1 else None
-        # shared between fits over overlapping record sets (lever validate's folds): a
-        # simulation is a pure function of (parameter vector, job), so any fit may reuse it
         self.cache: SimCache = cache if cache is not None else {}
-        # per job and the values it takes: a joint fit's column of one platform's parameter
-        # re-runs only that platform's jobs
-        self.job_cache: dict[tuple, dict] = {}
         self.evaluations = 0
         self.progress = progress
 
@@ -330,22 +328,16 @@ class Evaluator:
         return (job.group, job.key(), tuple(sorted(job_values(job, vals).items())))
 
     def many(self, xs: list[np.ndarray]) -> list[dict[tuple, dict]]:
-        """Simulate every job at every parameter vector of ``xs``; a job runs once per
-        distinct set of the values it takes (a joint fit's Jacobian column of one platform's
-        parameter re-runs only that platform's jobs)."""
+        """Simulate every job at every parameter vector of ``xs`` (what the cache lacks): per
+        vector, job key -> the job's summary."""
         keys = [tuple(np.round(x, 12)) for x in xs]
+        vals = {k: {n: float(v) for n, v in zip(self.names, k, strict=True)} for k in dict.fromkeys(keys)}
         plan: dict[tuple, tuple] = {}
-        fill: list[tuple[tuple, Job, tuple]] = []
-        for k in dict.fromkeys(keys):
-            have = self.cache.get(k, {})
-            vals = {n: float(v) for n, v in zip(self.names, k, strict=True)}
+        for v in vals.values():
             for j in self.jobs:
-                if j.key() in have:
-                    continue
-                jk = self._job_key(j, vals)
-                fill.append((k, j, jk))
-                if jk not in self.job_cache and jk not in plan:
-                    plan[jk] = (j, self.base_sets, vals, self.seeds)
+                jk = self._job_key(j, v)
+                if jk not in self.cache and jk not in plan:
+                    plan[jk] = (j, self.base_sets, v, self.seeds)
         tasks = list(plan.values())
         if self.pool:
             results = []
@@ -361,10 +353,8 @@ class Evaluator:
                     self.progress(1)
         self.evaluations += len(tasks)
         for jk, r in zip(plan, results, strict=True):
-            self.job_cache[jk] = r
-        for k, j, jk in fill:
-            self.cache.setdefault(k, {})[j.key()] = self.job_cache[jk]
-        return [self.cache[k] for k in keys]
+            self.cache[jk] = r
+        return [{j.key(): self.cache[self._job_key(j, vals[k])] for j in self.jobs} for k in keys]
 
 
 def start_values(platform: Platform, free: Mapping[str, FreeParam],
@@ -532,7 +522,7 @@ def fit(records: list[RunRecord], platform: Platform, base_sets: Mapping[str, An
         if any(abs(corr[i, j]) > UNIDENTIFIABLE_CORR for j in range(n) if j != i):
             unid.append(nm)
     at_bound = [nm for i, nm in enumerate(names) if res.x[i] <= lo[i] + 1e-3 or res.x[i] >= hi[i] - 1e-3]
-    sims = ev.cache[tuple(np.round(np.exp(res.x), 12))]
+    sims = ev.many([np.exp(res.x)])[0]  # evaluated already: from the cache
     rows = [row for rec in records for row in record_rows(rec, sims)]
     return FitResult(names=names, x=np.exp(res.x), log_cov=cov, se_log=se, corr=corr,
                      unidentifiable=unid, at_bound=at_bound, cost=float(res.cost), rows=rows,

@@ -39,12 +39,15 @@ import json
 import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from lever.calibration.compare import measured_delta, verdict
 from lever.calibration.records import OPS, RecordError, RunRecord, SimLink
 from lever.sim.params import FreeParam, Platform
+
+if TYPE_CHECKING:
+    from lever.calibration.fit import SimCache
 
 VERDICTS = ("validated", "refuted", "inconclusive", "refused")
 
@@ -240,7 +243,7 @@ class FoldTask:
     base_sets: dict[str, Any]
     free: dict[str, FreeParam]
     start: dict[str, float]
-    cache: dict[tuple, dict[tuple, dict]]
+    cache: SimCache
     seeds: int = 1
     max_nfev: int = 3
     pred_seeds: int = 3

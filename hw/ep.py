@@ -75,6 +75,12 @@ def add_args(p: argparse.ArgumentParser) -> None:
                    help="emulated: the SRD NIC emulated on the GPU; efa: a real EFA device "
                         "(device discovery only so far: see hw/efa/README.md)")
     p.add_argument("--path", choices=["native", "proxy"], default="native")
+    p.add_argument("--protocol", choices=["v1-ll", "v2-direct", "v2-hybrid"], default="v1-ll",
+                   help="v1-ll: DeepEP low-latency; v2-hybrid / v2-direct: DeepEP V2 over emulated "
+                        "nodes (hw/ep_v2.py)")
+    p.add_argument("--ranks-per-node", type=int, default=0,
+                   help="V2: ranks per emulated node (0: ranks / 2, two nodes); ranks of a node talk "
+                        "over NVLink, or within one GPU's memory when they share it")
     p.add_argument("--proxy-threads", type=int, default=0,
                    help="proxy path: host proxy threads (0: platform.proxy.threads)")
     p.add_argument("--ranks", type=int, default=2, help="EP ranks (spread over --gpus GPUs)")
@@ -282,6 +288,9 @@ def _git_rev() -> str:
 class Runner:
     """Owns the buffers of every rank and the per-GPU worlds; runs ops and the gate."""
 
+    EXACT = False
+    """Inputs whose combine sums are exact in BF16 (reference.make_inputs): V2 runs use them."""
+
     def __init__(self, torch, ext, shape: Shape, ranks: int, gpus: int, scn, seed: int,
                  num_sms: int, timeout_ms: float, path: str = "native", proxy_threads: int = 0) -> None:
         self.t, self.ext, self.shape, self.R, self.G = torch, ext, shape, ranks, gpus
@@ -306,9 +315,9 @@ class Runner:
         self.rx_depth = 1 << (need - 1).bit_length()
         self.prof_cap = 1 << 17
         self.timeout_ns = int(timeout_ms * 1e6)
-        self.inputs = ref.make_inputs(shape, seed)
+        self.inputs = ref.make_inputs(shape, seed, exact=self.EXACT)
         self.layouts = ref.dispatch_layout(shape, self.inputs)
-        self.y = ref.make_expert_outputs(shape, self.layouts, seed + 1)
+        self.y = ref.make_expert_outputs(shape, self.layouts, seed + 1, exact=self.EXACT)
         self.ref_comb = ref.combine(shape, self.inputs, self.layouts, self.y)
         self.streams, self.bufs, self.gbufs, self.handles = [], [], [], []
         self.scn = scn
@@ -683,6 +692,10 @@ def main(args: argparse.Namespace) -> int:
     from lever.calibration.records import RecordError, dump_record, parse_record
     from lever.hw.device import require_cuda
 
+    if getattr(args, "protocol", "v1-ll") != "v1-ll":
+        from lever.hw.ep_v2 import main_v2
+
+        return main_v2(args)
     if args.nic == "efa":
         from lever.hw.efa.run import require_efa_run
 

@@ -454,7 +454,10 @@ static int proxy_start(const std::vector<IntMap>& ranks, int num_qps, int ring_d
   return (int)g_threads.size();
 }
 
+#include "v2_binding.inc"  // DeepEP V2 worlds and launches
+
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  register_v2(m);
   m.def("proxy_alloc", &proxy_alloc);
   m.def("proxy_free", &proxy_free);
   m.def("host_zero", &host_zero);

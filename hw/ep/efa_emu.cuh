@@ -217,6 +217,8 @@ struct RankLocal {
   unsigned long long* pstate;// [nq][16]: [0] consumer index (descriptors taken), [8] completions seen
   const lever_efa_nic_layout* pnic;  // [NQ_MAX] the proxy's send QPs (pinned host memory; the
                                      // NIC reads their SQ over PCIe; null without a proxy)
+  unsigned* wqe_done;        // [NQ_MAX][sq_depth] V2: send completions per SQ slot, counted by
+                             // whoever consumes the CQE (null for V1: nothing counted)
 };
 
 struct Fabric {  // [platform.fabric] + [platform.nic] + [platform.receiver], ns

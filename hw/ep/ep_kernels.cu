@@ -239,6 +239,7 @@ struct Issuer {
   unsigned credit_ctr;
   unsigned long long pcons;  // proxy: cached consumer index of the ring
   unsigned long long n_wqe, n_db, n_fence, n_lock, n_poll, n_turnwait, n_ringpoll, n_desc;
+  unsigned last_slot;  // first slot of the last post group (V2 flushes track their own slots)
 };
 
 // Word wd of the WQE for put p posted as number idx on the QP of layout l: the peer
@@ -279,7 +280,11 @@ __device__ bool cq_poll(const World& w, const RankLocal& L, int qp, unsigned nee
       return false;
     }
     if (nvalid > 0) {
-      if (lane == 0) atomicCAS(&Q->cq_ci, ci, ci + (unsigned)nvalid);
+      unsigned won = 0;
+      if (lane == 0) won = atomicCAS(&Q->cq_ci, ci, ci + (unsigned)nvalid) == ci;
+      // V2 flushes wait for their own slots: the consumer counts each CQE's slot (req_id)
+      if (L.wqe_done && __shfl_sync(0xffffffffu, won, 0) && lane < nvalid)
+        atomicAdd(L.wqe_done + (size_t)qp * lay->sq_num_entries + (v.x & 0xffffu), 1u);
       continue;
     }
     if ((int)(ci - need) >= 0) return true;
@@ -330,6 +335,7 @@ __device__ bool post_proxy(const World& w, const RankLocal& L, const EpFlags& f,
   unsigned slot = 0;
   if (lane == 0) slot = atomicAdd(&Q->resv, (unsigned)n);
   slot = __shfl_sync(0xffffffffu, slot, 0);
+  is.last_slot = slot;
   bool ok = true;
   const unsigned long long rd = (unsigned long long)w.ring_depth;  // descriptors per ring
   // credit: completions the proxy reported must leave room in the NIC's SQ
@@ -411,6 +417,7 @@ __device__ bool post_group(const World& w, const RankLocal& L, const EpFlags& f,
   unsigned slot = 0;
   if (lane == 0) slot = atomicAdd(&Q->resv, (unsigned)n);  // slot reservation: the only RMW
   slot = __shfl_sync(0xffffffffu, slot, 0);
+  is.last_slot = slot;
   if (sample && lane == 0) { tt = gtime(); acc_lock += tt - t0; }
   const int ce = f.credit_every < 1 ? 1 : f.credit_every;
   if (f.span > 1) {
@@ -1529,6 +1536,8 @@ __global__ void world_barrier_kernel(const __grid_constant__ World w, unsigned l
 }
 
 }  // namespace
+
+#include "v2_kernels.cuh"  // DeepEP V2 hybrid/direct: the same issuer and NIC agent
 
 namespace emu_host {
 

@@ -26,8 +26,12 @@ step() {  # name, timeout, args...
   echo "=== $name: lever hw ep $*" | tee -a "$LOG"
   local t0=$(date +%s)
   timeout "$to" python3 -m lever.cli hw ep "$@" 2>&1 | tee -a "$LOG"
-  echo "=== $name rc=${PIPESTATUS[0]} wall=$(( $(date +%s) - t0 ))s" | tee -a "$LOG"
+  local rc=${PIPESTATUS[0]}
+  echo "=== $name rc=$rc wall=$(( $(date +%s) - t0 ))s" | tee -a "$LOG"
+  [[ $name == smoke* && $rc != 0 ]] && SMOKE_FAILED=1
+  return 0
 }
+SMOKE_FAILED=0
 has() { [[ ",$STEPS," == *",$1,"* ]]; }
 t0=$(date +%s)
 timeout 400 python3 -c 'from lever.hw.ep import load_ext; m = load_ext(); print("built", m.layout_sizes(), m.v2_layout_sizes())' 2>&1 | tail -20 | tee -a "$LOG"
@@ -39,6 +43,8 @@ LEVERS="lazy-completion-dispatch;lazy-completion-combine;batched-doorbells;qp-fa
 has smoke && step smoke-hybrid 90 $H --iters 5 --warmup 1 --profile 0 --variants ";write-imm-counting" --id-prefix smoke-v2-hybrid
 has smoke && step smoke-proxy 90 $H --path proxy --iters 5 --warmup 1 --profile 0 --variants ";" --id-prefix smoke-v2-hybrid
 has smoke && step smoke-direct 90 $D --iters 5 --warmup 1 --profile 0 --variants ";" --id-prefix smoke-v2-direct
+# a failed smoke step stops here: the full steps would only run into the same failure
+if [[ $SMOKE_FAILED == 1 ]]; then STEPS=unsafe-skipped; echo "=== smoke failed: full steps skipped" | tee -a "$LOG"; fi
 has hybrid && step hybrid 90 $H --iters $ITERS --variants ";"
 has levers && step levers 240 $H --iters $ITERS --variants "$LEVERS"
 has proxy && step proxy 150 $H --path proxy --iters $ITERS --variants ";lazy-completion-dispatch;scaleout-update-interval;cached-dispatch"

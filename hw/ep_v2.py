@@ -132,6 +132,9 @@ class V2Runner(v1.Runner):
         if self.Fv and (self.N - 1) * math.ceil(self.Cv / self.Fv) > 32:
             raise v1.EpError("a forward warp would poll more than 32 streams: more forward warps or fewer nodes")
         self.S = math.ceil(shape.tokens / self.Cv)
+        if self.S > 64:
+            raise v1.EpError(f"{self.S} tokens per (node, channel) stream: the forward warps track at most 64 "
+                             "(more channels)")
         self.NW = 4 * math.ceil((self.Cv + self.P) / 4)
         self.tails = shape.tokens + 2
         cap = ext.coop_max_blocks_v2(0, 32 * max(self.warps, self.nic_warps))

@@ -40,9 +40,8 @@ H="--protocol v2-hybrid --ranks 4 --ranks-per-node 2 --gpus 1 --out-dir $REC"
 D="--protocol v2-direct --ranks 4 --ranks-per-node 2 --gpus 1 --out-dir $REC"
 LEVERS="lazy-completion-dispatch;lazy-completion-combine;batched-doorbells;qp-fanout-fix;qp17-ownership;write-imm-counting;put-many;deferred-doorbell-aggregation;cached-dispatch;scaleout-update-interval"
 # a short gated run of each protocol first: a hang or a failed gate shows in seconds
-has smoke && step smoke-hybrid 90 $H --iters 5 --warmup 1 --profile 0 --variants ";write-imm-counting" --id-prefix smoke-v2-hybrid
-has smoke && step smoke-proxy 90 $H --path proxy --iters 5 --warmup 1 --profile 0 --variants ";" --id-prefix smoke-v2-hybrid
-has smoke && step smoke-direct 90 $D --iters 5 --warmup 1 --profile 0 --variants ";" --id-prefix smoke-v2-direct
+has smoke && step smoke-hybrid 90 $H --faults --iters 5 --warmup 1 --profile 0 --variants ";write-imm-counting" --id-prefix smoke-v2-hybrid
+has smoke && step smoke-direct 90 $D --path proxy --iters 5 --warmup 1 --profile 0 --variants ";" --id-prefix smoke-v2-direct
 # a failed smoke step stops here: the full steps would only run into the same failure
 if [[ $SMOKE_FAILED == 1 ]]; then STEPS=unsafe-skipped; echo "=== smoke failed: full steps skipped" | tee -a "$LOG"; fi
 has hybrid && step hybrid 90 $H --iters $ITERS --variants ";"

@@ -88,12 +88,12 @@ __device__ __forceinline__ void v2_copy(uint8_t* dst, const uint8_t* src, int by
   uint4* d = reinterpret_cast<uint4*>(dst);
   const int n = bytes >> 4;
   int i = lane_id();
-  for (; i + 96 < n; i += 128) {
-    const uint4 a = __ldcg(s + i), b = __ldcg(s + i + 32), c = __ldcg(s + i + 64), e = __ldcg(s + i + 96);
-    __stcg(d + i, a);
-    __stcg(d + i + 32, b);
-    __stcg(d + i + 64, c);
-    __stcg(d + i + 96, e);
+  for (; i + 32 * 7 < n; i += 32 * 8) {
+    uint4 q[8];
+#pragma unroll
+    for (int k = 0; k < 8; ++k) q[k] = __ldcg(s + i + 32 * k);
+#pragma unroll
+    for (int k = 0; k < 8; ++k) __stcg(d + i + 32 * k, q[k]);
   }
   for (; i < n; i += 32) __stcg(d + i, __ldcg(s + i));
 }
@@ -519,7 +519,8 @@ __device__ void v2_forward_token(const World& w, const V2World& v, const V2Ctx& 
   const int* m = v2_meta(w, src);
   const int s = ns * v.P + x.loc;
   unsigned hit = 0;
-  for (int j2 = 0; j2 < v.P; ++j2) {
+  const bool stamped = __ldcg(m + M_STAMP) == (STAMP_MAGIC | s);  // never landed: no routing to trust
+  for (int j2 = 0; j2 < v.P && stamped; ++j2) {
     const int d = x.node * v.P + j2;
     const unsigned slot = v2_u16(m, M_SLOT, d);
     if (slot < (unsigned)w.T) {
@@ -546,7 +547,10 @@ __device__ bool v2_forward(const World& w, const V2World& v, const EpFlags& f, c
   const int npairs = (v.N - 1) * nch;
   const unsigned I = (unsigned)vr.interval;
   int ns = -1, c = -1, want = 0, done = 0, tgot = 0, twant = 0;
-  unsigned arr = 0, tmax = 0, acc = 0;
+  unsigned tmax = 0, acc = 0;
+  // counting: bit i = write i of the stream arrived. Receive completions come in any order
+  // (SRD, retransmits), so only the prefix of arrived writes may be forwarded, never a count.
+  unsigned long long got = 0;
   if (lane < npairs) {
     const int a = lane / nch;
     ns = a < x.node ? a : a + 1;
@@ -582,15 +586,16 @@ __device__ bool v2_forward(const World& w, const V2World& v, const EpFlags& f, c
               tmax = max(tmax, im & 0xffffu);
               ++tgot;
             } else {
-              ++arr;
+              got |= 1ull << ((im & 0xffffu) & 63u);
             }
           }
         }
         if (lane == ci) head = h;
       }
       __threadfence_system();  // the counted writes' data before the loads below
-      if (md.imm) acc = arr;
-      else if (arr >= tmax) acc = tmax;  // a tail counts once every write before it arrived
+      const unsigned prefix = ~got == 0ull ? 64u : (unsigned)(__ffsll((long long)~got) - 1);
+      if (md.imm) acc = prefix;
+      else if (prefix >= tmax) acc = tmax;  // a tail counts once every write before it arrived
       avail = (int)acc;
     } else if (lane < npairs) {
       const unsigned long long tv = ld_acq64(B.so_tail + (size_t)ns * v.C + c);
@@ -684,7 +689,7 @@ __device__ void v2_receive(const World& w, const V2World& v, const V2Ctx& x, uns
       if (__ldcg(m + M_EPOCH) != (int)epoch || __ldcg(m + M_STAMP) != (STAMP_MAGIC | s) || tok < 0 || tok >= T ||
           v2_u16(m, M_SLOT, x.rank) != (unsigned)jj)
         ++bad;
-      B.out_src[s * T + jj] = tok;
+      B.out_src[s * T + jj] = tok >= 0 && tok < T ? tok : -1;
     }
   }
   for (int o = 16; o; o >>= 1) bad += __shfl_xor_sync(0xffffffffu, bad, o);
@@ -806,22 +811,38 @@ __device__ __forceinline__ unsigned v2_row_bad(const uint8_t* row, unsigned epoc
   return __any_sync(0xffffffffu, bad) ? 1u : 0u;
 }
 // Sum the BF16 rows rows[i] (n of them, in order) in float32 and round once to BF16 into out.
+// Four 16-byte columns per lane at once: the loads of every row are in flight together.
 __device__ void v2_reduce_rows(const World& w, const uint8_t* const* rows, int n, uint16_t* out) {
-  for (int i = lane_id(); i < w.H / 8; i += 32) {
-    float acc[8];
+  constexpr int U = 4;
+  const int nv = w.H / 8;
+  for (int i0 = lane_id(); i0 < nv; i0 += 32 * U) {
+    float acc[U][8];
 #pragma unroll
-    for (int k = 0; k < 8; ++k) acc[k] = 0.f;
+    for (int u = 0; u < U; ++u)
+#pragma unroll
+      for (int k = 0; k < 8; ++k) acc[u][k] = 0.f;
     for (int r = 0; r < n; ++r) {
-      const uint4 q = __ldcg(reinterpret_cast<const uint4*>(rows[r] + 16) + i);
-      const uint16_t* hv = reinterpret_cast<const uint16_t*>(&q);
+      uint4 q[U];
 #pragma unroll
-      for (int k = 0; k < 8; ++k) acc[k] = __fadd_rn(acc[k], bf16_to_f(hv[k]));
+      for (int u = 0; u < U; ++u)
+        if (i0 + 32 * u < nv) q[u] = __ldcg(reinterpret_cast<const uint4*>(rows[r] + 16) + i0 + 32 * u);
+#pragma unroll
+      for (int u = 0; u < U; ++u) {
+        if (i0 + 32 * u >= nv) continue;
+        const uint16_t* hv = reinterpret_cast<const uint16_t*>(&q[u]);
+#pragma unroll
+        for (int k = 0; k < 8; ++k) acc[u][k] = __fadd_rn(acc[u][k], bf16_to_f(hv[k]));
+      }
     }
-    uint4 o;
-    uint16_t* ov = reinterpret_cast<uint16_t*>(&o);
 #pragma unroll
-    for (int k = 0; k < 8; ++k) ov[k] = f_to_bf16_rn(acc[k]);
-    reinterpret_cast<uint4*>(out)[i] = o;
+    for (int u = 0; u < U; ++u) {
+      if (i0 + 32 * u >= nv) continue;
+      uint4 o;
+      uint16_t* ov = reinterpret_cast<uint16_t*>(&o);
+#pragma unroll
+      for (int k = 0; k < 8; ++k) ov[k] = f_to_bf16_rn(acc[u][k]);
+      reinterpret_cast<uint4*>(out)[i0 + 32 * u] = o;
+    }
   }
   __syncwarp();
 }
@@ -857,6 +878,7 @@ __device__ bool v2_comb_expert(const World& w, const V2World& v, const EpFlags& 
     const int ns = s / P;
     for (int jj = x.c; jj < cnt && ok; jj += v.C) {
       const int t = B.out_src[s * T + jj];
+      if (t < 0 || t >= T) continue;  // a token the dispatch gate already counted as bad
       uint8_t* row = B.comb_in + ((size_t)s * T + jj) * CMSG;
       v2_row_stamps(row, epoch, x.rank, t, jj);
       if (ns != x.node && !md.hybrid) {

@@ -24,15 +24,16 @@ V2_RECORDS = ROOT / "calibration" / "data" / "v2"
 
 @pytest.mark.skipif(NVCC is None, reason="nvcc not installed")
 def test_v2_kernels_compile_into_the_ep_translation_unit(tmp_path):
-    """ep_kernels.cu includes v2_kernels.cuh (one hook): compiled for sm_90, the V2 launch and
-    its kernel exist in the object. Needs nvcc only, not torch."""
-    obj = tmp_path / "ep.o"
-    r = subprocess.run([NVCC, "-arch=sm_90", "-std=c++17", "-O1", "-c", str(EP / "ep_kernels.cu"), "-o", str(obj)],
+    """ep_kernels.cu includes v2_kernels.cuh (one hook): its device code compiles for sm_90 and
+    holds the V2 kernel beside V1's. Needs nvcc only, not torch. (The whole object, host side
+    and ptxas included, is compiled by test_hw_ep.py's test_every_ep_source_compiles_for_sm90;
+    PTX only here keeps this one at a quarter of that time.)"""
+    ptx = tmp_path / "ep.ptx"
+    r = subprocess.run([NVCC, "-arch=sm_90", "-std=c++17", "-ptx", str(EP / "ep_kernels.cu"), "-o", str(ptx)],
                        capture_output=True, text=True, timeout=400)
     assert r.returncode == 0, r.stderr[-3000:]
-    syms = subprocess.run(["nm", "-C", str(obj)], capture_output=True, text=True, timeout=60).stdout
-    assert "emu_host::launch_v2_op" in syms and "emu_host::launch_op" in syms
-    assert "v2_op_kernel" in syms
+    entries = [ln for ln in ptx.read_text().splitlines() if ln.startswith(".entry")]
+    assert any("v2_op_kernel" in e for e in entries) and any("ep_op_kernel" in e for e in entries)
 
 
 def test_v2_sources_are_plain_cuda():

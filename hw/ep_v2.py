@@ -346,7 +346,8 @@ def v2_record(rec: dict[str, Any], protocol: str, path: str, rpn: int, runner: V
     rec["what"]["protocol"] = protocol
     rec["what"]["workload"]["nodes"] = nodes
     rec["what"]["emulated_fabric"]["ranks_per_node"] = rpn
-    rec["sim"] = {"scenario": SCENARIOS[(protocol, path)], "levers": levers, "set": dict(sets)}
+    # levers with several readings name the one the (shared) issuer builds, as V1's records do
+    rec["sim"] = {"scenario": SCENARIOS[(protocol, path)], "levers": v1.sim_levers(levers), "set": dict(sets)}
     rec["gate"]["checks"] = V2_CHECKS
     rec["how"]["notes"] += (f"; V2: {runner.Cv} scale-out channels, {runner.Fv} forward warps per rank, "
                             f"{runner.S} slots per stream, run flags {runner.run}")

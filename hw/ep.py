@@ -510,6 +510,11 @@ class Runner:
             self.t.cuda.synchronize(g)
 
     def check_errors(self) -> None:
+        if getattr(self, "path", "native") == "proxy":  # the root cause first: a receiver then times out
+            pst = dict(self.ext.proxy_stats())
+            if pst.get("bad_cqes"):
+                raise EpError(f"proxy read {pst['bad_cqes']} error CQE(s), the first "
+                              f"{cqe_status_name(int(pst['first_bad_status']))}")
         for g, gb in enumerate(self.gbufs):
             e = gb["err"].cpu().tolist()
             if e[0] == 9:  # an error CQE: name its status
@@ -519,11 +524,6 @@ class Runner:
                 what = ERR_NAMES.get(e[0], f"error {e[0]}")
                 raise EpError(f"GPU {g}: {what}: rank {e[1]} (block {e[6]}, warp {e[7]}), "
                               f"expert/qp {e[2]}, counter {e[3]}, expected {e[4]}, aux {e[5]}")
-        if self.path == "proxy":
-            pst = dict(self.ext.proxy_stats())
-            if pst.get("bad_cqes"):
-                raise EpError(f"proxy read {pst['bad_cqes']} error CQE(s), the first "
-                              f"{cqe_status_name(int(pst['first_bad_status']))}")
 
     def stats(self) -> dict[str, int]:
         tot = [0] * ST_WORDS

@@ -45,6 +45,7 @@ SCHEMA: dict[str, tuple[str, type, float, float]] = {
     "sq_depth": ("nic", int, 32, 65536),
     "max_batch": ("nic", int, 1, 64),
     "deliver_lead_ns": ("schedule", float, 0.0, 1e6),
+    "deliver_batch_count": ("schedule", int, 1, 32),
 }
 STRINGS: dict[str, tuple[str, tuple[str, ...]]] = {
     "jitter_distribution": ("wire", tuple(JITTER_KINDS)),
@@ -83,7 +84,8 @@ class EmulatedNic:
             "mtu": v["mtu_bytes"], "wqe_process_ns": v["wqe_process_ns"], "dma_read_ns": v["dma_read_ns"],
             "completion_ns": v["completion_ns"], "min_wqe_gap_ns": 1000.0 / v["max_msg_rate_mops"],
             "recv_completion_ns": v["recv_completion_ns"], "nics_per_rank": v["nics_per_rank"],
-            "deliver_lead_ns": v["deliver_lead_ns"], "seed": float(seed + 1),
+            "deliver_lead_ns": v["deliver_lead_ns"], "deliver_batch": v["deliver_batch_count"],
+            "seed": float(seed + 1),
         }
 
     def record(self, faults: bool, sq: str, cq: str) -> dict[str, Any]:

@@ -15,7 +15,7 @@ OUT=${OUT:-/tmp/bed_out}
 REC=/tmp/bed_rec; mkdir -p "$REC" "$OUT"
 export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 export LEVER_BUILD_DIR=/tmp/lever_build TORCH_CUDA_ARCH_LIST=9.0 MAX_JOBS=16
-STEPS=${1:-base,place,levers,proxy,faults,exhaust,unsafe,ep4,prim}
+STEPS=${1:-base,place,chain,levers,proxy,faults,exhaust,unsafe,ep4,late,prim}
 ITERS=${ITERS:-60}
 LOG="$OUT/log.txt"
 has() { [[ ",$STEPS," == *",$1,"* ]]; }
@@ -45,9 +45,13 @@ has base && step base 90 $C --variants ";"
 has place && step place-dev-dev 60 $C --sq device --cq device --variants ";"
 has place && step place-host-dev 60 $C --sq host --cq device --variants ";"
 has place && step place-dev-host 60 $C --sq device --cq host --variants ";"
+# the primitive chain as one posting warp per rank pays it (the primitives' shape: one thread,
+# no other warp fencing), with the queues where p5 has them and in GPU memory
+has chain && step chain-host 60 $C --num-sms 1 --set design.warps_per_sm=1 --id-prefix $P-chain --variants ";"
+has chain && step chain-dev 60 $C --num-sms 1 --set design.warps_per_sm=1 --sq device --cq device --id-prefix $P-chain --variants ";"
 has levers && step levers 240 $C --variants "$LEVERS"
-for n in 1 2 4; do
-  has proxy && step proxy-t$n 90 $C --path proxy --proxy-threads $n --id-prefix $P-t$n- --variants ";lazy-completion-dispatch"
+for n in 1 4; do
+  has proxy && step proxy-t$n 90 $C --path proxy --proxy-threads $n --id-prefix $P-t$n- --variants ";"
 done
 has faults && step faults 120 $C --faults --variants ";write-imm-counting;cached-dispatch;lazy-completion-dispatch"
 has faults && step proxy-faults 90 $C --faults --path proxy --variants ";"
@@ -57,6 +61,10 @@ has exhaust && step exhaust-native-must-fail 60 --ranks 2 --gpus 1 --emu-set los
 has exhaust && step exhaust-proxy-must-fail 60 --ranks 2 --gpus 1 --path proxy --emu-set loss_prob=1 --iters 3 --warmup 0 --profile 0 --out "$REC/exhaust-proxy.json" --outcome "$REC/retries-exhausted-proxy-outcome.json"
 # ordered flags on the SRD wire (no flush before the signal): the gate must fail
 has unsafe && step unsafe-ordered-must-fail 60 --ranks 2 --gpus 1 --faults --unsafe-ordered --iters 5 --warmup 1 --profile 0 --out "$REC/unsafe.json" --outcome "$REC/unsafe-ordered-outcome.json"
+# the emulator's schedule: lateness per packet against the delivery batch
+for b in 1 4; do
+  has late && step late-b$b 60 $C --emu-set deliver_batch_count=$b --id-prefix $P-late-b$b- --variants ";"
+done
 has ep4 && step ep4-virtual 90 --ranks 4 --gpus 1 --num-sms 12 --iters $ITERS --variants ";" --out-dir "$REC" --id-prefix $P
 if has prim; then
   echo "=== primitives" | tee -a "$LOG"

@@ -168,6 +168,7 @@ static int make_world(int gpu, const IntMap& c, const FloatMap& fab, const std::
   w.fab.nics_per_rank = (int)f("nics_per_rank");
   w.fab.max_retries = (int)f("max_retries");
   w.fab.deliver_lead_ns = (float)f("deliver_lead_ns");
+  w.fab.deliver_batch = (int)f("deliver_batch");
   w.fab.seed = (unsigned long long)f("seed");
 
   // ---- the NIC tables, whoever filled them (emulated_nic_tables below, or a real device's

@@ -248,6 +248,7 @@ struct Fabric {  // [platform.fabric] + [platform.nic] + [platform.receiver], ns
   int nics_per_rank;
   int max_retries;        // retransmissions of one packet before its WQE completes in error
   float deliver_lead_ns;  // a packet's copy starts this long before it is due (lands on time)
+  int deliver_batch;      // due packets a NIC warp claims, copies and fences at once
   unsigned long long seed;
 };
 

@@ -164,8 +164,26 @@ __device__ float flight_ns(const Fabric& f, Rng& r) {
 }
 
 // ------------------------------------------------------------ rank barrier
+// The EP warps of one block meet here. A software barrier (arrival count + generation in
+// shared memory), not bar.sync: a warp that hit an error returns early, and a hardware
+// barrier would then hold the others forever; this one lets them leave once the run aborted.
+__shared__ unsigned g_ep_arrive, g_ep_gen;
 __device__ __forceinline__ void ep_sync(const World& w) {
-  asm volatile("bar.sync 1, %0;" ::"r"(w.ep_warps * 32) : "memory");
+  __syncwarp();
+  if (lane_id() == 0) {
+    const unsigned g = *reinterpret_cast<volatile unsigned*>(&g_ep_gen);
+    __threadfence_block();
+    if (atomicAdd(&g_ep_arrive, 1u) == (unsigned)w.ep_warps - 1u) {
+      *reinterpret_cast<volatile unsigned*>(&g_ep_arrive) = 0u;
+      __threadfence_block();
+      atomicExch(&g_ep_gen, g + 1u);
+    } else {
+      while (*reinterpret_cast<volatile unsigned*>(&g_ep_gen) == g && !aborted(w)) {
+      }
+    }
+    __threadfence_block();
+  }
+  __syncwarp();
 }
 __device__ bool rank_barrier(const World& w, const RankLocal& L, int& nbar, int rank) {
   ep_sync(w);
@@ -1058,7 +1076,7 @@ __device__ void combine_rank(const World& w, const EpFlags& f, const EpCtx& e, P
 // schedule their packets on the NIC's serialiser (line rate) in SQ order, each
 // packet with its own path, jitter and losses (retransmit after the RTO).
 #define NP 512      // packet-table entries per NIC block
-#define NCLAIM 2    // entries a warp delivers per batch (few: a packet's lateness includes its batch)
+// entries a warp delivers per batch: Fabric::deliver_batch (a packet's lateness includes its batch)
 #define FETCH_MAXP 64
 
 enum : unsigned { ES_FREE = 0, ES_PENDING = 1, ES_CLAIMED = 2 };
@@ -1433,7 +1451,6 @@ __device__ void nic_account(const World& w, NicCtx& c, NicShared& S, int e, int 
   atomicMax(&L.nic_ackt[wslot], ack_t);
   __threadfence();
   if (atomicSub(&L.nic_rem[W + wslot], 1) == 1) {
-    __threadfence();
     const unsigned long long last = atomicAdd(&L.nic_ackt[wslot], 0ull);
     entry_requeue(S, e, EK_SEND_CQE, last + (unsigned long long)w.fab.completion_ns);
   } else {
@@ -1495,6 +1512,10 @@ __device__ void nic_warp(const World& w, const EpFlags& f, int lr, int nic, int 
   if (is_host && c.sq_host && c.nic + lane * c.nics < c.nq)
     my_mdb = ld_acq_gpu32(reinterpret_cast<const unsigned*>(c.flay[c.nic + lane * c.nics].sq_doorbell_dev));
   const unsigned long long lead = (unsigned long long)fb.deliver_lead_ns;
+  const int nclaim = fb.deliver_batch < 1 ? 1 : (fb.deliver_batch > 32 ? 32 : fb.deliver_batch);
+  // the batch's copies visible before any completion that follows: every observer is a
+  // thread of this GPU when the world has one GPU (gpu scope), else peers too (system)
+  const bool one_gpu = w.num_gpus == 1;
   const unsigned long long t_start = gtime();
   unsigned rot = (unsigned)wib * 97u;
   while (true) {
@@ -1530,13 +1551,13 @@ __device__ void nic_warp(const World& w, const EpFlags& f, int lr, int nic, int 
             atomicCAS(&S.state[e], ES_PENDING, ES_CLAIMED) == ES_PENDING)
           mine = e;
       }
-      if (__popc(__ballot_sync(0xffffffffu, mine >= 0)) >= NCLAIM) break;
+      if (__popc(__ballot_sync(0xffffffffu, mine >= 0)) >= nclaim) break;
     }
     unsigned got = __ballot_sync(0xffffffffu, mine >= 0);
     // keep NCLAIM, release the rest
     {
       const int rank_in = __popc(got & ((1u << lane) - 1u));
-      if (mine >= 0 && rank_in >= NCLAIM) {
+      if (mine >= 0 && rank_in >= nclaim) {
         vstu(&S.state[mine], ES_PENDING);
         mine = -1;
       }
@@ -1572,7 +1593,10 @@ __device__ void nic_warp(const World& w, const EpFlags& f, int lr, int nic, int 
       }
       __syncwarp();
       // one system fence: the batch's packets are visible before any completion that follows
-      if (__any_sync(0xffffffffu, fate == 3)) __threadfence_system();
+      if (__any_sync(0xffffffffu, fate == 3)) {
+        if (one_gpu) __threadfence();
+        else __threadfence_system();
+      }
       // bookkeeping: each lane its own entry
       if (mine >= 0) {
         const int e = mine;
@@ -1675,6 +1699,11 @@ __global__ void __launch_bounds__(MAXW * 32, 1)
   const int warp = threadIdx.x >> 5;
   const int n_ep_blocks = w.ranks_per_gpu * w.ep_blocks_per_rank;
   if ((int)blockIdx.x < n_ep_blocks) {
+    if (threadIdx.x == 0) {
+      g_ep_arrive = 0u;
+      g_ep_gen = 0u;
+    }
+    __syncthreads();
     EpCtx e;
     e.lr = blockIdx.x / w.ep_blocks_per_rank;
     e.bi = blockIdx.x % w.ep_blocks_per_rank;

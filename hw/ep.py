@@ -837,6 +837,8 @@ def main(args: argparse.Namespace) -> int:
             runner.rebuild(scn, args.seed)
             runner.reset_state()
             sets = scenario_overrides(args.ranks, args.faults, extra, args.path, loss)
+            if args.path == "proxy":  # the host threads that ran: the model's proxy.threads
+                sets["platform.proxy.threads"] = runner.proxy_threads
             tag = "-".join(levers) if levers else "baseline"
             rid = f"{args.id_prefix}{args.ranks}-{args.path}{place}-{tag}{'-faults' if args.faults else ''}"
             try:

@@ -8,7 +8,7 @@
 # unsafe-ordered negative control (must fail its gate), EP4 virtual ranks, and the primitive
 # families the chain is compared with. Records and outcome files go to $OUT/records.tgz,
 # the log to $OUT/log.txt. LEVER_GIT_REV must name the clean commit the tree came from.
-# Usage: hw/run_testbed_on_device.sh [STEPS]  (comma list; default all)
+# Usage: hw/run_testbed_on_device.sh [STEPS]  (comma list of base,place,chain,levers,proxy,faults,exhaust,unsafe,ep4,late,prim; default all)
 set -u
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/bed_out}

@@ -129,13 +129,15 @@ class NativePort(WarpPort):
         self.wqe_room = max(0, 64 - nic.wqe_meta_bytes)  # inline bytes beside the descriptor
 
     # -- posting ----------------------------------------------------------------
-    def post(self, msg: Message):
+    def post(self, msg: Message, limit: int | None = None):
         """Post one write (generator: ``yield from port.post(m)``).
 
         Slot reservation is an atomic, so WQE stores and the fence after them
         run in parallel across warps; only the doorbell of a shared QP waits
         for its turn (slot order across CTAs: category ``lock``), then rings
         and fences. Costs with no wait between them are paid as one timeout.
+        ``limit``: the post group's size for this write instead of the design's
+        doorbell batch (signals gathered by ``design.signal_post_group``).
         """
         w, d, g = self.ctx, self.ctx.design, self.ctx.platform.gpu
         led = w.ledger
@@ -178,7 +180,8 @@ class NativePort(WarpPort):
         else:
             self.pending.append(msg)
             # a span is one post group: written, fenced and rung once (as GIN's put path does)
-            limit = min(max(d.doorbell_batch, span), w.platform.nic.max_batch)
+            if limit is None:
+                limit = min(max(d.doorbell_batch, span), w.platform.nic.max_batch)
             batch = self.pending if len(self.pending) >= limit else None
         if batch is None:
             yield from self._pay_all(costs)

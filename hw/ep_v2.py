@@ -40,8 +40,7 @@ SCENARIOS = {("v2-hybrid", "native"): "emu-v2-hybrid-native", ("v2-hybrid", "pro
 """The model's scenario of each (protocol, path): scenarios/emu-v2-*.toml (direct proxy: the
 direct design with design.path = proxy, as no campaign design file exists for it)."""
 PROTO = {"v2-hybrid": 1, "v2-direct": 2}
-ERR_NAMES = {
-    **v1.ERR_NAMES,
+V2_ERR_NAMES = {
     20: "V2 rank waited for the count exchange (notify)",
     21: "V2 forward warp waited for its streams' tails / receive completions",
     22: "V2 rank waited for its tokens (forwarded, NVLink or direct signal)",
@@ -65,19 +64,20 @@ def ranks_per_node(ranks: int, rpn: int) -> int:
 
 
 def scenario_overrides(protocol: str, path: str, ranks: int, rpn: int, faults: bool,
-                       extra: Mapping[str, Any]) -> dict[str, Any]:
+                       extra: Mapping[str, Any], loss_prob: float = 0.02) -> dict[str, Any]:
     """The model's view of this run on top of its scenario file: ranks, ranks per node (the
-    model's gpus_per_node: one emulated node is one model node), loss, --set."""
+    model's gpus_per_node: one emulated node is one model node), the emulator's loss under
+    --faults (``loss_prob``, hw/emulated_nic.toml), --set."""
     ov: dict[str, Any] = {"workload.ep_ranks": ranks, "workload.gpus_per_node": rpn, "workload.name": "decode"}
     if protocol == "v2-direct" and path == "proxy":
         ov["design.path"] = "proxy"
     if faults:
-        ov["platform.fabric.loss_prob"] = 0.02
+        ov["platform.fabric.loss_prob"] = loss_prob
     return {**ov, **extra}
 
 
 def load_scenario(protocol: str, path: str, ranks: int, rpn: int, faults: bool, extra: Mapping[str, Any],
-                  levers: list[str]):
+                  levers: list[str], loss_prob: float = 0.02):
     """The scenario the model runs for this variant: the V2 scenario, the run, then the levers."""
     from lever.sim.levers import all_levers, load_with_levers
 
@@ -86,7 +86,7 @@ def load_scenario(protocol: str, path: str, ranks: int, rpn: int, faults: bool, 
         if name not in shipped:
             raise v1.EpError(f"--lever {name}: unknown lever (shipped: {', '.join(shipped)})")
     return load_with_levers(SCENARIOS[(protocol, path)], levers,
-                            base=scenario_overrides(protocol, path, ranks, rpn, faults, extra),
+                            base=scenario_overrides(protocol, path, ranks, rpn, faults, extra, loss_prob),
                             base_source="lever hw ep")
 
 
@@ -115,13 +115,15 @@ class V2Runner(v1.Runner):
     EXACT = True
 
     def __init__(self, torch, ext, shape: Shape, ranks: int, gpus: int, scn, seed: int, num_sms: int,
-                 timeout_ms: float, path: str, proxy_threads: int, rpn: int, protocol: str) -> None:
+                 timeout_ms: float, path: str, proxy_threads: int, rpn: int, protocol: str, emu=None,
+                 sq: str = "host", cq: str = "host", faults: bool = False) -> None:
         d = scn.design
         self.protocol = protocol
         self.P, self.N = rpn, ranks // rpn
         self.so_warps = d.warps_per_sm
         self.fwd_warps = d.forward_warps_per_sm if protocol == "v2-hybrid" else 0
-        super().__init__(torch, ext, shape, ranks, gpus, scn, seed, num_sms, timeout_ms, path, proxy_threads)
+        super().__init__(torch, ext, shape, ranks, gpus, scn, seed, num_sms, timeout_ms, path, proxy_threads,
+                         emu=emu, sq=sq, cq=cq, faults=faults)
         self.warps = self.so_warps + self.fwd_warps  # every EP block: scale-out + forward warps
         if not 1 <= self.warps <= 8:
             raise v1.EpError(f"warps_per_sm + forward_warps_per_sm = {self.warps}: the kernels take 1..8")
@@ -197,12 +199,13 @@ class V2Runner(v1.Runner):
                 events[g][1].record(st)
 
     def check_errors(self) -> None:
+        """V1's diagnostics (error CQEs named, the proxy's first), then the V2 codes."""
         for g, gb in enumerate(self.gbufs):
             e = gb["err"].cpu().tolist()
-            if e[0]:
-                what = ERR_NAMES.get(e[0], f"error {e[0]}")
-                raise v1.EpError(f"GPU {g}: {what}: rank {e[1]} (block {e[6]}, warp {e[7]}), "
+            if e[0] in V2_ERR_NAMES:
+                raise v1.EpError(f"GPU {g}: {V2_ERR_NAMES[e[0]]}: rank {e[1]} (block {e[6]}, warp {e[7]}), "
                                  f"peer/stream/qp {e[2]}, counter {e[3]}, expected {e[4]}, aux {e[5]}")
+        super().check_errors()
 
     def reset_state(self) -> None:
         super().reset_state()
@@ -289,7 +292,13 @@ def main_v2(args: argparse.Namespace) -> int:
         raise UserError("--variants needs --out-dir")
     if not args.variants and not args.out:
         raise UserError("--out RECORD is required")
+    from lever.hw import emulated_nic
+
     extra = parse_sets(args.set)
+    v1.refuse_platform_sets(extra)
+    emu = emulated_nic.load(overrides=emulated_nic.parse_emu_sets(args.emu_set))
+    sq, cq = args.sq or emu.sq, args.cq or emu.cq
+    loss = emu.loss(args.faults)
     torch = require_cuda()
     args.provenance = v1.run_provenance(args.allow_dirty)
     ngpu = torch.cuda.device_count()
@@ -298,26 +307,30 @@ def main_v2(args: argparse.Namespace) -> int:
         raise UserError(f"--ranks {args.ranks} over --gpus {gpus}: needs a multiple of the GPUs ({ngpu} visible)")
     prefix = args.id_prefix if args.id_prefix != "emu-ep" else f"emu-{args.protocol}"
     try:
-        base = load_scenario(args.protocol, args.path, args.ranks, rpn, args.faults, extra, [])
+        base = load_scenario(args.protocol, args.path, args.ranks, rpn, args.faults, extra, [], loss)
         shape = Shape(num_ranks=args.ranks, tokens=base.workload.tokens_per_rank, top_k=base.workload.top_k,
                       num_experts=base.workload.num_experts)
         shape.check()
         ext = v1.load_ext()
         runner = V2Runner(torch, ext, shape, args.ranks, gpus, base, args.seed, args.num_sms, args.timeout_ms,
-                          args.path, args.proxy_threads, rpn, args.protocol)
+                          args.path, args.proxy_threads, rpn, args.protocol, emu=emu, sq=sq, cq=cq,
+                          faults=args.faults)
         info = v1._platform_info(torch)
         rc = 0
+        place = "" if (sq, cq) == ("host", "host") or args.path == "proxy" else f"-sq{sq[:3]}-cq{cq[:3]}"
         for v in variants:
             levers = [x for x in v.split(",") if x]
             tag = "-".join(levers) if levers else "baseline"
-            rid = (f"{prefix}-n{runner.N}x{rpn}-{args.path}-{tag}{'-faults' if args.faults else ''}"
+            rid = (f"{prefix}-n{runner.N}x{rpn}-{args.path}{place}-{tag}{'-faults' if args.faults else ''}"
                    f"{'-unsafe-ordered' if args.unsafe_ordered else ''}")
             try:
-                scn = load_scenario(args.protocol, args.path, args.ranks, rpn, args.faults, extra, levers)
+                scn = load_scenario(args.protocol, args.path, args.ranks, rpn, args.faults, extra, levers, loss)
                 runner.run = run_flags(scn, args.protocol, args.path)
                 runner.rebuild(scn, args.seed)
                 runner.reset_state()
-                sets = scenario_overrides(args.protocol, args.path, args.ranks, rpn, args.faults, extra)
+                sets = scenario_overrides(args.protocol, args.path, args.ranks, rpn, args.faults, extra, loss)
+                if args.path == "proxy":  # the host threads that ran: the model's proxy.threads
+                    sets["platform.proxy.threads"] = runner.proxy_threads
                 rec = v1.run_variant(runner, scn, args, levers, sets, rid, info, args.unsafe_ordered)
                 rec = v2_record(rec, args.protocol, args.path, rpn, runner, scn, levers, sets)
             except v1.EpError as e:

@@ -159,6 +159,7 @@ __device__ bool v2_flush_rank(const World& w, const RankLocal& L, const EpFlags&
   if (!v2_barrier(w, L, nbar, x)) return false;
   Issuer tmp;
   tmp.n_wqe = tmp.n_db = tmp.n_fence = tmp.n_lock = tmp.n_poll = tmp.n_turnwait = tmp.n_ringpoll = tmp.n_desc = 0;
+  tmp.n_local = 0;
   bool ok = true;
   for (int q = e.c; q < e.nq && ok; q += e.C) ok = flush_qp(w, L, f, q, tmp);
   flush_stats(w, tmp);

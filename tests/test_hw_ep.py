@@ -198,7 +198,8 @@ def test_record_conversion_validates_and_links_the_model():
     rec = _record()
     r = parse_record(rec)
     assert r.nic == "emulated-srd"
-    assert r.what.emulated_fabric["fabric"]["paths"] == 16
+    assert r.what.emulated_fabric["values"]["paths"] == 16
+    assert r.what.emulated_fabric["file"] == "hw/emulated_nic.toml" and r.what.emulated_fabric["sq"] == "host"
     assert r.latency_us["dispatch"].median == pytest.approx(129.5)
     assert r.latency_us["dispatch"].n == 60 and len(r.latency_us["dispatch"].samples) == 60
     assert r.latency_us["dispatch"].p10 <= r.latency_us["dispatch"].median <= r.latency_us["dispatch"].p90

@@ -242,6 +242,22 @@ def hold_at(env: simpy.Environment, t: float) -> _Hold:
     return h
 
 
+def event_at(env: simpy.Environment, t: float, rec: Rec | None = None) -> Event:
+    """An event that fires at the absolute instant ``t`` (not before now), in the queue slot a
+    timeout due at ``t`` would take: what a process ending at ``t`` is to those waiting for it
+    (an ``all_of``), for work computed without a process. ``rec``: the segment it ends, when
+    the critical path is recorded (the ``rec`` a finished process carries)."""
+    if t < env._now:
+        raise ValueError(f"time {t} is before now ({env._now})")
+    ev = Event(env)
+    ev._ok = True
+    ev._value = None
+    if rec is not None:
+        ev.rec = rec
+    _push(env, (t, NORMAL, next(env._eid), ev))
+    return ev
+
+
 def call_later(env: simpy.Environment, delay: float, fn, *args) -> None:
     """Run ``fn(*args)`` ``delay`` ns from now, in the queue's order: the same
     (time, priority, insertion) slot ``env.timeout(delay)`` would take, so

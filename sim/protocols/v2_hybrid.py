@@ -22,14 +22,16 @@ for every node's finish and reduces.
 
 from __future__ import annotations
 
+import heapq
 from typing import TYPE_CHECKING
 
-from lever.sim.engine import Counter
+from lever.sim.engine import Counter, call_at, event_at
 from lever.sim.protocols.common import (
     Barrier,
     final_reduce_ns,
     notify_exchange,
     nvlink_flag,
+    nvlink_land,
     nvlink_put,
     publish,
     put,
@@ -38,6 +40,7 @@ from lever.sim.tags import BarrierTag, CombineTag, ForwardTag, PartialTag, TailT
 
 if TYPE_CHECKING:
     from lever.sim.model import World
+    from simpy.events import Event
 
 
 def run(w: World) -> list:
@@ -183,6 +186,85 @@ def _node_barrier(w: World, r: int, sh: _Shared, what: str):
             yield from rcv.wait(BarrierTag(what, sh.rank(n, j)), 1, "barrier", check=False)
 
 
+def _expert_sides(w: World, r: int, sh: _Shared, held: list[tuple[int, int]], nbytes: int,
+                  kib: float) -> list[Event]:
+    """The combine's expert warps of rank ``r``, as arithmetic: one event per warp, at its end.
+
+    Warp ``c`` takes ``held[c::C]`` in order; per (source, token) it reduces the token's rows
+    for its experts here (``compute``), then streams the partial row over NVLink to the
+    token's forwarder on this node (the source itself when it is on this node; kept here when
+    this rank is the forwarder). Nothing the warps wait on comes from outside: their only
+    shared resource is this GPU's NVLink port, which nothing else uses until the closing
+    barrier (after every warp ended). So the C warps and the port are a closed pipeline, and
+    its whole schedule is computed here at the start, in the order SimPy would run it: each
+    warp's next step in a local queue ordered by (instant, order of scheduling), as SimPy's
+    is. What others observe stays an event: each partial row's landing at its forwarder (the
+    forward warps poll those counters), and each warp's end (the rank waits for all).
+
+    The same instants as a process per warp; the events of the two waits per token (the
+    reduction, the stores) are gone, and the landings are scheduled here, so at an instant
+    they share with other events they may run in another (deterministic) order."""
+    env = w.env
+    led = w.ledger
+    path = led.path
+    tr = w.trace
+    nv = w.nvlink
+    g = w.platform.gpu
+    rt = w.routing
+    rcv = w.receivers[r]
+    C = sh.C
+    n = r // sh.rpn
+    start = path.cur if path is not None else None  # what started the rank's processes
+    lists = [held[c::C] for c in range(C)]
+    chain = [start] * C  # each warp's own last segment (critical path)
+    # (instant, scheduling order, warp, next item, whether that item's reduction is done)
+    queue = [(0.0, c, c, 0, False) for c in range(C)]
+    order = C
+    end_at = [0.0] * C
+    while queue:
+        now, _, c, i, reduced = heapq.heappop(queue)
+        items = lists[c]
+        while True:  # one resume of warp c: run to its next wait
+            if reduced:
+                s, t = items[i]
+                fwd = s if s // sh.rpn == n else sh.rank(n, s % sh.rpn)
+                tag = PartialTag(s, t)
+                i += 1
+                reduced = False
+                if fwd == r:  # kept here: known at once (an event: a forward warp polls it)
+                    if path is None:
+                        call_at(env, now, nvlink_land, rcv, tag, 1)
+                    else:
+                        path.call_at(now, chain[c], nvlink_land, rcv, tag, 1)
+                    continue
+                busy, t_vis, vis_rec = nv.reserve(r, nbytes, now, chain[c])
+                if path is None:
+                    call_at(env, t_vis, nvlink_land, w.receivers[fwd], tag, 1)
+                else:
+                    path.call_at(t_vis, vis_rec, nvlink_land, w.receivers[fwd], tag, 1)
+                if busy > 0:
+                    if path is not None:
+                        chain[c] = nv.port_rec[r]
+                    if tr.enabled:
+                        tr.span(f"rank{r}", f"cmb{c}", "nvlink", now, busy, dst=fwd, bytes=nbytes)
+                    heapq.heappush(queue, (now + busy, order, c, i, False))
+                    order += 1
+                    break
+                continue
+            if i == len(items):
+                end_at[c] = now
+                break
+            s, t = items[i]
+            dt = led.issue("compute", g.reduce_ns_per_kib * kib * rt.hits[s][t][r])
+            if path is not None:
+                chain[c] = (now, now + dt, "compute", chain[c])
+            heapq.heappush(queue, (now + dt, order, c, i, True))
+            order += 1
+            break
+    # each fires at its warp's end, as the warp's process would
+    return [event_at(env, end_at[c], chain[c]) for c in range(C)]
+
+
 def _combine_rank(w: World, r: int, sh: _Shared):
     env = w.env
     d, g, wl, rt = w.design, w.platform.gpu, w.workload, w.routing
@@ -195,20 +277,7 @@ def _combine_rank(w: World, r: int, sh: _Shared):
     # 1. partial rows over NVLink to the forwarder of each token's source (same local index)
     held = [(s, t) for s in range(wl.ep_ranks) for t, dsts in enumerate(rt.dst_ranks[s]) if r in dsts]
 
-    def expert_side(c: int):
-        track = f"cmb{c}"
-        for s, t in held[c::C]:
-            ns = g.reduce_ns_per_kib * kib * rt.hits[s][t][r]
-            yield w.ctx.busy("compute", ns)
-            fwd = sh.rank(n, s % sh.rpn)  # forwarder for s on this node
-            if w.node_of(s) == n:
-                fwd = s  # same node: straight to the source
-            tag = PartialTag(s, t)
-            if fwd == r:
-                rcv.data[tag].add(1)
-                rcv.known[tag].add(1)
-            else:
-                yield from nvlink_put(w, r, fwd, nbytes, tag, track)
+    expert_ends = _expert_sides(w, r, sh, held, nbytes, kib)
 
     # 2. forward warps: reduce the node's partials per token, write one row to the source node
     F = max(1, d.num_sms * d.forward_warps_per_sm)
@@ -241,7 +310,7 @@ def _combine_rank(w: World, r: int, sh: _Shared):
                 yield from publish(w, sport, r, s, CombineTag(n, s), sent_to[s], flushed=True)
             yield from sport.finish()
 
-    procs = [env.process(expert_side(c)) for c in range(C)]
+    procs = expert_ends
     if work:
         procs += [env.process(forwarder(j)) for j in range(min(F, len(work)))]
     # 3. the source side: every node's finish plus the local partials, then reduce

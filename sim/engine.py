@@ -152,14 +152,17 @@ class ModelEnvironment(simpy.Environment):
         self._far_keys: list[float] = []  # heap of the buckets with entries
         self._width = self.BUCKET_NS
         self._bucket = self._now // self._width  # the latest bucket moved into the heap
+        self._edge = (self._bucket + 1) * self._width  # where the next bucket starts
         self._nfar = 0
         self.push = self._push_entry  # a bound method kept once: helpers look it up per entry
 
     def _push_entry(self, entry: tuple) -> None:
-        b = entry[0] // self._width
-        if b <= self._bucket:
+        # t < (_bucket + 1) * width is t // width <= _bucket: floor division of floats is exact
+        # (fmod is), and the bucket edges are whole multiples of the width
+        if entry[0] < self._edge:
             heapq.heappush(self._queue, entry)
             return
+        b = entry[0] // self._width
         lst = self._far.get(b)
         if lst is None:
             self._far[b] = [entry]
@@ -177,6 +180,7 @@ class ModelEnvironment(simpy.Environment):
             return False
         b = heapq.heappop(self._far_keys)
         self._bucket = b
+        self._edge = (b + 1) * self._width
         lst = self._far.pop(b)
         self._nfar -= len(lst)
         q = self._queue
@@ -302,14 +306,18 @@ def run_events(env: simpy.Environment, limit: int = -1) -> int:
     pop = heapq.heappop
     refill = getattr(env, "refill", None)  # a ModelEnvironment's later buckets
     n = 0
+    call = _Call
     while n != limit:
         if not queue and (refill is None or not refill()):
             break
         env._now, _, _, event = pop(queue)
+        n += 1
+        if type(event) is call:  # a plain callback: nothing else ever looks at it
+            event.fn(*event.args)
+            continue
         callbacks, event.callbacks = event.callbacks, None
         for callback in callbacks:
             callback(event)
-        n += 1
         if not event._ok and not hasattr(event, "_defused"):
             exc = type(event._value)(*event._value.args)
             exc.__cause__ = event._value

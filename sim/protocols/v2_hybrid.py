@@ -64,12 +64,16 @@ class _Shared:
         self.stream: dict[tuple[int, int, int], list[int]] = {}
         # expected_from[d][s]: tokens of source s that rank d must receive
         self.expected_from: list[dict[int, int]] = [{} for _ in range(R)]
+        # held[d]: the (source, token) pairs whose experts rank d hosts, by source then token
+        # (the combine's expert side; one pass, not one scan of every token per rank)
+        self.held: list[list[tuple[int, int]]] = [[] for _ in range(R)]
         for s in range(R):
             for t, nodes in enumerate(rt.dst_nodes[s]):
                 for m in nodes:
                     self.stream.setdefault((s, t % C, m), []).append(t)
                 for d in rt.dst_ranks[s][t]:
                     self.expected_from[d][s] = self.expected_from[d].get(s, 0) + 1
+                    self.held[d].append((s, t))
 
     def rank(self, node: int, local: int) -> int:
         return node * self.rpn + local
@@ -275,7 +279,7 @@ def _combine_rank(w: World, r: int, sh: _Shared):
     kib = nbytes / 1024
 
     # 1. partial rows over NVLink to the forwarder of each token's source (same local index)
-    held = [(s, t) for s in range(wl.ep_ranks) for t, dsts in enumerate(rt.dst_ranks[s]) if r in dsts]
+    held = sh.held[r]
 
     expert_ends = _expert_sides(w, r, sh, held, nbytes, kib)
 

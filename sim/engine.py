@@ -425,6 +425,10 @@ class Ledger:
         s = self.scale.get(cat, 1.0)
         return ns * s
 
+    def factor(self, cat: str) -> float:
+        """What :meth:`cost` multiplies ``cat`` by (fixed for a run: a piece may keep it)."""
+        return self.scale.get(cat, 1.0)
+
     def on(self, cat: str) -> bool:
         """False when the category is zeroed: waits of that kind are skipped."""
         return self.scale.get(cat, 1.0) != 0.0

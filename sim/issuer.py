@@ -127,6 +127,12 @@ class NativePort(WarpPort):
         self.counter_read_ns = g.device_load_ns if in_device else g.pcie_read_ns
         self.inline_bytes = nic.inline_bytes
         self.wqe_room = max(0, 64 - nic.wqe_meta_bytes)  # inline bytes beside the descriptor
+        # fixed for the run: what post() would look up per put
+        d = ctx.design
+        self._credit = not lazy and ctx.ledger.on("credit_wait")
+        self._agg = d.deferred_doorbell_aggregation
+        self._agg_limit = min(d.deferred_doorbell_aggregation * d.doorbell_batch, nic.max_batch)
+        self._limit = min(max(d.doorbell_batch, d.put_many_span), nic.max_batch)
 
     # -- posting ----------------------------------------------------------------
     def post(self, msg: Message):
@@ -137,23 +143,22 @@ class NativePort(WarpPort):
         for its turn (slot order across CTAs: category ``lock``), then rings
         and fences. Costs with no wait between them are paid as one timeout.
         """
-        w, d, g = self.ctx, self.ctx.design, self.ctx.platform.gpu
-        led = w.ledger
+        d, g = self.ctx.design, self.ctx.platform.gpu
         qp = self.qp
         msg.qp = qp
         msg.on_complete = self._completed
-        msg.t_post = self.env.now
+        msg.t_post = self.env._now
         span = d.put_many_span
         costs: list[tuple[str, float, int]] = []
         need = 0
         if span > 1:
             # put_many: one credit check for the whole span, when its slots are reserved
-            if self._span_left == 0 and not self.lazy and led.on("credit_wait"):
+            if self._span_left == 0 and self._credit:
                 need = span
         else:
             # credit check: a completion poll before the post
             self._since_check += 1
-            if not self.lazy and led.on("credit_wait") and self._since_check >= d.credit_check_every:
+            if self._credit and self._since_check >= d.credit_check_every:
                 self._since_check = 0
                 need = 1
         if need:
@@ -171,15 +176,13 @@ class NativePort(WarpPort):
         costs.append(("wqe", g.wqe_store_ns * blocks, blocks))
         qp.posted += 1
         self.posted += 1
-        if d.deferred_doorbell_aggregation > 1:
+        if self._agg > 1:
             qp.pending.append(msg)
-            agg = min(d.deferred_doorbell_aggregation * d.doorbell_batch, w.platform.nic.max_batch)
-            batch = qp.pending if len(qp.pending) >= agg else None
+            batch = qp.pending if len(qp.pending) >= self._agg_limit else None
         else:
             self.pending.append(msg)
             # a span is one post group: written, fenced and rung once (as GIN's put path does)
-            limit = min(max(d.doorbell_batch, span), w.platform.nic.max_batch)
-            batch = self.pending if len(self.pending) >= limit else None
+            batch = self.pending if len(self.pending) >= self._limit else None
         if batch is None:
             yield from self._pay_all(costs)
             return

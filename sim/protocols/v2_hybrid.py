@@ -296,8 +296,9 @@ def _combine_rank(w: World, r: int, sh: _Shared):
         track = f"fwd{j}"
         for s, t in work[j::F]:
             contrib = sum(1 for x in rt.dst_ranks[s][t] if w.node_of(x) == n)
-            yield from rcv.wait(PartialTag(s, t), contrib, track)
-            yield w.ctx.busy("compute", g.reduce_ns_per_kib * kib * contrib)
+            # the poll that sees the partials, then their reduction: one wait of the warp
+            yield from rcv.wait(PartialTag(s, t), contrib, track,
+                                then=("compute", g.reduce_ns_per_kib * kib * contrib))
             seq = sent_to[s]  # claimed before posting: forward warps run concurrently
             sent_to[s] += 1
             yield from put(w, port, r, s, nbytes, CombineTag(n, s), seq=seq)

@@ -34,7 +34,6 @@ from lever.sim.protocols.common import (
     nvlink_land,
     nvlink_put,
     publish,
-    put,
 )
 from lever.sim.tags import BarrierTag, CombineTag, ForwardTag, PartialTag, TailTag
 
@@ -91,22 +90,29 @@ def _dispatch_rank(w: World, r: int, sh: _Shared):
             sh.rank(n, j) for j in range(sh.rpn) if j != loc]
         yield from notify_exchange(w, r, peers)
 
+    rpn = sh.rpn
+    mine = ForwardTag(r)
+
     def scaleout(c: int):
         port = w.port(r, c)
+        post = port.post
+        message = w.message
+        busy = w.ctx.busy
+        tail = TailTag(r, c)
         sent = [0] * N
         for t in range(c, wl.tokens_per_rank, C):
-            yield w.ctx.busy("compute", g.token_prep_ns)
+            yield busy("compute", g.token_prep_ns)
             for m in rt.dst_nodes[r][t]:
                 if m == n:
                     for dst in rt.dst_ranks[r][t]:
-                        if dst != r and w.node_of(dst) == n:
-                            yield from nvlink_put(w, r, dst, nbytes, ForwardTag(r), port.track)
+                        if dst != r and dst // rpn == n:
+                            yield from nvlink_put(w, r, dst, nbytes, mine, port.track)
                         elif dst == r:
                             rc = w.receivers[r]
-                            rc.data[ForwardTag(r)].add(1)
-                            rc.known[ForwardTag(r)].add(1)
+                            rc.data[mine].add(1)
+                            rc.known[mine].add(1)
                     continue
-                yield from put(w, port, r, sh.rank(m, loc), nbytes, TailTag(r, c), seq=sent[m])
+                yield from post(message(r, m * rpn + loc, nbytes, tail, seq=sent[m]))
                 sent[m] += 1
                 if not counting and sent[m] % d.scaleout_update_interval == 0:
                     yield from publish(w, port, r, sh.rank(m, loc), TailTag(r, c), sent[m])
@@ -121,6 +127,9 @@ def _dispatch_rank(w: World, r: int, sh: _Shared):
         track = f"fwd{j}"
         done = [0] * len(pairs)
         want = [len(sh.stream.get((s, c, n), ())) for s, c in pairs]
+        # per pair, per token of its stream: the destination GPUs of this node (routing is fixed)
+        here = [[tuple(x for x in rt.dst_ranks[s][t] if x // rpn == n)
+                 for t in sh.stream.get((s, c, n), ())] for s, c in pairs]
         wake = Counter(env)  # bumped whenever any polled tail moves
         for s, c in pairs:
             rcv.known[TailTag(s, c)].watch(wake)
@@ -132,22 +141,21 @@ def _dispatch_rank(w: World, r: int, sh: _Shared):
                 avail = min(rcv.known[tag].value, want[i])
                 if avail > done[i]:
                     rcv.check(tag, avail)
-                    toks = sh.stream[(s, c, n)][done[i]:avail]
                     # per destination GPU of this node, chunks of nvlink_chunk_tokens tokens
                     per_dst: dict[int, int] = {}
-                    for t in toks:
-                        for dst in rt.dst_ranks[s][t]:
-                            if w.node_of(dst) == n:
-                                per_dst[dst] = per_dst.get(dst, 0) + 1
+                    for dsts in here[i][done[i]:avail]:
+                        for dst in dsts:
+                            per_dst[dst] = per_dst.get(dst, 0) + 1
+                    ftag = ForwardTag(s)
                     for dst, k in per_dst.items():
                         if dst == r:
-                            rcv.data[ForwardTag(s)].add(k)
-                            rcv.known[ForwardTag(s)].add(k)
+                            rcv.data[ftag].add(k)
+                            rcv.known[ftag].add(k)
                             continue
                         while k > 0:
                             chunk = min(k, d.nvlink_chunk_tokens)
                             k -= chunk
-                            yield from nvlink_put(w, r, dst, nbytes, ForwardTag(s), track, chunk)
+                            yield from nvlink_put(w, r, dst, nbytes, ftag, track, chunk)
                     done[i] = avail
                     progressed = True
             if not progressed:
@@ -301,7 +309,7 @@ def _combine_rank(w: World, r: int, sh: _Shared):
                                 then=("compute", g.reduce_ns_per_kib * kib * contrib))
             seq = sent_to[s]  # claimed before posting: forward warps run concurrently
             sent_to[s] += 1
-            yield from put(w, port, r, s, nbytes, CombineTag(n, s), seq=seq)
+            yield from port.post(w.message(r, s, nbytes, CombineTag(n, s), seq=seq))
         # the finish signal goes on the notify QP, after every forward warp's data on other
         # QPs: no single connection orders them, so flag-after-data modes flush first (as V2 does)
         if d.path == "native" and d.signal_mode in ("flush", "ordered"):

@@ -134,6 +134,7 @@ class ModelEnvironment(simpy.Environment):
     """
 
     BUCKET_NS = 500.0
+    path: CriticalPath | None = None  # no recorder (PathEnvironment's own): a plain lookup, no miss
 
     def __init__(self, initial_time: float = 0) -> None:
         super().__init__(initial_time)
@@ -486,7 +487,7 @@ class Trace:
 
 def _running(env: simpy.Environment) -> Rec | None:
     """The segment of whatever runs now, or None when the run records no path."""
-    path = getattr(env, "path", None)
+    path = getattr(env, "path", None)  # a plain simpy.Environment has none
     return path.cur if path is not None else None
 
 

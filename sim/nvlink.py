@@ -49,14 +49,16 @@ class Nvlink:
         rec = self.port_rec[src] = (start, free, "forward", self.port_rec[src] if queued else cur)
         return busy, t_vis, (free, t_vis, "forward", rec)
 
-    def copy(self, src: int, dst: int, nbytes: int, track: str, on_visible=None, *args):
-        """The issuing warp streams ``nbytes`` to ``dst``; returns when its stores are issued.
+    def send(self, src: int, dst: int, nbytes: int, track: str, on_visible=None, *args):
+        """The issuing warp streams ``nbytes`` to ``dst``: the event to wait for until its
+        stores are issued (None when the port takes them at once), for the warp to yield.
 
         The warp is busy for the serialisation time (category ``forward``);
-        ``on_visible(*args)`` runs at the peer after the link latency.
-        """
+        ``on_visible(*args)`` runs at the peer after the link latency. A plain function, not
+        a generator: the warp yields the event itself (no generator per copy)."""
         env = self.env
-        path = self.ctx.ledger.path
+        ctx = self.ctx
+        path = ctx.ledger.path
         now = env._now
         busy, t_vis, vis_rec = self.reserve(src, nbytes, now, None if path is None else path.cur)
         if on_visible is not None:
@@ -67,9 +69,16 @@ class Nvlink:
         if busy > 0:
             if path is not None:
                 path.cur = self.port_rec[src]  # the warp is done when its stores are
-            yield hold(env, busy)
-            if self.ctx.trace.enabled:
-                self.ctx.trace.span(f"rank{src}", track, "nvlink", now, busy, dst=dst, bytes=nbytes)
+            if ctx.trace.enabled:
+                ctx.trace.span(f"rank{src}", track, "nvlink", now, busy, dst=dst, bytes=nbytes)
+            return hold(env, busy)
+        return None
+
+    def copy(self, src: int, dst: int, nbytes: int, track: str, on_visible=None, *args):
+        """:meth:`send` as a process fragment (``yield from nvlink.copy(...)``)."""
+        ev = self.send(src, dst, nbytes, track, on_visible, *args)
+        if ev is not None:
+            yield ev
 
     def flag(self, src: int, on_visible) -> None:
         """A flag from ``src``: issued after its earlier NVLink stores (never overtakes them),

@@ -86,6 +86,12 @@ def nvlink_put(w: World, src: int, dst: int, nbytes: int, tag, track: str, count
                              count)
 
 
+def nvlink_send(w: World, src: int, dst: int, nbytes: int, tag, track: str, count: int = 1):
+    """:func:`nvlink_put` as a plain call: the event to wait for, or None (for hot loops:
+    ``ev = nvlink_send(...)``, then ``yield ev`` unless None)."""
+    return w.nvlink.send(src, dst, nbytes * count, track, nvlink_land, w.receivers[dst], tag, count)
+
+
 def nvlink_land(rcv: Receiver, tag, count: int) -> None:
     """``count`` NVLink items of ``tag`` visible at ``rcv``: landed and known at once."""
     rcv.data[tag].add(count)

@@ -32,7 +32,7 @@ from lever.sim.protocols.common import (
     notify_exchange,
     nvlink_flag,
     nvlink_land,
-    nvlink_put,
+    nvlink_send,
     publish,
 )
 from lever.sim.tags import BarrierTag, CombineTag, ForwardTag, PartialTag, TailTag
@@ -106,7 +106,9 @@ def _dispatch_rank(w: World, r: int, sh: _Shared):
                 if m == n:
                     for dst in rt.dst_ranks[r][t]:
                         if dst != r and dst // rpn == n:
-                            yield from nvlink_put(w, r, dst, nbytes, mine, port.track)
+                            ev = nvlink_send(w, r, dst, nbytes, mine, port.track)
+                            if ev is not None:
+                                yield ev
                         elif dst == r:
                             rc = w.receivers[r]
                             rc.data[mine].add(1)
@@ -155,7 +157,9 @@ def _dispatch_rank(w: World, r: int, sh: _Shared):
                         while k > 0:
                             chunk = min(k, d.nvlink_chunk_tokens)
                             k -= chunk
-                            yield from nvlink_put(w, r, dst, nbytes, ftag, track, chunk)
+                            ev = nvlink_send(w, r, dst, nbytes, ftag, track, chunk)
+                            if ev is not None:
+                                yield ev
                     done[i] = avail
                     progressed = True
             if not progressed:

@@ -72,13 +72,15 @@ class WarpPort:
             yield self.ctx.hold(cat, t)
             self.ctx.trace.span(self.proc, self.track, cat, t0, t)
 
-    def _pay_all(self, costs: list[tuple[str, float, int]]):
-        """Pay a run of back-to-back costs as one timeout (spans and critical-path
-        segments laid out in order)."""
+    def _hold_all(self, costs: list[tuple[str, float, int]]):
+        """Book a run of back-to-back costs as one wait (spans and critical-path segments laid
+        out in order): the event to yield, None when they sum to nothing. A plain call, so a
+        put's first wait costs no generator of its own."""
         led = self.ctx.ledger
         issue = led.issue
         path = led.path
-        acc = self.env._now
+        env = self.env
+        now = acc = env._now
         total = 0.0
         for cat, ns, n in costs:
             t = issue(cat, ns, n)
@@ -87,18 +89,24 @@ class WarpPort:
                     path.cur = (acc, acc + t, cat, path.cur)
                     acc += t
                 total += t
-        if total > 0:
-            t0 = self.env.now
-            yield hold(self.env, total)
-            tr = self.ctx.trace
-            if tr.enabled:  # the spans again, from the ledger's scale (costs are pure)
-                acc = 0.0
-                cost = self.ctx.ledger.cost
-                for cat, ns, _n in costs:
-                    t = cost(cat, ns)
-                    if t > 0:
-                        tr.span(self.proc, self.track, cat, t0 + acc, t)
-                        acc += t
+        if total <= 0:
+            return None
+        tr = self.ctx.trace
+        if tr.enabled:  # the spans again, from the ledger's scale (costs are pure)
+            acc = 0.0
+            cost = led.cost
+            for cat, ns, _n in costs:
+                t = cost(cat, ns)
+                if t > 0:
+                    tr.span(self.proc, self.track, cat, now + acc, t)
+                    acc += t
+        return hold(env, total)
+
+    def _pay_all(self, costs: list[tuple[str, float, int]]):
+        """:meth:`_hold_all` as a process fragment."""
+        ev = self._hold_all(costs)
+        if ev is not None:
+            yield ev
 
     def _wait(self, cat: str, ev):
         t0 = self.env.now
@@ -184,7 +192,9 @@ class NativePort(WarpPort):
             # a span is one post group: written, fenced and rung once (as GIN's put path does)
             batch = self.pending if len(self.pending) >= self._limit else None
         if batch is None:
-            yield from self._pay_all(costs)
+            ev = self._hold_all(costs)
+            if ev is not None:
+                yield ev
             return
         yield from self._ring(batch, costs)
 
@@ -208,7 +218,9 @@ class NativePort(WarpPort):
             costs.append(("fence", g.fence_ns, 1))
         locked = self.shared and led.on("lock")
         if locked:
-            yield from self._pay_all(costs)
+            ev = self._hold_all(costs)
+            if ev is not None:
+                yield ev
             costs = []
             lock = self.qp.lock
             if lock.take_if_free(self):  # a lone holder: no grant event, nothing to wait for

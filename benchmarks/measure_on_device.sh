@@ -5,6 +5,7 @@
 # $OUT/platforms are what to commit into scenarios/platforms/.
 #
 #   run: bash benchmarks/measure_on_device.sh   (carry .whl: simpy, pydantic, rich for Python 3.12)
+# At most 8 files come back from a device call: everything is also packed into $OUT/bench.tgz.
 set -euo pipefail
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
 export PYTHONPATH=/tmp/site:$PWD
@@ -27,3 +28,4 @@ for P in p5 p5en p6-b200 ib-cx7; do
         --workers "$W" --json > "$OUT/designs-$P.json" 2>> "$OUT/designs.err" || echo "designs $P rc=$?"
 done
 echo "designs: $(( $(date +%s) - t0 )) s"
+tar czf /tmp/bench.tgz -C "$OUT" . && mv /tmp/bench.tgz "$OUT/bench.tgz"

@@ -111,12 +111,31 @@ def scenario_overrides(ranks: int, faults: bool, extra: Mapping[str, Any],
     ov: dict[str, Any] = {
         "workload.ep_ranks": ranks, "workload.gpus_per_node": 1, "workload.name": "decode",
         "design.name": "v1-ll-emulated", "design.protocol": "v1-ll", "design.signal_mode": "flush",
-        "design.forward_warps_per_sm": 0}
+        "design.forward_warps_per_sm": 0,
+        # the kernels' combine sends one flag per destination rank, polled by every warp
+        # (ep_kernels.cu post_signals / combine_rank), not DeepEP LL's flag per expert
+        "design.ll_combine_flags": "per-rank"}
     if path == "proxy":
         ov["design.path"] = "proxy"
     if faults:
         ov["platform.fabric.loss_prob"] = 0.02
     return {**ov, **extra}
+
+
+HW_VARIANTS = {
+    "deferred-doorbell-aggregation": "turn-per-post",
+    "provider-batched-tail": "signals-in-one-doorbell",
+    "write-imm-counting": "count-cqes-per-source",
+}
+"""The variant of a lever file (``[variants.NAME]``) that these kernels build, where the lever
+has several readings: a record names it in ``sim.levers`` (``NAME@VARIANT``), so the model
+is judged against what ran. The kernel flags still come from the lever's primary ``[set]``
+(:func:`kernel_flags`); the variant says what the kernels do with them."""
+
+
+def sim_levers(levers: list[str]) -> list[str]:
+    """The record's ``sim.levers``: each lever with the variant the kernels build."""
+    return [f"{n}@{HW_VARIANTS[n]}" if n in HW_VARIANTS else n for n in levers]
 
 
 def load_scenario(ranks: int, faults: bool, extra: Mapping[str, Any], levers: list[str],
@@ -227,7 +246,7 @@ def build_record(*, rid: str, path: str, ranks: int, gpus: int, levers: list[str
             "emulated_fabric": emulated_fabric_record(scn) | {"gpus": gpus, "ranks_per_gpu": ranks // gpus},
         },
         "how": how,
-        "sim": {"scenario": PLATFORM, "levers": levers, "set": dict(sets)},
+        "sim": {"scenario": PLATFORM, "levers": sim_levers(levers), "set": dict(sets)},
         "latency_us": {op: summarize(v) for op, v in lat.items()},
         "gate": gate,
         "metrics": metrics,

@@ -143,13 +143,15 @@ class NativePort(WarpPort):
         self._limit = min(max(d.doorbell_batch, d.put_many_span), nic.max_batch)
 
     # -- posting ----------------------------------------------------------------
-    def post(self, msg: Message):
+    def post(self, msg: Message, limit: int | None = None):
         """Post one write (generator: ``yield from port.post(m)``).
 
         Slot reservation is an atomic, so WQE stores and the fence after them
         run in parallel across warps; only the doorbell of a shared QP waits
         for its turn (slot order across CTAs: category ``lock``), then rings
         and fences. Costs with no wait between them are paid as one timeout.
+        ``limit``: the post group's size for this write instead of the design's
+        doorbell batch (signals gathered by ``design.signal_post_group``).
         """
         d, g = self.ctx.design, self.ctx.platform.gpu
         qp = self.qp
@@ -190,7 +192,9 @@ class NativePort(WarpPort):
         else:
             self.pending.append(msg)
             # a span is one post group: written, fenced and rung once (as GIN's put path does)
-            batch = self.pending if len(self.pending) >= self._limit else None
+            if limit is None:
+                limit = self._limit
+            batch = self.pending if len(self.pending) >= limit else None
         if batch is None:
             ev = self._hold_all(costs)
             if ev is not None:

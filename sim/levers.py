@@ -33,7 +33,10 @@ A variant has either ``set`` (runnable: it replaces the lever's ``[set]``) or
 ``needs`` (not runnable yet: a description, never a faked value). The primary's
 ``set`` is the lever's ``[set]`` (written once: ``[set]`` may be left out, and if
 both are written they must agree), so every reader of the lever (records'
-``sim.levers``, sweeps) applies the primary.
+``sim.levers``, sweeps) applies the primary, unless it names a variant:
+``NAME@VARIANT`` (``provider-batched-tail@signals-in-one-doorbell``) applies that
+variant's ``set``. A record names the variant its run built this way, so it is
+judged against what ran, not against the lever's primary reading.
 """
 
 from __future__ import annotations
@@ -170,6 +173,18 @@ class Lever(BaseModel):
         return v.set
 
 
+VARIANT_SEP = "@"
+"""``NAME@VARIANT``: a lever reference that applies one variant instead of ``[set]``."""
+
+
+def split_ref(ref: str) -> tuple[str, str | None]:
+    """``NAME@VARIANT`` -> (NAME, VARIANT); a plain name or path -> (it, None)."""
+    name, sep, variant = str(ref).rpartition(VARIANT_SEP)
+    if not sep or not variant or "/" in variant:
+        return str(ref), None
+    return name, variant
+
+
 def load_lever(name_or_path: str | Path) -> Lever:
     p = scn_mod.resolve(name_or_path, kind="levers")
     raw = scn_mod._read_toml(p)
@@ -196,14 +211,16 @@ def load_with_levers(scenario: str | Path, levers: Sequence[str] = (),
                      variants: Mapping[str, str] | None = None) -> Scenario:
     """The scenario, then ``base`` (how a run was configured before its levers, as a
     record's ``sim.set``), then each lever's ``[set]`` in order, then ``overrides``.
-    ``variants`` maps a lever name to the variant applied in place of its ``[set]``.
+    ``variants`` maps a lever name to the variant applied in place of its ``[set]``; a
+    reference ``NAME@VARIANT`` in ``levers`` does the same for that lever.
 
     A bad value in a lever's ``[set]`` is reported against the lever file."""
     layers: list[tuple[str, Overrides]] = [(base_source, base)] if base else []
     variants = variants or {}
-    for name in levers:
+    for ref in levers:
+        name, v = split_ref(ref)
         lev = load_lever(name)
-        v = variants.get(name)
+        v = v or variants.get(name)
         layers.append((lev.path if v is None else f"{lev.path} [variants.{v}]", lev.variant_set(v)))
     return scn_mod.load(scenario, overrides, layers)
 

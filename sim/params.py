@@ -401,9 +401,17 @@ class Design(Strict):
     provider_batched_tail: bool = Field(
         False, description="the provider/NIC batches the tail signal work instead of the kernel"
     )
+    signal_post_group: int = Field(
+        1, ge=1, description="native: signal WQEs a warp posts as one post group (one fence, "
+        "doorbell turn and doorbell for up to this many, at most nic.max_batch); 1: every "
+        "signal is rung at once")
     ll_intranode_nvlink: bool = Field(
         True, description="v1-ll: same-node peers over NVLink (False: pure RDMA, DeepEP LL's reference)"
     )
+    ll_combine_flags: Literal["per-expert", "per-rank"] = Field(
+        "per-expert", description="v1-ll combine: a flag per (expert, source rank) after its rows "
+        "(DeepEP LL), or one flag per destination rank after all rows to it, which every "
+        "receiving warp polls (the hw/ep kernels)")
     notify_bytes: int = Field(64, ge=1)
     reduce_warps: int = Field(
         0, ge=0, description="warps that run a rank's final combine reduction together (DeepEP "

@@ -207,6 +207,25 @@ def test_record_conversion_validates_and_links_the_model():
     assert scn.workload.ep_ranks == 2 and scn.design.protocol == "v1-ll"
 
 
+def test_records_name_the_lever_variant_the_kernels_build():
+    """A lever with several readings is recorded as the one the kernels build (NAME@VARIANT),
+    every such variant exists in its lever file, and the committed records say it too."""
+    import json
+
+    from lever.calibration.records import DATA_DIR
+    from lever.hw.ep import HW_VARIANTS, sim_levers
+    from lever.sim.levers import load_lever
+
+    for name, variant in HW_VARIANTS.items():
+        assert variant in load_lever(name).variants, (name, variant)
+    assert sim_levers(["batched-doorbells", "provider-batched-tail"]) == [
+        "batched-doorbells", "provider-batched-tail@signals-in-one-doorbell"]
+    for p in DATA_DIR.glob("emu-*.json"):
+        rec = json.loads(p.read_text())
+        assert rec["sim"]["levers"] == sim_levers(rec["what"]["levers"]), p.name
+        assert rec["sim"]["set"]["design.ll_combine_flags"] == "per-rank", p.name
+
+
 def test_record_conversion_refuses_bad_shares():
     from lever.calibration.records import RecordError
 

@@ -56,11 +56,27 @@ def test_shipped_variant_files_load_with_a_runnable_primary():
         lev = levers_mod.load_lever(name)
         assert lev.primary in lev.variants and lev.primary_why
         assert lev.variants[lev.primary].runnable and lev.set == lev.variants[lev.primary].set
-        assert any(not v.runnable for v in lev.variants.values())  # unknowns written down, not faked
         for v in lev.variants.values():
             assert v.source.strip() and v.description.strip()
             assert v.runnable != (v.needs is not None)
     assert levers_mod.load_lever("write-imm-counting").set == {"design.signal_mode": "imm-counting"}
+    # unknowns are written down, not faked: a variant the model lacks a mechanism for says so
+    lev = levers_mod.load_lever("write-imm-counting")
+    assert any(not v.runnable for v in lev.variants.values())
+
+
+def test_a_lever_reference_can_name_the_variant_a_run_built():
+    """``NAME@VARIANT`` (a record's sim.levers) applies that variant's set, not the primary's;
+    an unknown or not-runnable variant is a one-line error naming the lever file."""
+    prim = levers_mod.load_with_levers(BASE, ["provider-batched-tail"], TINY)
+    var = levers_mod.load_with_levers(BASE, ["provider-batched-tail@signals-in-one-doorbell"], TINY)
+    assert prim.design.provider_batched_tail and prim.design.signal_post_group == 1
+    assert not var.design.provider_batched_tail and var.design.signal_post_group == 16
+    assert levers_mod.split_ref("a/b@c/d.toml") == ("a/b@c/d.toml", None)
+    with pytest.raises(scn_mod.ScenarioError, match="provider-batched-tail.toml: variants: no variant 'nope'"):
+        levers_mod.load_with_levers(BASE, ["provider-batched-tail@nope"], TINY)
+    with pytest.raises(scn_mod.ScenarioError, match="not runnable yet"):
+        levers_mod.load_with_levers(BASE, ["write-imm-counting@count-per-source-expert"], TINY)
 
 
 BAD = {

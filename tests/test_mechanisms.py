@@ -248,3 +248,36 @@ def test_the_gin_proxy_receive_side_runs_on_as_many_host_threads_as_send():
     w.env.run()
     worked = [t for t in w.receivers[1]._host_busy_until if t > 0]
     assert len(worked) > 1, w.receivers[1]._host_busy_until  # not one serial host resource
+
+
+# -- signals in post groups -------------------------------------------------------------------
+
+@pytest.mark.parametrize("group", [1, 4, 16, 64])
+def test_signals_posted_as_one_group_share_a_doorbell(group):
+    """V1 LL with one warp: its count signals to the peer ring one doorbell per post group of
+    ``design.signal_post_group`` (at most nic.max_batch) instead of one each; the data's
+    doorbells do not change, and fewer doorbells on the warp's chain end the op no later."""
+    sets = {**EP2, **QUIET, "design.protocol": "v1-ll", "design.num_sms": 1, "design.warps_per_sm": 1,
+            "design.forward_warps_per_sm": 0, "workload.num_experts": 64, "workload.top_k": 2}
+    base = simulate_op(scenario.load(NATIVE, sets), "dispatch", 0)
+    scn = scenario.load(NATIVE, {**sets, "design.signal_post_group": group})
+    res = simulate_op(scn, "dispatch", 0)
+    signals = scn.workload.num_experts // 2  # per rank: counts to the peer's experts (own: NVLink)
+    g = min(group, scn.platform.nic.max_batch)
+    saved = 2 * (signals - -(-signals // g))  # doorbells are counted over both ranks
+    assert base.counters["doorbells"] - res.counters["doorbells"] == saved
+    assert max(res.latency_us) <= max(base.latency_us)
+
+
+def test_per_rank_combine_flags_send_one_flag_per_destination_and_wait_for_every_source():
+    """V1 LL combine as the hw/ep kernels run it: one flag per destination rank after all its
+    rows (not one per expert and source), and no reduction before every source's flag."""
+    sets = {**EP2, **QUIET, "design.protocol": "v1-ll", "design.forward_warps_per_sm": 0,
+            "workload.num_experts": 16, "workload.top_k": 2}
+    per_expert = simulate_op(scenario.load(NATIVE, sets), "combine", 0)
+    scn = scenario.load(NATIVE, {**sets, "design.ll_combine_flags": "per-rank"})
+    res = simulate_op(scn, "combine", 0)
+    R, E = 2, 16
+    assert per_expert.counters["messages_signal"] == R * (E // R) * (R - 1)  # own rank: NVLink
+    assert res.counters["messages_signal"] == R * (R - 1)
+    assert max(res.latency_us) < max(per_expert.latency_us)  # fewer flags on the critical chain

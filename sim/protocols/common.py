@@ -42,6 +42,12 @@ def publish(w: World, port: Port, src: int, dst: int, tag, value: int, flushed: 
             return
         yield from port.flush("signal")
     m = w.message(src, dst, d.notify_bytes, tag, kind="signal", value=value)
+    group = min(d.signal_post_group, w.platform.nic.max_batch)
+    if d.path == "native" and group > 1:
+        # signals gathered into post groups: the group is written, fenced and rung once when
+        # full, and the caller's finish() rings what is left
+        yield from port.post(m, limit=group)
+        return
     yield from port.post(m)
     if d.path == "native" and mode in ("flush", "ordered", "unordered-counting"):
         yield from port.finish()  # a signal is rung at once, never left in a doorbell batch

@@ -15,7 +15,9 @@ precedes them; the receiver counts write-with-immediate completions.
 
 Combine is the same exchange in reverse: every (token, expert) result goes back
 to its source rank (BF16 row), counts per (expert, source), then the source
-reduces its top-k rows per token.
+reduces its top-k rows per token. With ``ll_combine_flags = "per-rank"`` (the hw/ep
+kernels) a rank sends one flag per destination rank after all its rows to it, and
+every receiving warp polls every source's flag before the reduction.
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ from lever.sim.protocols.common import (
     publish,
     put,
 )
-from lever.sim.tags import ExpertTag
+from lever.sim.tags import ExpertTag, RankTag
 
 if TYPE_CHECKING:
     from lever.sim.model import World
@@ -55,6 +57,7 @@ def run(w: World) -> list:
                     items[s].append((t % C, d, ExpertTag(s, e), t))
                     counts[(s, d, e)] = counts.get((s, d, e), 0) + 1
     else:
+        per_rank = w.design.ll_combine_flags == "per-rank"
         for s in range(R):  # s hosts expert e; results go back to token's source rank
             k = 0
             for src in range(R):
@@ -62,8 +65,10 @@ def run(w: World) -> list:
                     for e in row:
                         e = int(e)
                         if rt.rank_of(e) == s:
-                            items[s].append((k % C, src, ExpertTag(s, e), k))
-                            counts[(s, src, e)] = counts.get((s, src, e), 0) + 1
+                            # one flag per (expert, source), or per source rank for all its rows
+                            key = (s, src, -1) if per_rank else (s, src, e)
+                            items[s].append((k % C, src, RankTag(s) if per_rank else ExpertTag(s, e), k))
+                            counts[key] = counts.get(key, 0) + 1
                             k += 1
     done = []
     for r in range(R):
@@ -81,8 +86,11 @@ def _rank(w: World, r: int, items, counts, nbytes: int, dispatch: bool):
         by_ch.setdefault(it[0], []).append(it)
     barrier = Barrier(w, C)
     # signals this rank sends: one per (expert, peer) pair it talks to, zero counts included
+    per_rank = not dispatch and w.design.ll_combine_flags == "per-rank"
     if dispatch:
         sig = [(e, rt.rank_of(e)) for e in range(rt.num_experts)]
+    elif per_rank:
+        sig = [(-1, p) for p in range(R)]
     else:
         sig = [(e, p) for e in rt.experts_of(r) for p in range(R)]
 
@@ -110,13 +118,19 @@ def _rank(w: World, r: int, items, counts, nbytes: int, dispatch: bool):
         sport = w.signal_port(r, c)
         for e, p in ([] if cached else sig[c::C]):
             n = counts.get((r, p, e), 0)
-            tag = ExpertTag(r, e)
+            tag = RankTag(r) if per_rank else ExpertTag(r, e)
             if nvl and w.same_node(r, p):
                 nvlink_flag(w, r, p, tag, n)
             else:
                 yield from publish(w, sport, r, p, tag, n, flushed=True)
         yield from sport.finish()
-        # receive phase, on the same warps: each polls the counts of its experts
+        # receive phase, on the same warps: each polls the counts of its experts (per-rank
+        # combine flags: every warp polls every source's flag)
+        if per_rank:
+            rcv = w.receivers[r]
+            for s in range(R):
+                yield from rcv.wait(RankTag(s), counts.get((s, r, -1), 0), track, flags=1)
+            return
         for e in rx_experts[c::C]:
             yield from expert_rx(e, track)
 

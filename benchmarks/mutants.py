@@ -106,7 +106,7 @@ MUTANTS: tuple[Mutant, ...] = (
            "t = msg.t_complete", "the CQE is written at the last ACK (completion_ns ignored)"),
     Mutant("completion-at-last-processed-ack", "sim/nic.py",
            "        if t_arrive > msg.t_complete:\n            msg.t_complete = t_arrive\n",
-           "        msg.t_complete = t_arrive\n",
+           "        if True:\n            msg.t_complete = t_arrive\n",
            "the CQE follows the ACK processed last, not the latest to arrive"),
     # -- native issuer ----------------------------------------------------------------------
     Mutant("doorbell-batch-ignored", "sim/issuer.py",

@@ -217,6 +217,9 @@ class RunRecord(_Strict):
     metrics: dict[str, Distribution] = Field(default_factory=dict)
     gate: Gate
     provenance: Provenance
+    superseded_by: str | None = Field(
+        None, description="why this record is no longer used by default and what replaces it "
+        "(e.g. the testbed it ran on changed); shipped_record_paths leaves it out unless asked")
 
     @field_validator("schema_version")
     @classmethod
@@ -259,7 +262,9 @@ class RunRecord(_Strict):
         return self
 
     def digest(self) -> str:
-        blob = json.dumps(self.model_dump(mode="json"), sort_keys=True, separators=(",", ":"))
+        # what was measured: marking a record superseded does not change it
+        blob = json.dumps(self.model_dump(mode="json", exclude={"superseded_by"}), sort_keys=True,
+                          separators=(",", ":"))
         return hashlib.sha256(blob.encode()).hexdigest()
 
 
@@ -322,3 +327,14 @@ BASE_PLATFORM: dict[str, str] = {
 """The uncalibrated platform each NIC's records are fitted on (lever calibrate --joint, validate)."""
 
 DATA_DIR = Path(str(resources.files("lever.calibration.data")))  # shipped records (package data)
+
+
+def shipped_record_paths(include_superseded: bool = False) -> list[Path]:
+    """The shipped records (calibration/data/*.json) that calibrate, validate and the joint fit
+    use by default: a record marked ``superseded_by`` is kept for its history and left out
+    unless ``include_superseded``."""
+    out = []
+    for p in sorted(DATA_DIR.glob("*.json")):
+        if include_superseded or load_record(p).superseded_by is None:
+            out.append(p)
+    return out

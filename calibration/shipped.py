@@ -32,6 +32,30 @@ def _efa(id_, what, sim, source_detail, **kw):
     }
 
 
+IB_RDMA_REF = ("DeepEP README, low-latency kernels with pure RDMA, first release (deepseek-ai/DeepEP "
+               "commit ebfe47e, 2025-02-24; replaced on 2025-06-05, de8cfca, by the NVLink numbers "
+               "of ib-ep8/ib-ep16-ll-reference): H800 + ConnectX-7 400 Gb/s, the same decode shape")
+IB_RDMA_TABLE = {8: (163.0, 318.0), 16: (173.0, 329.0), 32: (182.0, 350.0), 64: (186.0, 353.0),
+                 128: (192.0, 369.0), 256: (194.0, 360.0)}
+"""EP -> (dispatch, combine) us of that table; EP8 and EP16 are training records, the rest are
+held out (benchmarks/ib_generalisation.py)."""
+
+
+def _ib_rdma(ep: int, dispatch: float, combine: float) -> dict:
+    assert IB_RDMA_TABLE[ep] == (dispatch, combine)
+    wl = {**EP16, "ep_ranks": ep, "nodes": max(1, ep // 8)}
+    return {"schema_version": SCHEMA_VERSION, "id": f"ib-ep{ep}-ll-rdma-reference", "nic": "ib",
+            "what": {"design": "v1-ll pure RDMA", "protocol": "v1-ll", "workload": wl,
+                     "platform": IB_PLAT},
+            "sim": {"scenario": f"decode-ep{ep}-ib" if ep in (8, 16) else "decode-ep16-ib",
+                    "set": {"design.ll_intranode_nvlink": False,
+                            **({} if ep in (8, 16) else {"workload.ep_ranks": ep})}},
+            "gate": GATE_NONE,
+            "provenance": {"source": f"{IB_RDMA_REF}: EP{ep} dispatch {dispatch:g} us / combine "
+                                     f"{combine:g} us"},
+            "latency_us": {"dispatch": {"median": dispatch}, "combine": {"median": combine}}}
+
+
 def records() -> list[dict]:
     nat = "decode-ep16-efa-native"
     return [
@@ -84,6 +108,11 @@ def records() -> list[dict]:
          "sim": {"scenario": "decode-ep16-ib"}, "gate": GATE_NONE,
          "provenance": {"source": f"{IB_REF}: EP16 dispatch 118 us / combine 195 us"},
          "latency_us": {"dispatch": {"median": 118.0}, "combine": {"median": 195.0}}},
+        # The same kernels before they used NVLink within a node (DeepEP's first release): every
+        # write over the NIC, so these fix the NIC's rate apart from NVLink's. EP32 and larger
+        # (the same table) are held out: benchmarks/ib_generalisation.py predicts them.
+        _ib_rdma(8, 163.0, 318.0),
+        _ib_rdma(16, 173.0, 329.0),
     ]
 
 

@@ -7,10 +7,17 @@ same emulated NIC and write progress back where the GPU polls.
 
 What runs (hw/ep/ep_kernels.cu): per GPU one cooperative launch per op whose
 EP blocks build and post real 64-byte EFA TX WQEs, fence, ring doorbells and
-poll CQEs, and whose NIC blocks emulate the SRD wire with the fabric of
-``scenarios/platforms/emulated-nvlink.toml`` (the model's platform file). Ranks
-are spread over the GPUs (EP2 on two H200s; more ranks per GPU as virtual
-ranks; loopback on one GPU).
+poll CQEs, and whose NIC blocks emulate the SRD wire with the emulator's own
+parameters (``hw/emulated_nic.toml``, hw/emulated_nic.py; never the model's
+platform file, which is calibrated against these records). The send queue and
+its doorbell sit in write-combined pinned host memory and the CQ in host memory
+by default (``--sq``/``--cq``: as on p5/p5en, the GPU writes its WQEs over PCIe
+and polls completions through PCIe; the NIC mirrors host SQs at its own cost).
+The wire drops packets and ACKs (``--faults``), the NIC resends after its
+timeout, the receiver discards duplicates, and a packet out of retries
+completes its WQE with an error CQE. Puts to the rank itself are copied by the
+issuing warp. Ranks are spread over the GPUs (EP2 on two H200s; more ranks per
+GPU as virtual ranks; loopback on one GPU).
 
 Why records look the way they do: ``nic = "emulated-srd"`` with the fabric
 inside, so a record never passes for EFA; ``sim`` names the scenario, levers
@@ -45,6 +52,11 @@ CQE_BYTES = 32
 """CQ entry stride of the emulated NIC: the 32-byte efa_io_rx_cdesc_ex of rdma-core v59's
 extended CQ (what efadv_query_cq reports), as hw/ep/emu_nic.h publishes in its layouts."""
 NIC_WARPS = 8
+CQE_STATUS = {  # rdma-core efa_io_defs.h enum efa_io_comp_status (the ones the emulator writes or names)
+    1: "EFA_IO_COMP_STATUS_FLUSHED",
+    13: "EFA_IO_COMP_STATUS_LOCAL_ERROR_UNRESP_REMOTE (retries exhausted: no ACK from the remote)",
+    15: "EFA_IO_COMP_STATUS_LOCAL_ERROR_UNREACH_REMOTE",
+}
 ERR_NAMES = {
     1: "dispatch receiver timed out waiting for a count flag",
     2: "receiver timed out counting receive completions (write-imm)",
@@ -62,7 +74,14 @@ ERR_NAMES = {
 }
 STAT_NAMES = ["stamp_bad_dispatch", "stamp_bad_combine", "packets", "retransmits", "wqes",
               "doorbells", "fences", "cqes", "rx_cqes", "locks", "credit_polls", "reordered", "turn_waits",
-              "descriptors", "ring_polls", "nic_late_ns"]
+              "descriptors", "ring_polls", "nic_late_ns", "drops", "duplicates", "error_cqes",
+              "nic_early_ns", "local_puts", "mirrored_wqes"]
+ST_WORDS = 24  # hw/ep/efa_emu.cuh ST_NUM
+
+
+def cqe_status_name(st: int) -> str:
+    """The name of an EFA completion status, as the error message gives it."""
+    return f"status {st} ({CQE_STATUS.get(st, 'see efa_io_comp_status')})"
 
 
 
@@ -75,12 +94,29 @@ def add_args(p: argparse.ArgumentParser) -> None:
                    help="emulated: the SRD NIC emulated on the GPU; efa: a real EFA device "
                         "(device discovery only so far: see hw/efa/README.md)")
     p.add_argument("--path", choices=["native", "proxy"], default="native")
+    p.add_argument("--protocol", choices=["v1-ll", "v2-direct", "v2-hybrid"], default="v1-ll",
+                   help="v1-ll: DeepEP low-latency; v2-hybrid / v2-direct: DeepEP V2 over emulated "
+                        "nodes (hw/ep_v2.py)")
+    p.add_argument("--ranks-per-node", type=int, default=0,
+                   help="V2: ranks per emulated node (0: ranks / 2, two nodes); ranks of a node talk "
+                        "over NVLink, or within one GPU's memory when they share it")
     p.add_argument("--proxy-threads", type=int, default=0,
                    help="proxy path: host proxy threads (0: platform.proxy.threads)")
     p.add_argument("--ranks", type=int, default=2, help="EP ranks (spread over --gpus GPUs)")
     p.add_argument("--gpus", type=int, default=0, help="GPUs to use (0: min(ranks, visible))")
     p.add_argument("--faults", action="store_true",
-                   help="inject packet loss (platform.fabric.loss_prob=0.02): drops are retransmitted")
+                   help="drop packets and ACKs (hw/emulated_nic.toml faults_loss_prob): the NIC resends "
+                        "after its timeout, the receiver discards duplicates")
+    p.add_argument("--sq", choices=["host", "device"], default="",
+                   help="native send queue + doorbell: write-combined pinned host memory (an LLQ BAR's "
+                        "stand-in) or GPU memory (default: hw/emulated_nic.toml [placement])")
+    p.add_argument("--cq", choices=["host", "device"], default="",
+                   help="native send CQ: pinned host memory (polled through PCIe, as on p5/p5en) or GPU "
+                        "memory (default: hw/emulated_nic.toml [placement])")
+    p.add_argument("--emu-set", action="append", default=[], metavar="KEY=VALUE",
+                   help="override one value of hw/emulated_nic.toml for this run (recorded)")
+    p.add_argument("--outcome", default="",
+                   help="write every variant's outcome (gate passed or the one-line failure) as JSON here")
     p.add_argument("--lever", default="", help="comma-separated lever names (scenarios/levers/)")
     p.add_argument("--set", action="append", default=[], metavar="PATH=VALUE",
                    help="scenario override (platform.fabric.*, design.*), recorded in the record")
@@ -106,8 +142,9 @@ def add_args(p: argparse.ArgumentParser) -> None:
 
 # ----------------------------------------------------------------- configuration
 def scenario_overrides(ranks: int, faults: bool, extra: Mapping[str, Any],
-                       path: str = "native") -> dict[str, Any]:
-    """The model's view of this run: the emulated platform, V1 LL, every rank its own node."""
+                       path: str = "native", loss_prob: float = 0.02) -> dict[str, Any]:
+    """The model's view of this run: the emulated platform, V1 LL, every rank its own node;
+    under --faults the model's wire loses what the emulator's does (``loss_prob``)."""
     ov: dict[str, Any] = {
         "workload.ep_ranks": ranks, "workload.gpus_per_node": 1, "workload.name": "decode",
         "design.name": "v1-ll-emulated", "design.protocol": "v1-ll", "design.signal_mode": "flush",
@@ -118,7 +155,7 @@ def scenario_overrides(ranks: int, faults: bool, extra: Mapping[str, Any],
     if path == "proxy":
         ov["design.path"] = "proxy"
     if faults:
-        ov["platform.fabric.loss_prob"] = 0.02
+        ov["platform.fabric.loss_prob"] = loss_prob
     return {**ov, **extra}
 
 
@@ -139,7 +176,7 @@ def sim_levers(levers: list[str]) -> list[str]:
 
 
 def load_scenario(ranks: int, faults: bool, extra: Mapping[str, Any], levers: list[str],
-                  path: str = "native"):
+                  path: str = "native", loss_prob: float = 0.02):
     """The scenario the model runs for this variant: the levers' files, then the run's overrides."""
     from lever.sim.levers import all_levers, load_with_levers
 
@@ -147,7 +184,7 @@ def load_scenario(ranks: int, faults: bool, extra: Mapping[str, Any], levers: li
     for name in levers:
         if name not in shipped:
             raise EpError(f"--lever {name}: unknown lever (shipped: {', '.join(shipped)})")
-    return load_with_levers(PLATFORM, levers, base=scenario_overrides(ranks, faults, extra, path),
+    return load_with_levers(PLATFORM, levers, base=scenario_overrides(ranks, faults, extra, path, loss_prob),
                             base_source="lever hw ep")
 
 
@@ -176,31 +213,20 @@ def kernel_flags(scn, op: str, path: str, prof_period: int, unsafe: bool) -> dic
     }
 
 
-def fabric_dict(scn, seed: int) -> dict[str, float]:
-    f, nic, rcv = scn.platform.fabric, scn.platform.nic, scn.platform.receiver
-    if f.mode != "srd":
-        raise EpError("platform.fabric.mode must be 'srd' for the emulated NIC")
-    kinds = {"none": 0, "exponential": 1, "lognormal": 2, "gamma": 3}
-    return {
-        "paths": f.paths, "jitter_kind": kinds[f.jitter.distribution], "base_ns": f.base_latency_ns,
-        "spread_ns": f.path_spread_ns, "jitter_mean_ns": f.jitter.mean_ns, "jitter_sigma": f.jitter.sigma,
-        "loss_prob": f.loss_prob, "rto_ns": f.retransmit_timeout_ns, "line_rate_gbps": nic.line_rate_gbps,
-        "mtu": nic.mtu_bytes, "wqe_process_ns": nic.wqe_process_ns, "dma_read_ns": nic.dma_read_ns,
-        "completion_ns": nic.completion_ns, "min_wqe_gap_ns": 1000.0 / nic.max_msg_rate_mops,
-        "recv_completion_ns": rcv.recv_completion_ns, "nics_per_rank": nic.nics_per_gpu,
-        "seed": float(seed + 1),
-    }
+def refuse_platform_sets(extra: Mapping[str, Any]) -> None:
+    """The emulator reads only hw/emulated_nic.toml: a --set platform.* would change the
+    model's view of the run and not the run itself, so it is refused."""
+    bad = sorted(k for k in extra if k.startswith("platform."))
+    if bad:
+        raise UserError(f"--set {bad[0]}: the emulated NIC does not read the model's platform; "
+                        "use --emu-set KEY=VALUE (hw/emulated_nic.toml)")
 
 
-def emulated_fabric_record(scn) -> dict[str, Any]:
-    """What the record carries: the model's fabric plus the NIC/receiver values the agent used."""
-    p = scn.platform
-    return {"platform": PLATFORM, "fabric": p.fabric.model_dump(mode="json"),
-            "nic": {k: getattr(p.nic, k) for k in ("nics_per_gpu", "line_rate_gbps", "mtu_bytes",
-                                                     "wqe_process_ns", "max_msg_rate_mops", "dma_read_ns",
-                                                     "sq_depth", "max_batch", "completion_ns")},
-            "receiver": {"recv_completion_ns": p.receiver.recv_completion_ns},
-            "wire": "NVLink peer stores between GPUs, loopback stores on one GPU"}
+def emulated_fabric_record(emu, faults: bool, sq: str, cq: str) -> dict[str, Any]:
+    """What the record carries: every emulator value that ran, the file, the queue placement."""
+    return {**emu.record(faults, sq, cq),
+            "wire": "NVLink peer stores between GPUs, loopback stores on one GPU; puts to the rank "
+                    "itself copied by the issuing warp"}
 
 
 # ----------------------------------------------------------------- statistics
@@ -227,12 +253,15 @@ def build_record(*, rid: str, path: str, ranks: int, gpus: int, levers: list[str
                  sets: Mapping[str, Any], hidden: int, scn, lat: dict[str, list[float]], gate: dict[str, Any], attribution: dict | None,
                  samples: int | None, metrics: dict[str, dict], how: dict[str, Any],
                  platform_info: dict[str, str], command: str,
-                 provenance: Mapping[str, Any] | None = None) -> dict[str, Any]:
+                 provenance: Mapping[str, Any] | None = None, emu=None, faults: bool = False,
+                 sq: str = "host", cq: str = "host") -> dict[str, Any]:
     """Assemble and validate a run record (calibration/records.py). ``provenance`` is
     :func:`run_provenance` (a real run); without it only the revision is looked up."""
     from lever.calibration.records import SCHEMA_VERSION, parse_record
+    from lever.hw import emulated_nic
 
     wl = scn.workload
+    emu = emu or emulated_nic.load()
     rec = {
         "schema_version": SCHEMA_VERSION,
         "id": rid,
@@ -243,7 +272,8 @@ def build_record(*, rid: str, path: str, ranks: int, gpus: int, levers: list[str
             "workload": {"ep_ranks": ranks, "nodes": ranks, "tokens_per_rank": wl.tokens_per_rank,
                          "hidden": hidden, "top_k": wl.top_k, "num_experts": wl.num_experts},
             "platform": platform_info,
-            "emulated_fabric": emulated_fabric_record(scn) | {"gpus": gpus, "ranks_per_gpu": ranks // gpus},
+            "emulated_fabric": emulated_fabric_record(emu, faults, sq, cq) | {"gpus": gpus,
+                                                                            "ranks_per_gpu": ranks // gpus},
         },
         "how": how,
         "sim": {"scenario": PLATFORM, "levers": sim_levers(levers), "set": dict(sets)},
@@ -301,18 +331,26 @@ def _git_rev() -> str:
 class Runner:
     """Owns the buffers of every rank and the per-GPU worlds; runs ops and the gate."""
 
+    EXACT = False
+    """Inputs whose combine sums are exact in BF16 (reference.make_inputs): V2 runs use them."""
+
     def __init__(self, torch, ext, shape: Shape, ranks: int, gpus: int, scn, seed: int,
-                 num_sms: int, timeout_ms: float, path: str = "native", proxy_threads: int = 0) -> None:
+                 num_sms: int, timeout_ms: float, path: str = "native", proxy_threads: int = 0,
+                 emu=None, sq: str = "host", cq: str = "host", faults: bool = False) -> None:
+        from lever.hw import emulated_nic
+
         self.t, self.ext, self.shape, self.R, self.G = torch, ext, shape, ranks, gpus
+        self.emu = emu or emulated_nic.load()
+        self.sq_host, self.cq_host, self.faults = sq == "host", cq == "host", faults
         self.rpg = ranks // gpus
         d = scn.design
         self.nb = num_sms or d.num_sms
         self.warps = d.warps_per_sm
         if not 1 <= self.warps <= 8:
             raise EpError(f"design.warps_per_sm {self.warps}: the kernels take 1..8 warps per block")
-        self.nics = scn.platform.nic.nics_per_gpu
+        self.nics = self.emu.nics_per_rank
         self.nic_warps = NIC_WARPS  # every warp of a NIC block delivers packets
-        self.depth = scn.platform.nic.sq_depth
+        self.depth = self.emu.sq_depth
         self.path = path
         self.ring_depth = scn.platform.proxy.ring_depth
         self.proxy_threads = proxy_threads or scn.platform.proxy.threads
@@ -325,9 +363,9 @@ class Runner:
         self.rx_depth = 1 << (need - 1).bit_length()
         self.prof_cap = 1 << 17
         self.timeout_ns = int(timeout_ms * 1e6)
-        self.inputs = ref.make_inputs(shape, seed)
+        self.inputs = ref.make_inputs(shape, seed, exact=self.EXACT)
         self.layouts = ref.dispatch_layout(shape, self.inputs)
-        self.y = ref.make_expert_outputs(shape, self.layouts, seed + 1)
+        self.y = ref.make_expert_outputs(shape, self.layouts, seed + 1, exact=self.EXACT)
         self.ref_comb = ref.combine(shape, self.inputs, self.layouts, self.y)
         self.streams, self.bufs, self.gbufs, self.handles = [], [], [], []
         self.scn = scn
@@ -361,8 +399,11 @@ class Runner:
                 "out_src": z(El * R * T, i32), "out_count": z(El * R, i32),
                 "comb_out": t.zeros(T, H, dtype=t.bfloat16, device=dv),
                 "rx_head": z(self.n_rxcq, i32), "qps": z(NQ_MAX * 128, u8),
-                "sq": z(NQ_MAX * self.depth * 64, u8), "cq": z(NQ_MAX * self.depth * CQE_BYTES, u8),
-                "db": z(NQ_MAX * 32, i32), "nicqp": z(NQ_MAX * 128, u8), "nic_rem": z(NQ_MAX * self.depth, i32),
+                # the NIC's device mirrors of host-memory SQs and their doorbells (native, proxy)
+                "msq": z(NQ_MAX * self.depth * 64, u8), "mdb": z(NQ_MAX * 32, i32),
+                "pmsq": z(NQ_MAX * self.depth * 64, u8), "pmdb": z(NQ_MAX * 32, i32),
+                "nicqp": z(NQ_MAX * 128, u8), "nic_rem": z(4 * NQ_MAX * self.depth, i32),
+                "nic_ackt": z(NQ_MAX * self.depth, i64), "loc_cnt": z(self.n_rxcq, i32),
                 "hcount": z(El * R, i32),
                 "bar": z(4, i32), "prof": z(self.prof_cap * 8, i64), "prof_n": z(1, i32),
                 # peer-visible
@@ -370,26 +411,44 @@ class Runner:
                 "comb_recv": z(T * K * CMSG, u8), "comb_flag": z(R, i64),
                 "rxcq": z(self.n_rxcq * self.rx_depth * CQE_BYTES, u8), "rx_tail": z(self.n_rxcq, i32),
             }
+            # the native queues: GPU memory, or pinned host memory (SQ + doorbell write-combined)
+            for k, n, host in (("sq", NQ_MAX * self.depth * 64, self.sq_host),
+                               ("db", NQ_MAX * 32 * 4, self.sq_host),
+                               ("cq", NQ_MAX * self.depth * CQE_BYTES, self.cq_host)):
+                if not host:
+                    b[k] = z(n, u8)
             # expert outputs at +16 of each combine message (zero-copy send buffer)
             cs = b["comb_send"].view(El, R, T, CMSG)
             cs[..., 16:16 + 2 * H] = self.y[r].view(t.uint8).reshape(El, R, T, 2 * H).to(dv)
             self.bufs.append(b)
         for g in range(self.G):
             dv = f"cuda:{g}"
-            self.gbufs.append({"err": t.zeros(8, dtype=i32, device=dv), "stats": t.zeros(16, dtype=i64, device=dv),
+            self.gbufs.append({"err": t.zeros(8, dtype=i32, device=dv), "stats": t.zeros(ST_WORDS, dtype=i64, device=dv),
                                "ep_done": t.zeros(1, dtype=i32, device=dv), "wbar": t.zeros(self.G, dtype=i64, device=dv)})
             with t.cuda.device(g):
                 self.streams.append(t.cuda.Stream())
+        self.hostq: list[dict[str, int]] = []
+        for _ in range(R):
+            self.hostq.append({k: self.ext.proxy_alloc(n, wc) for k, n, wc in self.hostq_sizes()})
         if self.path == "proxy":
             for _ in range(R):
-                sizes = self.host_sizes()
-                self.host.append({k: self.ext.proxy_alloc(n) for k, n in sizes.items()})
+                self.host.append({k: self.ext.proxy_alloc(n, k in ("psq", "pdb"))
+                                  for k, n in self.host_sizes().items()})
         grid = self.rpg * (self.nb + self.nics)
         cap = self.ext.coop_max_blocks(0, 32 * max(self.warps, self.nic_warps), 0)
         if grid > cap:
             raise EpError(f"{grid} blocks per GPU ({self.rpg} ranks x ({self.nb} EP + {self.nics} NIC)) "
                           f"exceed the {cap} co-resident blocks: lower --num-sms or ranks per GPU")
         self.t.cuda.synchronize()
+
+    def hostq_sizes(self) -> list[tuple[str, int, bool]]:
+        """The native queues that live in pinned host memory: (name, bytes, write-combined)."""
+        out = []
+        if self.sq_host:
+            out += [("sq", NQ_MAX * self.depth * 64, True), ("db", NQ_MAX * 32 * 4, True)]
+        if self.cq_host:
+            out.append(("cq", NQ_MAX * self.depth * CQE_BYTES, False))
+        return out
 
     def host_sizes(self) -> dict[str, int]:
         """Pinned host memory of the proxy path per rank (bytes)."""
@@ -417,7 +476,7 @@ class Runner:
         peers = [{k: self.bufs[r][k].data_ptr() for k in ("recv_x", "recv_cnt", "comb_recv", "comb_flag", "rxcq", "rx_tail")}
                  for r in range(R)]
         wbar_peers = [gb["wbar"].data_ptr() for gb in self.gbufs]
-        fab = fabric_dict(self.scn, seed)
+        fab = self.emu.fabric_dict(seed, self.faults)
         for g in range(self.G):
             gb = self.gbufs[g]
             cfg = {"num_ranks": R, "ranks_per_gpu": self.rpg, "num_gpus": self.G, "T": s.tokens, "H": s.hidden,
@@ -425,6 +484,7 @@ class Runner:
                    "rx_depth": self.rx_depth, "n_rxcq": self.n_rxcq, "ring_depth": self.ring_depth,
                    "ep_blocks_per_rank": self.nb, "ep_warps": self.warps, "nic_warps": self.nic_warps,
                    "nic_blocks": self.rpg * self.nics, "timeout_ns": self.timeout_ns, "prof_cap": self.prof_cap,
+                   "sq_host": int(self.sq_host), "cq_host": int(self.cq_host),
                    "err": gb["err"].data_ptr(), "stats": gb["stats"].data_ptr(),
                    "ep_done": gb["ep_done"].data_ptr(), "wbar": gb["wbar"].data_ptr()}
             locs = []
@@ -432,6 +492,7 @@ class Runner:
                 m = {k: v.data_ptr() for k, v in self.bufs[r].items()}
                 m["rank"] = r
                 m.update(self.host[r] if self.host else {})
+                m.update(self.hostq[r])
                 locs.append(m)
             # the NIC tables: filled by the emulated NIC here (hw/ep/emu_nic.h); a real device's
             # come from its queue queries in the same byte form (hw/efa/device.py pack_layout)
@@ -477,15 +538,23 @@ class Runner:
             self.t.cuda.synchronize(g)
 
     def check_errors(self) -> None:
+        if getattr(self, "path", "native") == "proxy":  # the root cause first: a receiver then times out
+            pst = dict(self.ext.proxy_stats())
+            if pst.get("bad_cqes"):
+                raise EpError(f"proxy read {pst['bad_cqes']} error CQE(s), the first "
+                              f"{cqe_status_name(int(pst['first_bad_status']))}")
         for g, gb in enumerate(self.gbufs):
             e = gb["err"].cpu().tolist()
+            if e[0] == 9:  # an error CQE: name its status
+                raise EpError(f"GPU {g}: issuer read an error CQE: {cqe_status_name(e[5])} on rank {e[1]} "
+                              f"QP {e[2]}, CQE {e[3]} (block {e[6]}, warp {e[7]})")
             if e[0]:
                 what = ERR_NAMES.get(e[0], f"error {e[0]}")
                 raise EpError(f"GPU {g}: {what}: rank {e[1]} (block {e[6]}, warp {e[7]}), "
                               f"expert/qp {e[2]}, counter {e[3]}, expected {e[4]}, aux {e[5]}")
 
     def stats(self) -> dict[str, int]:
-        tot = [0] * 16
+        tot = [0] * ST_WORDS
         for gb in self.gbufs:
             for i, v in enumerate(gb["stats"].cpu().tolist()):
                 tot[i] += v
@@ -496,9 +565,13 @@ class Runner:
         after the previous one aborted (its QPs may hold un-consumed WQEs or a lock)."""
         self.sync()
         for b in self.bufs:
-            for k in ("qps", "sq", "cq", "db", "nicqp", "nic_rem", "rx_head", "rx_tail", "rxcq",
-                      "recv_cnt", "comb_flag", "bar", "prof_n", "hcount"):
-                b[k].zero_()
+            for k in ("qps", "sq", "cq", "db", "msq", "mdb", "pmsq", "pmdb", "nicqp", "nic_rem", "nic_ackt",
+                      "loc_cnt", "rx_head", "rx_tail", "rxcq", "recv_cnt", "comb_flag", "bar", "prof_n", "hcount"):
+                if k in b:
+                    b[k].zero_()
+        for hq in self.hostq:
+            for k, n, _ in self.hostq_sizes():
+                self.ext.host_zero(hq[k], n)
         for gb in self.gbufs:
             gb["err"].zero_()
             gb["stats"].zero_()
@@ -647,11 +720,13 @@ def _run_variant(runner: Runner, scn, args, levers: list[str], sets: Mapping[str
     n_it = args.iters
     metrics: dict[str, dict] = {}
     for k in ("packets", "retransmits", "wqes", "doorbells", "fences", "cqes", "rx_cqes", "credit_polls",
-              "reordered", "turn_waits", "descriptors", "ring_polls"):
+              "reordered", "turn_waits", "descriptors", "ring_polls", "drops", "duplicates", "error_cqes",
+              "local_puts", "mirrored_wqes"):
         metrics[f"{k}_per_iteration_count"] = {"median": round(st[k] / n_it, 3)}
     if st["packets"]:
-        # how far the NIC agent delivers behind its own schedule (emulator fidelity)
+        # how far the NIC agent delivers behind (and ahead of) its own schedule: emulator fidelity
         metrics["nic_late_per_packet_ns"] = {"median": round(st["nic_late_ns"] / st["packets"], 1)}
+        metrics["nic_early_per_packet_ns"] = {"median": round(st["nic_early_ns"] / st["packets"], 1)}
     if args.path == "proxy":
         pst = dict(runner.ext.proxy_stats())
         if pst.get("descriptors"):
@@ -669,6 +744,7 @@ def _run_variant(runner: Runner, scn, args, levers: list[str], sets: Mapping[str
         runner.sync()
         runner.check_errors()
         rows = runner.read_profile()
+        metrics.update(post_chain_metrics(rows))
         attribution, samples = {}, 0
         for op_i, op in enumerate(("dispatch", "combine")):
             busy, put, n = prof_attribution(rows, op, args.profile)
@@ -682,12 +758,16 @@ def _run_variant(runner: Runner, scn, args, levers: list[str], sets: Mapping[str
                 "median": round(max(0.0, pl[len(pl) // 2] / summarize(lat[op])["median"] - 1.0), 4)}
     gate = {"passed": True, "checks": checks,
             "detail": f"{runner.R} ranks on {runner.G} GPU(s); gate iteration + {args.warmup} warm-up + "
-                      f"{args.iters} timed; packets {st['packets']}, retransmitted {st['retransmits']}, "
-                      f"landed out of order {st['reordered']}"}
+                      f"{args.iters} timed; packets {st['packets']}, dropped {st['drops']} (packets and "
+                      f"ACKs), retransmitted {st['retransmits']}, duplicates discarded {st['duplicates']}, "
+                      f"landed out of order {st['reordered']}, error CQEs {st['error_cqes']}, local puts "
+                      f"{st['local_puts']}"}
     how = {"repetitions": args.iters, "warmup": args.warmup,
            "timer": "CUDA events around each op launch on every GPU after a cross-GPU start barrier; "
                     "per iteration the max over GPUs",
            "notes": f"{runner.nb} EP blocks x {runner.warps} warps per rank, {runner.nics} NIC blocks per rank; "
+                    f"SQ+doorbell in {'write-combined pinned host' if runner.sq_host else 'GPU'} memory, "
+                    f"send CQ in {'pinned host' if runner.cq_host else 'GPU'} memory; "
                     f"flags dispatch={json.dumps(fd)} combine={json.dumps(fc)}; NIC layout the kernels "
                     f"posted through (rank 0, QP 0; hw/ep/emu_nic.h): "
                     f"{json.dumps(dict(runner.ext.nic_layout(0, 0, args.path == 'proxy')))}"}
@@ -695,13 +775,54 @@ def _run_variant(runner: Runner, scn, args, levers: list[str], sets: Mapping[str
                         scn=scn, lat=lat, gate=gate, attribution=attribution, samples=samples,
                         metrics=metrics, how=how, platform_info=platform_info,
                         command="lever hw ep " + " ".join(sys.argv[3:] if len(sys.argv) > 3 else []),
-                        provenance=getattr(args, "provenance", None))
+                        provenance=getattr(args, "provenance", None), emu=runner.emu, faults=runner.faults,
+                        sq="host" if runner.sq_host else "device", cq="host" if runner.cq_host else "device")
+
+
+def post_chain_metrics(rows: list[dict]) -> dict[str, dict]:
+    """The primitive chain as the EP kernels pay it, from the sampled post groups: per WQE
+    the stores + fence + doorbell (native) or descriptor stores + fence (proxy), and the credit
+    check (CQ polls before a post); compared with ``lever hw primitives`` (wqe_fence_doorbell_*,
+    pcie_read_rtt_ns / cq_seen_*)."""
+    out: dict[str, dict] = {}
+    for op in ("dispatch", "combine"):
+        puts = [r for r in rows if r["kind"] == "put" and r["op"] == op and r["n"] > 0]
+        n = sum(r["n"] for r in puts)
+        if not n:
+            continue
+        chain = sum(r["wqe"] + r["fence"] + r.get("doorbell", 0) for r in puts)
+        out[f"{op}_post_chain_per_wqe_ns"] = {"median": round(chain / n, 1), "n": len(puts)}
+        single = [r for r in puts if r["n"] == 1]
+        if single:  # B = 1 groups: one WQE, one fence, one doorbell (the primitive's shape)
+            vals = sorted(r["wqe"] + r["fence"] + r.get("doorbell", 0) for r in single)
+            out[f"{op}_post_chain_b1_ns"] = {"median": float(vals[len(vals) // 2]), "n": len(vals)}
+        credit = [r["credit_wait"] for r in puts if r["credit_wait"] > 0]
+        if credit:
+            out[f"{op}_credit_check_per_wqe_ns"] = {"median": round(sum(credit) / n, 1), "n": len(credit)}
+    return out
+
+
+def write_outcome(path: Path, outcomes: list[dict[str, Any]], args, emu, sq: str, cq: str, rc: int) -> None:
+    """Every variant's outcome as one JSON file (a failed gate writes no record: this file is
+    what a negative control leaves, and what a CPU test checks once it is committed)."""
+    doc = {"kind": "lever-hw-ep-outcome", "command": "lever hw ep " + " ".join(sys.argv[3:]),
+           "exit_code": rc, "unsafe_ordered": bool(args.unsafe_ordered), "faults": bool(args.faults),
+           "path": args.path, "sq": sq, "cq": cq, "emulated_nic": emu.record(args.faults, sq, cq),
+           "provenance": dict(getattr(args, "provenance", None) or {}), "variants": outcomes}
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(doc, indent=2, sort_keys=True) + "\n")
+    tmp.replace(path)
 
 
 def main(args: argparse.Namespace) -> int:
     from lever.calibration.records import RecordError, dump_record, parse_record
     from lever.hw.device import require_cuda
 
+    if getattr(args, "protocol", "v1-ll") != "v1-ll":
+        from lever.hw.ep_v2 import main_v2
+
+        return main_v2(args)
     if args.nic == "efa":
         from lever.hw.efa.run import require_efa_run
 
@@ -722,38 +843,53 @@ def main(args: argparse.Namespace) -> int:
         raise UserError("--variants needs --out-dir")
     if not args.variants and not args.out:
         raise UserError("--out RECORD is required")
+    from lever.hw import emulated_nic
     from lever.sim.scenario import parse_sets
 
     extra = parse_sets(args.set)
+    refuse_platform_sets(extra)
+    emu = emulated_nic.load(overrides=emulated_nic.parse_emu_sets(args.emu_set))
+    sq, cq = args.sq or emu.sq, args.cq or emu.cq
+    loss = emu.loss(args.faults)
+    outcomes: list[dict[str, Any]] = []
     try:
-        base = load_scenario(args.ranks, args.faults, extra, [], args.path)
+        base = load_scenario(args.ranks, args.faults, extra, [], args.path, loss)
         shape = Shape(num_ranks=args.ranks, tokens=base.workload.tokens_per_rank,
                       top_k=base.workload.top_k, num_experts=base.workload.num_experts)
         shape.check()
         ext = load_ext()
         runner = Runner(torch, ext, shape, args.ranks, gpus, base, args.seed, args.num_sms, args.timeout_ms,
-                        args.path, args.proxy_threads)
+                        args.path, args.proxy_threads, emu=emu, sq=sq, cq=cq, faults=args.faults)
         info = _platform_info(torch)
         rc = 0
+        place = "" if (sq, cq) == ("host", "host") or args.path == "proxy" else f"-sq{sq[:3]}-cq{cq[:3]}"
         for v in variants:
             levers = [x for x in v.split(",") if x]
-            scn = load_scenario(args.ranks, args.faults, extra, levers, args.path)
+            scn = load_scenario(args.ranks, args.faults, extra, levers, args.path, loss)
             runner.rebuild(scn, args.seed)
             runner.reset_state()
-            sets = scenario_overrides(args.ranks, args.faults, extra, args.path)
+            sets = scenario_overrides(args.ranks, args.faults, extra, args.path, loss)
+            if args.path == "proxy":  # the host threads that ran: the model's proxy.threads
+                sets["platform.proxy.threads"] = runner.proxy_threads
             tag = "-".join(levers) if levers else "baseline"
-            rid = f"{args.id_prefix}{args.ranks}-{args.path}-{tag}{'-faults' if args.faults else ''}"
+            rid = f"{args.id_prefix}{args.ranks}-{args.path}{place}-{tag}{'-faults' if args.faults else ''}"
             try:
                 rec = run_variant(runner, scn, args, levers, sets, rid, info, args.unsafe_ordered)
             except EpError as e:
                 print(f"lever: variant {tag}: {e}", file=sys.stderr)
+                outcomes.append({"id": rid, "passed": False, "error": str(e)})
                 rc = 1
                 continue
             out = Path(args.out_dir) / f"{rid}.json" if args.variants else Path(args.out)
             dump_record(parse_record(rec, rid), out)
+            outcomes.append({"id": rid, "passed": True, "record": out.name,
+                             "dispatch_us": rec["latency_us"]["dispatch"]["median"],
+                             "combine_us": rec["latency_us"]["combine"]["median"]})
             lat = rec["latency_us"]
             print(f"{rid}: dispatch {lat['dispatch']['median']:.1f} us (p10 {lat['dispatch']['p10']:.1f}, "
                   f"p90 {lat['dispatch']['p90']:.1f}), combine {lat['combine']['median']:.1f} us -> {out}")
+        if args.outcome:
+            write_outcome(Path(args.outcome), outcomes, args, emu, sq, cq, rc)
         return rc
     except EpError as e:
         raise UserError(str(e)) from None

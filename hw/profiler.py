@@ -36,6 +36,7 @@ PHASE_CATEGORY = {
     7: "compute",    # combine reduction
     8: "drain",      # final completion drain at the end of the op
     9: "lock",       # rank barrier
+    10: "forward",   # V2 forward warps storing arrived tokens into their ranks (hw/ep/v2.h)
 }
 PUT_FIELDS = ("lock", "credit_wait", "wqe", "fence", "doorbell")
 PROXY_PUT_FIELDS = ("lock", "credit_wait", "wqe", "fence", "proxy_queue")

@@ -23,7 +23,10 @@ if TYPE_CHECKING:
 
 
 class Routing:
-    """``topk[r]`` is an int array (tokens_per_rank, top_k) of expert ids, sorted per token."""
+    """``topk[r]`` is an int array (tokens_per_rank, top_k) of expert ids, each row in the order
+    the router gives them (descending score, as ``torch.topk`` returns them): the order a
+    token's writes are issued in. Sorting rows by expert id would send every token's first
+    write to the lowest-numbered rank, a bias no real router has."""
 
     def __init__(self, topk: list[np.ndarray], num_experts: int, ranks_per_node: int) -> None:
         self.topk = topk
@@ -41,15 +44,17 @@ class Routing:
         wl = scn.workload
         if wl.routing == "file":
             data = json.loads(Path(wl.routing_file).read_text())
-            topk = [np.sort(np.asarray(t, dtype=np.int64), axis=1) for t in data["topk"]]
+            topk = [np.asarray(t, dtype=np.int64) for t in data["topk"]]
             if len(topk) != wl.ep_ranks or any(t.shape != (wl.tokens_per_rank, wl.top_k) for t in topk):
                 raise ValueError(f"{wl.routing_file}: topk shape does not match the workload")
             return cls(topk, wl.num_experts, wl.ranks_per_node)
         rng = np.random.default_rng([scn.seed, seed, 7919 + wl.routing_seed_offset])
         keys = rng.random((wl.ep_ranks, wl.tokens_per_rank, wl.num_experts))
         idx = np.argpartition(keys, wl.top_k, axis=2)[:, :, : wl.top_k]
-        return cls([np.sort(idx[r], axis=1) for r in range(wl.ep_ranks)], wl.num_experts,
-                   wl.ranks_per_node)
+        # score order: the smallest key is the highest score
+        order = np.argsort(np.take_along_axis(keys, idx, axis=2), axis=2, kind="stable")
+        idx = np.take_along_axis(idx, order, axis=2)
+        return cls([idx[r] for r in range(wl.ep_ranks)], wl.num_experts, wl.ranks_per_node)
 
     def rank_of(self, expert: int) -> int:
         return self._owner_list[expert]

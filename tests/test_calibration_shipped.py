@@ -24,6 +24,11 @@ QP_FANOUT = ("the record now runs as the campaign's state then (QPs capped at 2:
              "16 channels from one data QP to two): -145 us of 789 against -251 us; the rest of the "
              "gain is not modelled (what 16 channels on one send queue cost beyond the doorbell "
              "turn, credit polls and the NIC's queue). With 17 QPs it was ~0 (8 -> 9 data QPs)")
+IB_SPLIT = ("DeepEP LL without NVLink (its first table) runs over the model by 5-10% while the same "
+            "kernels with NVLink within a node run under it by 15-21%: one fabric latency (14.6 us "
+            "one way, fitted) splits the difference. An IB-only fit gives 6.2 us with the pure-RDMA "
+            "records within 6% and the NVLink ones 21% under: what DeepEP LL pays when a warp's "
+            "NVLink copies and RDMA posts share it is not modelled")
 KNOWN_MISSES: dict[tuple[str, str], str] = {
     ("efa-ep16-qp-fanout-fix", "dispatch.delta"): QP_FANOUT,
     ("efa-ep16-lazy-completion-dispatch", "dispatch.delta"):
@@ -32,7 +37,7 @@ KNOWN_MISSES: dict[tuple[str, str], str] = {
         "of the campaign's -30 us; what else a real credit check waits on is not modelled",
     ("ib-ep16-ll-reference", "combine.p50"):
         "with the line rate at the published 400 Gb/s and the GPU costs shared, one fabric "
-        "latency (fitted 17.8 us one way, itself a defect) does not give DeepEP LL's EP8 -> EP16 "
+        "latency (fitted 14.6 us one way, still a defect) does not give DeepEP LL's EP8 -> EP16 "
         "scaling: combine EP16 over, dispatch EP8 under",
     ("ib-ep8-ll-reference", "combine.p50"):
         "as for ib-ep16-ll-reference combine (+5.7%, at the edge)",
@@ -40,6 +45,9 @@ KNOWN_MISSES: dict[tuple[str, str], str] = {
         "as for ib-ep16-ll-reference combine: the EP8 -> EP16 scaling is not reproduced",
     ("ib-ep16-ll-reference", "dispatch.p50"):
         "as for ib-ep16-ll-reference combine (-5.1%, at the edge)",
+    ("ib-ep8-ll-rdma-reference", "dispatch.p50"): IB_SPLIT,
+    ("ib-ep8-ll-rdma-reference", "combine.p50"): IB_SPLIT,
+    ("ib-ep16-ll-rdma-reference", "dispatch.p50"): IB_SPLIT,
 }
 TOLERANCE_PCT = 5.0
 

@@ -12,6 +12,9 @@
 
 #include <atomic>
 #include <chrono>
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
 #include <cstring>
 #include <map>
 #include <memory>
@@ -30,6 +33,7 @@ static std::vector<emu::World> g_worlds;
 // Host copies of what the emulated NIC published, for the proxy threads and for records.
 struct HostNic {
   std::vector<lever_efa_nic_layout> send, psend;  // [NQ_MAX] per rank
+  std::vector<lever_efa_nic_layout> fsend, fpsend;  // what the NIC fetches from (mirrors of host SQs)
 };
 static std::map<int, HostNic> g_host_nic;            // by rank
 static std::vector<lever_efa_peer> g_host_peers;     // [num_ranks][n_rxcq]
@@ -89,32 +93,45 @@ static py::dict emulated_nic_tables(const IntMap& c, const std::vector<IntMap>& 
       table[(size_t)r * nrx + i] = emu_nic::peer_entry(r, i, nrx);
     }
   }
-  py::list send, psend;
+  // where the native QPs' SQ (with its doorbell) and CQ are: device memory, or pinned host
+  // memory (SQ and doorbell write-combined, as an LLQ BAR is mapped)
+  const bool sq_host = need(c, "sq_host") != 0, cq_host = need(c, "cq_host") != 0;
+  py::list send, psend, fsend, fpsend;
   for (const IntMap& m : locals) {
     const int rank = (int)need(m, "rank");
-    std::vector<lever_efa_nic_layout> sl, pl;
+    std::vector<lever_efa_nic_layout> sl, pl, fl, fpl;
     for (int q = 0; q < NQ; ++q) {
       const uint64_t sq = (uint64_t)need(m, "sq") + (uint64_t)q * depth * emu_nic::WQE_SIZE;
       const uint64_t db = (uint64_t)need(m, "db") + (uint64_t)q * 32 * 4;
       const uint64_t cq = (uint64_t)need(m, "cq") + (uint64_t)q * depth * emu_nic::CQE_SIZE;
-      sl.push_back(emu_nic::send_qp_layout(rank, emu_nic::SQ_QPN_BASE + (uint32_t)(rank * NQ + q), sq, db,
-                                           cq, depth, depth, false, 0, (uint32_t)(R * nrx)));
+      const uint64_t msq = (uint64_t)need(m, "msq") + (uint64_t)q * depth * emu_nic::WQE_SIZE;
+      const uint64_t mdb = (uint64_t)need(m, "mdb") + (uint64_t)q * 32 * 4;
+      sl.push_back(emu_nic::send_qp_layout_at(rank, emu_nic::SQ_QPN_BASE + (uint32_t)(rank * NQ + q), sq, db,
+                                              cq, depth, depth, sq_host, cq_host, 0, (uint32_t)(R * nrx)));
+      fl.push_back(sq_host ? emu_nic::mirror_layout(sl.back(), msq, mdb) : sl.back());
       if (opt_ptr<void>(m, "psq")) {
         const uint64_t psq = (uint64_t)need(m, "psq") + (uint64_t)q * depth * emu_nic::WQE_SIZE;
         const uint64_t pdb = (uint64_t)need(m, "pdb") + (uint64_t)q * 32 * 4;
         const uint64_t pcq = (uint64_t)need(m, "pcq") + (uint64_t)q * depth * emu_nic::CQE_SIZE;
+        const uint64_t pmsq = (uint64_t)need(m, "pmsq") + (uint64_t)q * depth * emu_nic::WQE_SIZE;
+        const uint64_t pmdb = (uint64_t)need(m, "pmdb") + (uint64_t)q * 32 * 4;
         pl.push_back(emu_nic::send_qp_layout(rank, emu_nic::PSQ_QPN_BASE + (uint32_t)(rank * NQ + q), psq,
                                              pdb, pcq, depth, depth, true, 0, (uint32_t)(R * nrx)));
+        fpl.push_back(emu_nic::mirror_layout(pl.back(), pmsq, pmdb));  // the proxy's SQ is host memory
       }
     }
     send.append(as_bytes(sl));
     psend.append(as_bytes(pl));
+    fsend.append(as_bytes(fl));
+    fpsend.append(as_bytes(fpl));
   }
   py::dict out;
   out["recv"] = as_bytes(recv);
   out["peers"] = as_bytes(table);
   out["send"] = send;
   out["psend"] = psend;
+  out["fsend"] = fsend;
+  out["fpsend"] = fpsend;
   return out;
 }
 
@@ -149,6 +166,9 @@ static int make_world(int gpu, const IntMap& c, const FloatMap& fab, const std::
   w.fab.completion_ns = (float)f("completion_ns"); w.fab.min_wqe_gap_ns = (float)f("min_wqe_gap_ns");
   w.fab.recv_completion_ns = (float)f("recv_completion_ns");
   w.fab.nics_per_rank = (int)f("nics_per_rank");
+  w.fab.max_retries = (int)f("max_retries");
+  w.fab.deliver_lead_ns = (float)f("deliver_lead_ns");
+  w.fab.deliver_batch = (int)f("deliver_batch");
   w.fab.seed = (unsigned long long)f("seed");
 
   // ---- the NIC tables, whoever filled them (emulated_nic_tables below, or a real device's
@@ -158,11 +178,13 @@ static int make_world(int gpu, const IntMap& c, const FloatMap& fab, const std::
   const size_t LS = sizeof(lever_efa_nic_layout);
   const std::string recv_b = table_bytes(tables, "recv"), peers_b = table_bytes(tables, "peers");
   const py::list send_l = tables["send"].cast<py::list>(), psend_l = tables["psend"].cast<py::list>();
+  const py::list fsend_l = tables.contains("fsend") ? tables["fsend"].cast<py::list>() : send_l;
+  const py::list fpsend_l = tables.contains("fpsend") ? tables["fpsend"].cast<py::list>() : psend_l;
   if (recv_b.size() != (size_t)R * nrx * LS || peers_b.size() != (size_t)R * nrx * sizeof(lever_efa_peer) ||
       send_l.size() != locals.size() || psend_l.size() != locals.size())
     throw std::runtime_error("NIC tables: need recv [ranks x n_rxcq] layouts, peers [ranks x n_rxcq], "
                              "send and psend per local rank");
-  const size_t n_lay = (size_t)R * nrx + locals.size() * 2 * NQ;
+  const size_t n_lay = (size_t)R * nrx + locals.size() * 4 * NQ;
   const size_t bytes = n_lay * LS + (size_t)R * nrx * sizeof(lever_efa_peer);
   cudaSetDevice(gpu);
   void* dnic = nullptr;
@@ -170,7 +192,9 @@ static int make_world(int gpu, const IntMap& c, const FloatMap& fab, const std::
   auto* d_rx = static_cast<lever_efa_nic_layout*>(dnic);             // [R][nrx]
   auto* d_send = d_rx + (size_t)R * nrx;                               // [locals][NQ] native
   auto* d_psend = d_send + locals.size() * NQ;                         // [locals][NQ] proxy
-  auto* d_peers = reinterpret_cast<lever_efa_peer*>(d_psend + locals.size() * NQ);
+  auto* d_fsend = d_psend + locals.size() * NQ;                        // [locals][NQ] native, NIC's view
+  auto* d_fpsend = d_fsend + locals.size() * NQ;                       // [locals][NQ] proxy, NIC's view
+  auto* d_peers = reinterpret_cast<lever_efa_peer*>(d_fpsend + locals.size() * NQ);
   std::vector<lever_efa_nic_layout> h_lay(n_lay);
   std::vector<lever_efa_peer> h_peers((size_t)R * nrx);
   memcpy(h_lay.data(), recv_b.data(), recv_b.size());
@@ -183,15 +207,23 @@ static int make_world(int gpu, const IntMap& c, const FloatMap& fab, const std::
     hn.send = layouts_of(send_l[li].cast<py::bytes>(), NQ, "send");
     const std::string pb = psend_l[li].cast<py::bytes>();
     hn.psend = pb.empty() ? std::vector<lever_efa_nic_layout>{} : layouts_of(py::bytes(pb), NQ, "psend");
+    hn.fsend = layouts_of(fsend_l[li].cast<py::bytes>(), NQ, "fsend");
+    const std::string fpb = fpsend_l[li].cast<py::bytes>();
+    hn.fpsend = fpb.empty() ? std::vector<lever_efa_nic_layout>{} : layouts_of(py::bytes(fpb), NQ, "fpsend");
     const bool proxy = !hn.psend.empty();
+    if (proxy != !hn.fpsend.empty()) throw std::runtime_error("NIC tables: fpsend exactly when psend");
     if (proxy != (opt_ptr<void>(locals[li], "pring") != nullptr))
       throw std::runtime_error("NIC tables: proxy QP layouts exactly when the rank has proxy rings");
     for (int q = 0; q < NQ; ++q) {
       hn.send[q].peers = peers_dev;
+      hn.fsend[q].peers = peers_dev;
       h_lay[(size_t)R * nrx + li * NQ + q] = hn.send[q];
+      h_lay[(size_t)R * nrx + (2 * locals.size() + li) * NQ + q] = hn.fsend[q];
       if (proxy) {
         hn.psend[q].peers = peers_dev;
+        hn.fpsend[q].peers = peers_dev;
         h_lay[(size_t)R * nrx + (locals.size() + li) * NQ + q] = hn.psend[q];
+        h_lay[(size_t)R * nrx + (3 * locals.size() + li) * NQ + q] = hn.fpsend[q];
       }
     }
     char why[256];
@@ -227,6 +259,10 @@ static int make_world(int gpu, const IntMap& c, const FloatMap& fab, const std::
     r.nic = d_send + i * NQ;
     r.rx = d_rx + (size_t)r.rank * nrx;
     r.pnic = g_host_nic[r.rank].psend.empty() ? nullptr : d_psend + i * NQ;
+    r.fnic = d_fsend + i * NQ;
+    r.fpnic = g_host_nic[r.rank].fpsend.empty() ? nullptr : d_fpsend + i * NQ;
+    r.nic_ackt = ptr<unsigned long long>(m, "nic_ackt");
+    r.loc_cnt = ptr<unsigned>(m, "loc_cnt");
     r.nicqp = ptr<emu::NicQp>(m, "nicqp");
     r.nic_rem = ptr<int>(m, "nic_rem"); r.bar = ptr<unsigned>(m, "bar");
     r.hcount = ptr<int>(m, "hcount");
@@ -324,7 +360,18 @@ struct ProxyRing {
 };
 struct ProxyStats {
   std::atomic<unsigned long long> descs{0}, batches{0}, post_ns{0}, cqes{0}, bad{0};
+  std::atomic<unsigned long long> first_bad_status{0};  // status + 1 of the first error CQE
 };
+
+// Stores to write-combined memory may sit in the CPU's combining buffers and pass each
+// other; an sfence drains them in order (what rdma-core's mmio_flush_writes does on x86).
+static inline void wc_flush() {
+#if defined(__x86_64__)
+  _mm_sfence();
+#else
+  std::atomic_thread_fence(std::memory_order_seq_cst);
+#endif
+}
 static std::vector<std::unique_ptr<ProxyRing>> g_rings;
 static std::vector<std::thread> g_threads;
 static std::atomic<int> g_stop{0};
@@ -357,9 +404,10 @@ static void proxy_loop(std::vector<ProxyRing*> rings) {
         ++n;
       }
       if (n) {
-        std::atomic_thread_fence(std::memory_order_release);
+        wc_flush();  // the WQEs (write-combined, like an LLQ BAR) before the doorbell
         *reinterpret_cast<volatile unsigned*>(static_cast<uintptr_t>(r->lay.sq_doorbell)) =
             lever_efa_sq_doorbell_value((unsigned)r->posted);  // doorbell: producer counter
+        wc_flush();  // and the doorbell out of the write-combining buffer now
         *r->cons = r->c;                                     // ring space back to the GPU
         g_pstats.descs += n;
         g_pstats.batches += 1;
@@ -374,7 +422,11 @@ static void proxy_loop(std::vector<ProxyRing*> rings) {
                                                           r->lay.cq_entry_size));
         const unsigned flags = q->common.flags;
         if (!lever_efa_cqe_is_new(&r->lay, flags, ci)) break;
-        if (q->common.status != 0) g_pstats.bad += 1;
+        if (q->common.status != 0) {  // an error CQE: counted, its status kept for the report
+          unsigned long long none = 0;
+          g_pstats.first_bad_status.compare_exchange_strong(none, (unsigned long long)q->common.status + 1ull);
+          g_pstats.bad += 1;
+        }
         ++r->cq_ci;
         ++m;
       }
@@ -387,9 +439,13 @@ static void proxy_loop(std::vector<ProxyRing*> rings) {
   }
 }
 
-static int64_t proxy_alloc(int64_t bytes) {
+// Pinned host memory mapped into the GPU at the same address; write_combined for the
+// queues an issuer only writes (SQ and doorbell: how an LLQ BAR is mapped).
+static int64_t proxy_alloc(int64_t bytes, bool write_combined) {
   void* p = nullptr;
-  if (cudaHostAlloc(&p, (size_t)bytes, cudaHostAllocMapped | cudaHostAllocPortable) != cudaSuccess)
+  unsigned fl = cudaHostAllocMapped | cudaHostAllocPortable;
+  if (write_combined) fl |= cudaHostAllocWriteCombined;
+  if (cudaHostAlloc(&p, (size_t)bytes, fl) != cudaSuccess)
     throw std::runtime_error("cudaHostAlloc failed");
   std::memset(p, 0, (size_t)bytes);
   void* dp = nullptr;
@@ -406,6 +462,7 @@ static std::map<std::string, int64_t> proxy_stats() {
                                         {"post_ns", (int64_t)g_pstats.post_ns.load()},
                                         {"cqes", (int64_t)g_pstats.cqes.load()},
                                         {"bad_cqes", (int64_t)g_pstats.bad.load()},
+                                        {"first_bad_status", (int64_t)g_pstats.first_bad_status.load() - 1},
                                         {"threads", (int64_t)g_threads.size()}};
   return out;
 }
@@ -423,6 +480,7 @@ static int proxy_start(const std::vector<IntMap>& ranks, int num_qps, int ring_d
   if (!g_threads.empty()) proxy_stop();
   g_stop = 0;
   g_pstats.descs = 0; g_pstats.batches = 0; g_pstats.post_ns = 0; g_pstats.cqes = 0; g_pstats.bad = 0;
+  g_pstats.first_bad_status = 0;
   for (const IntMap& m : ranks) {
     auto* pring = ptr<emu::ProxyDesc>(m, "pring");
     auto* pstate = ptr<unsigned long long>(m, "pstate");
@@ -454,8 +512,11 @@ static int proxy_start(const std::vector<IntMap>& ranks, int num_qps, int ring_d
   return (int)g_threads.size();
 }
 
+#include "v2_binding.inc"  // DeepEP V2 worlds and launches
+
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  m.def("proxy_alloc", &proxy_alloc);
+  register_v2(m);
+  m.def("proxy_alloc", &proxy_alloc, py::arg("bytes"), py::arg("write_combined") = false);
   m.def("proxy_free", &proxy_free);
   m.def("host_zero", &host_zero);
   m.def("proxy_start", &proxy_start);

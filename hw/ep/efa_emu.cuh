@@ -109,8 +109,18 @@ enum Stat : int {
   ST_DESCS = 13,       // proxy descriptors published
   ST_RING_FULL = 14,   // proxy: ring-space polls (host memory reads)
   ST_NIC_LATE_NS = 15, // sum over data packets of (delivered - due): the emulator falling behind its model
-  ST_NUM = 16,
+  ST_DROPS = 16,       // packet or ACK transmissions the wire dropped (each one resent or given up)
+  ST_DUPS = 17,        // duplicate packets the receiver discarded (resent after a lost ACK)
+  ST_ERR_CQES = 18,    // send CQEs written with an error status (retries exhausted)
+  ST_NIC_EARLY_NS = 19,// sum over data packets of (due - delivered) when a packet landed early
+  ST_LOCAL = 20,       // puts to the rank itself: copied by the issuing warp, never on the wire
+  ST_MIRRORED = 21,    // WQEs the NIC copied from a host-memory SQ into its device mirror
+  ST_NUM = 24,
 };
+
+// Send CQE status the emulated NIC writes when a packet's retries run out (rdma-core
+// efa_io_defs.h enum efa_io_comp_status: "unresponsive remote, detected locally").
+constexpr uint8_t CQE_STATUS_UNRESP_REMOTE = 13;
 
 // ---- profiler rows --------------------------------------------------------
 // A row is 8 x u64. word0 = kind | op<<8 | rank<<16 | warp<<32.
@@ -207,7 +217,9 @@ struct RankLocal {
   const lever_efa_nic_layout* nic;  // [NQ_MAX] native send QPs: where SQ, doorbell and CQ are
   const lever_efa_nic_layout* rx;   // [n_rxcq] this rank's receive QPs (RX CQ of write-with-imm)
   NicQp* nicqp;              // [nq]
-  int* nic_rem;              // [nq][sq_depth] packets outstanding per WQE
+  int* nic_rem;              // [4][NQ_MAX][sq_depth] per WQE: packets not landed, packets not
+                             // ACKed, landed-packet bitmap (receiver dedup), status (0 ok)
+  unsigned long long* nic_ackt;  // [NQ_MAX][sq_depth] latest ACK arrival of the WQE's packets
   int* hcount;               // [E_local][R] cached-dispatch handle: counts of the last full dispatch
   unsigned int* bar;         // [4] rank barrier counter
   unsigned long long* prof;  // [prof_cap][8]
@@ -216,7 +228,14 @@ struct RankLocal {
   ProxyDesc* pring;          // [nq][ring_depth] descriptor rings
   unsigned long long* pstate;// [nq][16]: [0] consumer index (descriptors taken), [8] completions seen
   const lever_efa_nic_layout* pnic;  // [NQ_MAX] the proxy's send QPs (pinned host memory; the
-                                     // NIC reads their SQ over PCIe; null without a proxy)
+                                     // NIC mirrors their SQ over PCIe; null without a proxy)
+  // what the NIC fetches from: a send QP whose SQ is in host memory is mirrored by the NIC
+  // into device memory (its doorbell too); these are the mirrors' layouts, else the published
+  const lever_efa_nic_layout* fnic;  // [NQ_MAX] native
+  const lever_efa_nic_layout* fpnic; // [NQ_MAX] proxy (null without a proxy)
+  unsigned* loc_cnt;         // [n_rxcq] write-imm puts the rank copied to itself this op
+  unsigned* wqe_done;        // [NQ_MAX][sq_depth] V2: send completions per SQ slot, counted by
+                             // whoever consumes the CQE (null for V1: nothing counted)
 };
 
 struct Fabric {  // [platform.fabric] + [platform.nic] + [platform.receiver], ns
@@ -229,6 +248,9 @@ struct Fabric {  // [platform.fabric] + [platform.nic] + [platform.receiver], ns
   float wqe_process_ns, dma_read_ns, completion_ns, min_wqe_gap_ns;
   float recv_completion_ns;
   int nics_per_rank;
+  int max_retries;        // retransmissions of one packet before its WQE completes in error
+  float deliver_lead_ns;  // a packet's copy starts this long before it is due (lands on time)
+  int deliver_batch;      // due packets a NIC warp claims, copies and fences at once
   unsigned long long seed;
 };
 

@@ -67,15 +67,17 @@ inline const char* numbering_problem(int num_ranks, int nq, int n_rx) {
 
 // ---- layouts of the emulated NIC's queues -------------------------------------------
 // One send QP: SQ ring (entries x 64 B), a 4-byte doorbell word, a CQ ring
-// (cq_entries x 32 B), all at addresses the GPU uses directly (UVA: device memory on
-// the native path, mapped pinned host memory on the proxy path, where the host
-// address is the same). peers: the device copy of the peer table.
-inline lever_efa_nic_layout send_qp_layout(int rank, uint32_t qpn, uint64_t sq, uint64_t db,
-                                           uint64_t cq, uint32_t sq_entries,
-                                           uint32_t cq_entries, bool host_memory,
-                                           uint64_t peers, uint32_t num_peers) {
+// (cq_entries x 32 B), all at addresses the GPU uses directly (UVA: device memory, or
+// mapped pinned host memory, where the host address is the same; the SQ and doorbell
+// there are write-combined, as an LLQ BAR is mapped). sq_host/cq_host say where the SQ
+// with its doorbell and the CQ are. peers: the device copy of the peer table.
+inline lever_efa_nic_layout send_qp_layout_at(int rank, uint32_t qpn, uint64_t sq, uint64_t db,
+                                              uint64_t cq, uint32_t sq_entries, uint32_t cq_entries,
+                                              bool sq_host, bool cq_host, uint64_t peers,
+                                              uint32_t num_peers) {
   lever_efa_nic_layout l{};
-  const uint32_t mem = host_memory ? LEVER_EFA_MEM_HOST : LEVER_EFA_MEM_GPU;
+  const uint32_t mem = sq_host ? LEVER_EFA_MEM_HOST : LEVER_EFA_MEM_GPU;
+  const uint32_t cq_mem = cq_host ? LEVER_EFA_MEM_HOST : LEVER_EFA_MEM_GPU;
   l.version = LEVER_EFA_NIC_LAYOUT_VERSION;
   l.qp_num = qpn;
   l.sq_buffer = sq;
@@ -93,7 +95,7 @@ inline lever_efa_nic_layout send_qp_layout(int rank, uint32_t qpn, uint64_t sq, 
   l.cq_doorbell = 0;
   l.cq_entry_size = CQE_SIZE;
   l.cq_num_entries = cq_entries;
-  l.cq_buffer_mem = mem;
+  l.cq_buffer_mem = cq_mem;
   l.cq_phase_first = LEVER_EFA_CQ_PHASE_FIRST_LAP;
   l.qkey = qkey(rank);
   l.lkey = lkey(rank);
@@ -104,6 +106,24 @@ inline lever_efa_nic_layout send_qp_layout(int rank, uint32_t qpn, uint64_t sq, 
   l.num_peers = num_peers;
   l.peers = peers;
   l.peers_mem = LEVER_EFA_MEM_GPU;
+  return l;
+}
+// Every queue of the QP in one place (device memory: native; host memory: the proxy's).
+inline lever_efa_nic_layout send_qp_layout(int rank, uint32_t qpn, uint64_t sq, uint64_t db,
+                                           uint64_t cq, uint32_t sq_entries,
+                                           uint32_t cq_entries, bool host_memory,
+                                           uint64_t peers, uint32_t num_peers) {
+  return send_qp_layout_at(rank, qpn, sq, db, cq, sq_entries, cq_entries, host_memory, host_memory,
+                           peers, num_peers);
+}
+// The NIC's own device-memory mirror of a host-memory SQ and its doorbell: what its fetcher
+// reads (the NIC copies WQEs there after reading the host doorbell over PCIe). Everything
+// else (CQ, keys, QPN) is the published layout's.
+inline lever_efa_nic_layout mirror_layout(const lever_efa_nic_layout& pub, uint64_t msq, uint64_t mdb) {
+  lever_efa_nic_layout l = pub;
+  l.sq_buffer = l.sq_buffer_dev = msq;
+  l.sq_doorbell = l.sq_doorbell_dev = mdb;
+  l.sq_buffer_mem = l.sq_doorbell_mem = LEVER_EFA_MEM_GPU;
   return l;
 }
 

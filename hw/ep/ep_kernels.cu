@@ -164,8 +164,26 @@ __device__ float flight_ns(const Fabric& f, Rng& r) {
 }
 
 // ------------------------------------------------------------ rank barrier
+// The EP warps of one block meet here. A software barrier (arrival count + generation in
+// shared memory), not bar.sync: a warp that hit an error returns early, and a hardware
+// barrier would then hold the others forever; this one lets them leave once the run aborted.
+__shared__ unsigned g_ep_arrive, g_ep_gen;
 __device__ __forceinline__ void ep_sync(const World& w) {
-  asm volatile("bar.sync 1, %0;" ::"r"(w.ep_warps * 32) : "memory");
+  __syncwarp();
+  if (lane_id() == 0) {
+    const unsigned g = *reinterpret_cast<volatile unsigned*>(&g_ep_gen);
+    __threadfence_block();
+    if (atomicAdd(&g_ep_arrive, 1u) == (unsigned)w.ep_warps - 1u) {
+      *reinterpret_cast<volatile unsigned*>(&g_ep_arrive) = 0u;
+      __threadfence_block();
+      atomicExch(&g_ep_gen, g + 1u);
+    } else {
+      while (*reinterpret_cast<volatile unsigned*>(&g_ep_gen) == g && !aborted(w)) {
+      }
+    }
+    __threadfence_block();
+  }
+  __syncwarp();
 }
 __device__ bool rank_barrier(const World& w, const RankLocal& L, int& nbar, int rank) {
   ep_sync(w);
@@ -239,6 +257,8 @@ struct Issuer {
   unsigned credit_ctr;
   unsigned long long pcons;  // proxy: cached consumer index of the ring
   unsigned long long n_wqe, n_db, n_fence, n_lock, n_poll, n_turnwait, n_ringpoll, n_desc;
+  unsigned long long n_local;  // puts to the rank itself, copied locally
+  unsigned last_slot;  // first slot of the last post group (V2 flushes track their own slots)
 };
 
 // Word wd of the WQE for put p posted as number idx on the QP of layout l: the peer
@@ -274,12 +294,19 @@ __device__ bool cq_poll(const World& w, const RankLocal& L, int qp, unsigned nee
     const unsigned vm = __ballot_sync(0xffffffffu, valid);
     const int nvalid = __ffs(~vm) - 1 < 0 ? 32 : __ffs(~vm) - 1;  // valid prefix
     const bool badst = valid && lane < nvalid && lever_efa_cqe_status(v.x) != 0u;
-    if (__any_sync(0xffffffffu, badst)) {
-      if (lane == 0) raise_err(w, ERR_BAD_CQE, L.rank, qp, ci, 1, 0);
+    const unsigned badm = __ballot_sync(0xffffffffu, badst);
+    if (badm) {  // an error CQE: its status names what failed (aux), its index the WQE
+      const int bl = __ffs(badm) - 1;
+      const unsigned st = __shfl_sync(0xffffffffu, lever_efa_cqe_status(v.x), bl);
+      if (lane == 0) raise_err(w, ERR_BAD_CQE, L.rank, qp, ci + (unsigned)bl, 0, (int)st);
       return false;
     }
     if (nvalid > 0) {
-      if (lane == 0) atomicCAS(&Q->cq_ci, ci, ci + (unsigned)nvalid);
+      unsigned won = 0;
+      if (lane == 0) won = atomicCAS(&Q->cq_ci, ci, ci + (unsigned)nvalid) == ci;
+      // V2 flushes wait for their own slots: the consumer counts each CQE's slot (req_id)
+      if (L.wqe_done && __shfl_sync(0xffffffffu, won, 0) && lane < nvalid)
+        atomicAdd(L.wqe_done + (size_t)qp * lay->sq_num_entries + (v.x & 0xffffu), 1u);
       continue;
     }
     if ((int)(ci - need) >= 0) return true;
@@ -330,6 +357,7 @@ __device__ bool post_proxy(const World& w, const RankLocal& L, const EpFlags& f,
   unsigned slot = 0;
   if (lane == 0) slot = atomicAdd(&Q->resv, (unsigned)n);
   slot = __shfl_sync(0xffffffffu, slot, 0);
+  is.last_slot = slot;
   bool ok = true;
   const unsigned long long rd = (unsigned long long)w.ring_depth;  // descriptors per ring
   // credit: completions the proxy reported must leave room in the NIC's SQ
@@ -411,6 +439,7 @@ __device__ bool post_group(const World& w, const RankLocal& L, const EpFlags& f,
   unsigned slot = 0;
   if (lane == 0) slot = atomicAdd(&Q->resv, (unsigned)n);  // slot reservation: the only RMW
   slot = __shfl_sync(0xffffffffu, slot, 0);
+  is.last_slot = slot;
   if (sample && lane == 0) { tt = gtime(); acc_lock += tt - t0; }
   const int ce = f.credit_every < 1 ? 1 : f.credit_every;
   if (f.span > 1) {
@@ -519,10 +548,40 @@ __device__ bool post_group(const World& w, const RankLocal& L, const EpFlags& f,
   return true;
 }
 
+// A put to the rank itself never goes on the wire: the warp copies it (as DeepEP does for
+// its own rank) and, for a write-with-immediate data put, counts it in loc_cnt[dest queue]
+// where the receiver adds it to the receive completions it counts. An 8-byte signal (a
+// count or flag word) is one store; earlier data puts are ordered before it by the same
+// barrier/flush as on the wire path.
+__device__ void local_put(const World& w, const RankLocal& L, Issuer& is, const Put& p) {
+  const int lane = lane_id();
+  const uint8_t* src = reinterpret_cast<const uint8_t*>(p.laddr);
+  uint8_t* dst = reinterpret_cast<uint8_t*>(p.raddr);
+  if (((p.laddr | p.raddr | p.len) & 15ull) == 0ull) {
+    const uint4* s4 = reinterpret_cast<const uint4*>(src);
+    uint4* d4 = reinterpret_cast<uint4*>(dst);
+    for (unsigned i = (unsigned)lane; i < (p.len >> 4); i += 32u) __stcg(d4 + i, __ldcg(s4 + i));
+  } else if (((p.laddr | p.raddr | p.len) & 7ull) == 0ull) {
+    const unsigned long long* s8 = reinterpret_cast<const unsigned long long*>(src);
+    unsigned long long* d8 = reinterpret_cast<unsigned long long*>(dst);
+    for (unsigned i = (unsigned)lane; i < (p.len >> 3); i += 32u) __stcg(d8 + i, __ldcg(s8 + i));
+  } else {
+    for (unsigned i = (unsigned)lane; i < p.len; i += 32u) dst[i] = __ldcg(src + i);
+  }
+  __syncwarp();
+  __threadfence();
+  if (lane == 0 && p.has_imm && (p.imm >> 31) == 0u) atomicAdd(L.loc_cnt + p.dqp, 1u);
+  is.n_local += 1;
+}
+
 // Queue one put; post a full group. With deferred aggregation one put is held
 // back so the warp's last group (posted with final_ring) is never empty.
 __device__ __forceinline__ bool issue(const World& w, const RankLocal& L, const EpFlags& f,
                                       Issuer& is, Put* pend, const Put& p, int op, int wg) {
+  if (p.dest == (unsigned short)L.rank) {  // local traffic stays local
+    local_put(w, L, is, p);
+    return true;
+  }
   const bool hold = f.agg > 0 && !f.proxy;
   if (hold && is.npend >= is.group) {
     if (!post_group(w, L, f, is, pend, op, wg, false)) return false;
@@ -579,6 +638,7 @@ __device__ void setup_issuer(const World& w, const EpFlags& f, const EpCtx& e, I
   is.credit_ctr = 0;
   is.pcons = 0;
   is.n_wqe = is.n_db = is.n_fence = is.n_lock = is.n_poll = is.n_turnwait = is.n_ringpoll = is.n_desc = 0;
+  is.n_local = 0;
   if (for_signal && f.notify_qp) is.qp = 0;
   else is.qp = e.qbase + (e.c % e.ndata);
   int g = f.db_batch < 1 ? 1 : f.db_batch;
@@ -602,6 +662,7 @@ __device__ void flush_stats(const World& w, const Issuer& is) {
   if (is.n_turnwait) atomicAdd(&w.stats[ST_TURN_WAITS], is.n_turnwait);
   if (is.n_ringpoll) atomicAdd(&w.stats[ST_RING_FULL], is.n_ringpoll);
   if (is.n_desc) atomicAdd(&w.stats[ST_DESCS], is.n_desc);
+  if (is.n_local) atomicAdd(&w.stats[ST_LOCAL], is.n_local);
 }
 
 // Signals: count messages (dispatch) / done flags (combine) after the data.
@@ -658,6 +719,7 @@ __device__ bool flush_rank(const World& w, const RankLocal& L, const EpFlags& f,
   if (!rank_barrier(w, L, nbar, e.rank)) return false;
   Issuer tmp;
   tmp.n_wqe = tmp.n_db = tmp.n_fence = tmp.n_lock = tmp.n_poll = tmp.n_turnwait = tmp.n_ringpoll = tmp.n_desc = 0;
+  tmp.n_local = 0;
   bool ok = true;
   for (int q = e.c; q < e.nq && ok; q += e.C) ok = flush_qp(w, L, f, q, tmp);
   flush_stats(w, tmp);
@@ -771,6 +833,13 @@ __device__ void dispatch_rank(const World& w, const EpFlags& f, const EpCtx& e, 
       if (cached && lane < R) expect = L.hcount[le * R + lane];
       unsigned long long t0 = gtime();
       while (true) {
+        if (lane == e.rank) {  // own tokens were copied, not sent: local count and count word
+          got = (int)ld_acq32(L.loc_cnt + le);
+          if (expect < 0) {
+            const unsigned long long cv = ld_acq64(w.peers[e.rank].recv_cnt + (size_t)le * R + lane);
+            if ((cv >> 32) == (unsigned long long)epoch) expect = (int)(cv & 0xffffffffu);
+          }
+        }
         bool done = lane >= R || (expect >= 0 && got == expect);
         if (__all_sync(0xffffffffu, done)) break;
         uint4 v = make_uint4(0, 0, 0, 0);
@@ -927,7 +996,11 @@ __device__ void combine_rank(const World& w, const EpFlags& f, const EpCtx& e, P
     unsigned head = L.rx_head[e.c];
     int got = 0;
     unsigned long long t0 = gtime();
-    while (got < expect) {
+    while (true) {
+      int loc = 0;  // messages of this rank to itself (copied locally, no receive completion)
+      if (lane == 0) loc = (int)ld_acq32(L.loc_cnt + e.c);
+      loc = __shfl_sync(0xffffffffu, loc, 0);
+      if (got + loc >= expect) break;
       uint4 v = make_uint4(0, 0, 0, 0);
       if (lane == 0) v = ld_vol_v4(cqe_at(rq, head));
       unsigned fl = __shfl_sync(0xffffffffu, lever_efa_cqe_flags(v.x), 0);
@@ -1010,7 +1083,7 @@ __device__ void combine_rank(const World& w, const EpFlags& f, const EpCtx& e, P
 // schedule their packets on the NIC's serialiser (line rate) in SQ order, each
 // packet with its own path, jitter and losses (retransmit after the RTO).
 #define NP 512      // packet-table entries per NIC block
-#define NCLAIM 4    // entries a warp delivers per batch
+// entries a warp delivers per batch: Fabric::deliver_batch (a packet's lateness includes its batch)
 #define FETCH_MAXP 64
 
 enum : unsigned { ES_FREE = 0, ES_PENDING = 1, ES_CLAIMED = 2 };
@@ -1025,6 +1098,8 @@ struct NicShared {
   unsigned imm[NP];
   unsigned meta[NP];            // kind 0-1 | has_imm 2 | pkt 3-7 | q 8-15 | dest 16-23 | dqp 24-31
   unsigned state[NP];
+  unsigned long long sent[NP];  // data: when the current transmission left the NIC
+  unsigned char tries[NP];      // data: retransmissions so far (lost packets and lost ACKs)
   unsigned long long dep[FETCH_MAXP];
   int eidx[FETCH_MAXP];
   unsigned long long nic_free, last_wqe;
@@ -1050,14 +1125,27 @@ struct NicCtx {
   unsigned depth;   // entries of every SQ it serves (its nic_rem tables are [nq][depth])
   bool proxy;
   const lever_efa_nic_layout* lay;  // [nq] the QPs it serves (native or proxy), as it published them
+  const lever_efa_nic_layout* flay; // [nq] where it fetches WQEs and doorbells: its device mirror of a
+                                    // host-memory SQ, else the published layout
+  bool sq_host, cq_host;            // published SQ / CQ in host memory (PCIe from this GPU)
   unsigned long long seed;
   unsigned long long n_pkt, n_retx, n_cqe, n_rx, n_reord, n_wqe, n_late;
+  unsigned long long n_drop, n_dup, n_err, n_early, n_mirror;
 };
 
 __device__ __forceinline__ Rng pkt_rng(const NicCtx& c, int q, unsigned wi, unsigned p) {
   Rng r;
   r.s = mix64(c.seed ^ ((unsigned long long)c.L->rank << 52) ^ ((unsigned long long)q << 44) ^
               ((unsigned long long)wi << 8) ^ (unsigned long long)p);
+  return r;
+}
+
+// The draw of one wire event of packet p of WQE wi: what (1 packet dropped?, 2 ACK
+// dropped?, 3 the resend's flight) and the transmission it belongs to (tries).
+__device__ __forceinline__ Rng event_rng(const NicCtx& c, int q, unsigned wi, unsigned p, unsigned what,
+                                         unsigned tries) {
+  Rng r = pkt_rng(c, q, wi, p);
+  r.s = mix64(r.s ^ ((unsigned long long)what << 56) ^ ((unsigned long long)tries << 48));
   return r;
 }
 
@@ -1074,7 +1162,7 @@ __device__ int nic_fetch(const World& w, NicCtx& c, NicShared& S) {
   const int my_q = c.nic + lane * c.nics;
   if (my_q < c.nq) {
     my_ci = ld_vol32(&L.nicqp[my_q].ci);
-    my_db = ld_acq32(reinterpret_cast<const unsigned*>(c.lay[my_q].sq_doorbell_dev)) & 0xffffu;
+    my_db = ld_acq32(reinterpret_cast<const unsigned*>(c.flay[my_q].sq_doorbell_dev)) & 0xffffu;
   }
   unsigned todo = __ballot_sync(0xffffffffu, my_q < c.nq && ((my_db - my_ci) & 0xffffu) != 0u);
   while (todo) {
@@ -1094,7 +1182,7 @@ __device__ int nic_fetch(const World& w, NicCtx& c, NicShared& S) {
       bool bad = false;
       const unsigned idx = ci + (unsigned)lane;
       if (lane < nw) {
-        const lever_efa_nic_layout* lq = c.lay + q;
+        const lever_efa_nic_layout* lq = c.flay + q;
         const void* slotp = reinterpret_cast<const void*>(lever_efa_sq_slot_dev(lq, idx));
         uint4 raw[4];
 #pragma unroll
@@ -1188,8 +1276,16 @@ __device__ int nic_fetch(const World& w, NicCtx& c, NicShared& S) {
         if (lane == 0) S.cursor = (cur + (unsigned)scanned) % NP;
       }
       __syncwarp();
-      // packets remaining per WQE (read by the deliverers' atomics)
-      if (lane < take) atomicExch(&L.nic_rem[(size_t)q * depth + (idx % depth)], npk);
+      // per WQE (read by the deliverers' atomics): packets to land, packets to be ACKed, the
+      // receiver's landed bitmap, the status, the latest ACK
+      if (lane < take) {
+        const size_t wslot = (size_t)q * depth + (idx % depth), W = (size_t)NQ_MAX * depth;
+        atomicExch(&L.nic_rem[wslot], npk);
+        atomicExch(&L.nic_rem[W + wslot], npk);
+        atomicExch(&L.nic_rem[2 * W + wslot], 0);
+        atomicExch(&L.nic_rem[3 * W + wslot], 0);
+        atomicExch(&L.nic_ackt[wslot], 0ull);
+      }
       // fill the entries: packet m belongs to WQE j (first lane with incl > m)
       for (int mb = 0; mb < P; mb += 32) {
         const int m = mb + lane;
@@ -1212,14 +1308,12 @@ __device__ int nic_fetch(const World& w, NicCtx& c, NicShared& S) {
           const unsigned p = (unsigned)(m - (incj - npj));
           const unsigned wi = ci + (unsigned)jm;
           Rng r = pkt_rng(c, q, wi, p);
-          unsigned long long land = S.dep[m] + (unsigned long long)flight_ns(fb, r);
-          int tries = 0;
-          while (fb.loss_prob > 0.f && r.uni() < fb.loss_prob && tries < 8) {
-            land += (unsigned long long)fb.rto_ns + (unsigned long long)flight_ns(fb, r);  // dropped: resent after RTO
-            ++tries;
-          }
-          c.n_retx += tries;
+          // arrival of the first transmission; whether the wire drops it is drawn when it
+          // is due (nic_warp), and a dropped packet is resent from its departure + RTO
+          const unsigned long long land = S.dep[m] + (unsigned long long)flight_ns(fb, r);
           const int e = S.eidx[m];
+          S.sent[e] = S.dep[m];
+          S.tries[e] = 0;
           S.due[e] = land;
           S.src[e] = la + (unsigned long long)p * fb.mtu;
           S.dst[e] = ra + (unsigned long long)p * fb.mtu;
@@ -1293,6 +1387,109 @@ __device__ __forceinline__ void entry_requeue(NicShared& S, int e, unsigned kind
   vstu(&S.state[e], ES_PENDING);
 }
 
+// The NIC's host-facing engine (warp 0 of a NIC block whose queues sit in host memory):
+// the SQ and doorbell of a host-memory QP are write-only for the issuer (a BAR on EFA),
+// so the NIC pays for seeing them: one PCIe read of every doorbell it serves, then a
+// copy of the new WQEs into its device mirror and the mirror's doorbell, which the
+// fetcher reads as it reads a device-memory SQ. my_mdb: the lane's mirrored producer value.
+__device__ void nic_mirror(const World& w, NicCtx& c, unsigned& my_mdb) {
+  const int lane = lane_id();
+  const int my_q = c.nic + lane * c.nics;
+  unsigned my_hdb = my_mdb;
+  if (my_q < c.nq) my_hdb = ld_acq32(reinterpret_cast<const unsigned*>(c.lay[my_q].sq_doorbell_dev));
+  unsigned todo = __ballot_sync(0xffffffffu, my_q < c.nq && ((my_hdb - my_mdb) & 0xffffu) != 0u);
+  while (todo) {
+    const int jq = __ffs(todo) - 1;
+    todo &= todo - 1;
+    const int q = c.nic + jq * c.nics;
+    const unsigned from = __shfl_sync(0xffffffffu, my_mdb, jq);
+    const unsigned to = __shfl_sync(0xffffffffu, my_hdb, jq);
+    const unsigned n = (to - from) & 0xffffu;
+    const lever_efa_nic_layout* hl = c.lay + q;
+    const lever_efa_nic_layout* ml = c.flay + q;
+    for (unsigned k = (unsigned)lane; k < n; k += 32u) {
+      const unsigned idx = from + k;
+      const uint4* hs = reinterpret_cast<const uint4*>(lever_efa_sq_slot_dev(hl, idx));
+      uint4* ms = reinterpret_cast<uint4*>(lever_efa_sq_slot_dev(ml, idx));
+      uint4 v[4];
+#pragma unroll
+      for (int j = 0; j < 4; ++j) v[j] = ld_vol_v4(hs + j);
+#pragma unroll
+      for (int j = 0; j < 4; ++j) st_vol_v4(ms + j, v[j]);
+    }
+    __syncwarp();
+    __threadfence();  // mirrored WQEs before the mirror's doorbell
+    if (lane == 0) {
+      st_release_gpu32(reinterpret_cast<unsigned*>(ml->sq_doorbell_dev), to);
+      c.n_mirror += n;
+    }
+    if (lane == jq) my_mdb = to;
+  }
+}
+
+// Write the send CQE of WQE wi on QP q (status 0, or the error when its retries ran out).
+__device__ void write_send_cqe(NicCtx& c, int q, unsigned wi, bool err) {
+  NicQp* NQ = c.L->nicqp + q;
+  const unsigned pi = atomicAdd(&NQ->cq_pi, 1u);
+  const lever_efa_nic_layout* lq = c.lay + q;
+  void* cqe = reinterpret_cast<void*>(lever_efa_cq_entry_dev(lq, pi));
+  const unsigned phase = lever_efa_cq_phase(pi, lq->cq_num_entries);
+  const unsigned flags = phase | ((unsigned)EFA_IO_SEND_QUEUE << CDESC_Q_TYPE_SHIFT) |
+                         ((unsigned)EFA_IO_RDMA_WRITE << CDESC_OP_TYPE_SHIFT);
+  const unsigned status = err ? (unsigned)CQE_STATUS_UNRESP_REMOTE : 0u;
+  uint4 v;  // v59 efa_io_tx_cdesc: req_id (the WQE's), status, flags, qp_num, MBZ
+  v.x = lever_efa_slot(wi, lq->sq_num_entries) | (status << 16) | (flags << 24);
+  v.y = lq->qp_num & 0xffffu;
+  v.z = 0;
+  v.w = 0;
+  st_vol_v4(cqe, v);
+  ++c.n_cqe;
+  if (err) ++c.n_err;
+}
+
+// One more packet of WQE (q, wi) is done at the sender: its ACK arrives at ack_t (or it
+// was given up: err). The last one schedules the send CQE after the latest ACK; any other
+// frees its entry.
+__device__ void nic_account(const World& w, NicCtx& c, NicShared& S, int e, int q, unsigned wi,
+                            unsigned long long ack_t, bool err) {
+  const RankLocal& L = *c.L;
+  const size_t wslot = (size_t)q * c.depth + (wi % c.depth), W = (size_t)NQ_MAX * c.depth;
+  if (err) atomicOr(&L.nic_rem[3 * W + wslot], 1);
+  atomicMax(&L.nic_ackt[wslot], ack_t);
+  __threadfence();
+  if (atomicSub(&L.nic_rem[W + wslot], 1) == 1) {
+    const unsigned long long last = atomicAdd(&L.nic_ackt[wslot], 0ull);
+    entry_requeue(S, e, EK_SEND_CQE, last + (unsigned long long)w.fab.completion_ns);
+  } else {
+    entry_free(S, e);
+  }
+}
+
+// The receiver has the packet (or discarded its duplicate) at time t: it sends an ACK. The
+// wire may drop the ACK too; the sender then resends the packet after its RTO (a duplicate
+// at the receiver), until its retries run out.
+__device__ void nic_ack(const World& w, NicCtx& c, NicShared& S, int e, int q, unsigned wi,
+                        unsigned p, unsigned long long t) {
+  const Fabric& fb = w.fab;
+  const unsigned tries = S.tries[e];
+  Rng r = event_rng(c, q, wi, p, 2u, tries);
+  const bool lost = fb.loss_prob > 0.f && r.uni() < fb.loss_prob;
+  if (lost) {
+    ++c.n_drop;
+    if ((int)tries >= fb.max_retries) {  // never ACKed: the WQE completes in error
+      nic_account(w, c, S, e, q, wi, t, true);
+      return;
+    }
+    S.tries[e] = (unsigned char)(tries + 1u);
+    ++c.n_retx;
+    const unsigned long long resend = S.sent[e] + (unsigned long long)fb.rto_ns;
+    S.sent[e] = resend;
+    entry_requeue(S, e, EK_DATA, resend + (unsigned long long)flight_ns(fb, r));
+    return;
+  }
+  nic_account(w, c, S, e, q, wi, t + (unsigned long long)flight_ns(fb, r), false);
+}
+
 __device__ void nic_warp(const World& w, const EpFlags& f, int lr, int nic, int wib, NicShared& S,
                          unsigned total_ep_blocks) {
   const RankLocal& L = w.local[lr];
@@ -1306,15 +1503,34 @@ __device__ void nic_warp(const World& w, const EpFlags& f, int lr, int nic, int 
   c.depth = (unsigned)w.sq_depth;
   c.proxy = f.proxy != 0;
   c.lay = c.proxy ? L.pnic : L.nic;
+  c.flay = c.proxy ? L.fpnic : L.fnic;
+  c.sq_host = c.lay[0].sq_buffer_mem != LEVER_EFA_MEM_GPU;
+  c.cq_host = c.lay[0].cq_buffer_mem != LEVER_EFA_MEM_GPU;
   c.seed = mix64(fb.seed ^ ((unsigned long long)nic << 36));
   c.n_pkt = c.n_retx = c.n_cqe = c.n_rx = c.n_reord = c.n_wqe = c.n_late = 0;
+  c.n_drop = c.n_dup = c.n_err = c.n_early = c.n_mirror = 0;
   const unsigned depth = c.depth;
+  const size_t W = (size_t)NQ_MAX * depth;
+  // warp 0 faces the host when a queue is there: it mirrors host SQs and writes host CQEs,
+  // so no data warp waits on PCIe (its fences would wait for posted host writes)
+  const bool host_engine = (c.sq_host || c.cq_host) && w.nic_warps > 1;
+  const bool is_host = host_engine && wib == 0;
+  unsigned my_mdb = 0;
+  if (is_host && c.sq_host && c.nic + lane * c.nics < c.nq)
+    my_mdb = ld_acq_gpu32(reinterpret_cast<const unsigned*>(c.flay[c.nic + lane * c.nics].sq_doorbell_dev));
+  const unsigned long long lead = (unsigned long long)fb.deliver_lead_ns;
+  const int nclaim = fb.deliver_batch < 1 ? 1 : (fb.deliver_batch > 32 ? 32 : fb.deliver_batch);
+  // the batch's copies visible before any completion that follows: every observer is a
+  // thread of this GPU when the world has one GPU (gpu scope), else peers too (system)
+  const bool one_gpu = w.num_gpus == 1;
   const unsigned long long t_start = gtime();
   unsigned rot = (unsigned)wib * 97u;
   while (true) {
-    // 1. fetch (one warp at a time)
+    // 0. the host-facing engine: mirror host SQs (without one, warp 0 does it between batches)
+    if (c.sq_host && (is_host || (!host_engine && wib == 0))) nic_mirror(w, c, my_mdb);
+    // 1. fetch (one warp at a time; never the host engine)
     bool fetcher = false;
-    if (lane == 0) fetcher = atomicCAS(&S.fetch_lock, 0u, 1u) == 0u;
+    if (lane == 0 && !is_host) fetcher = atomicCAS(&S.fetch_lock, 0u, 1u) == 0u;
     fetcher = __shfl_sync(0xffffffffu, fetcher, 0);
     if (fetcher) {
       int r = nic_fetch(w, c, S);
@@ -1325,22 +1541,30 @@ __device__ void nic_warp(const World& w, const EpFlags& f, int lr, int nic, int 
       }
       if (r < 0) break;
     }
-    // 2. claim up to NCLAIM due entries
+    // 2. claim up to NCLAIM due entries: data packets deliver_lead_ns early (their copy and
+    //    fence take about that long), completions when due. With a host engine, send CQEs
+    //    of a host-memory CQ are its alone.
     const unsigned long long now = gtime();
     int mine = -1;
     rot += 32u;
     for (int k = 0; k < NP / 32; ++k) {
       const int e = (int)((rot + (unsigned)(k * 32 + lane)) % NP);
-      if (mine < 0 && vldu(&S.state[e]) == ES_PENDING && vld64(&S.due[e]) <= now) {
-        if (atomicCAS(&S.state[e], ES_PENDING, ES_CLAIMED) == ES_PENDING) mine = e;
+      if (mine < 0 && vldu(&S.state[e]) == ES_PENDING) {
+        const unsigned kind = vldu(&S.meta[e]) & 3u;
+        const bool host_kind = host_engine && c.cq_host && kind == EK_SEND_CQE;
+        const bool for_me = is_host ? host_kind : !host_kind;
+        const unsigned long long due = vld64(&S.due[e]);
+        if (for_me && (kind == EK_DATA ? due <= now + lead : due <= now) &&
+            atomicCAS(&S.state[e], ES_PENDING, ES_CLAIMED) == ES_PENDING)
+          mine = e;
       }
-      if (__popc(__ballot_sync(0xffffffffu, mine >= 0)) >= NCLAIM) break;
+      if (__popc(__ballot_sync(0xffffffffu, mine >= 0)) >= nclaim) break;
     }
     unsigned got = __ballot_sync(0xffffffffu, mine >= 0);
     // keep NCLAIM, release the rest
     {
       const int rank_in = __popc(got & ((1u << lane) - 1u));
-      if (mine >= 0 && rank_in >= NCLAIM) {
+      if (mine >= 0 && rank_in >= nclaim) {
         vstu(&S.state[mine], ES_PENDING);
         mine = -1;
       }
@@ -1348,21 +1572,38 @@ __device__ void nic_warp(const World& w, const EpFlags& f, int lr, int nic, int 
     }
     if (got) {
       __threadfence_block();
-      // copies
-      unsigned g2 = got;
+      // the wire: a data transmission is dropped (drawn per transmission), or reaches the
+      // receiver, which discards a duplicate (its landed bitmap has the packet) and copies
+      // a new packet
+      int fate = 0;  // 0 not data, 1 dropped, 2 duplicate, 3 copy
+      if (mine >= 0) {
+        const unsigned meta = vldu(&S.meta[mine]);
+        if ((meta & 3u) == EK_DATA) {
+          const int q = (int)((meta >> 8) & 0xffu);
+          const unsigned p = (meta >> 3) & 31u, wi = vldu(&S.wi[mine]);
+          Rng r = event_rng(c, q, wi, p, 1u, (unsigned)S.tries[mine]);
+          if (fb.loss_prob > 0.f && r.uni() < fb.loss_prob) {
+            fate = 1;
+          } else {
+            const int old = atomicOr(&L.nic_rem[2 * W + (size_t)q * depth + (wi % depth)], 1 << p);
+            fate = (old >> p) & 1 ? 2 : 3;
+          }
+        }
+      }
+      unsigned g2 = __ballot_sync(0xffffffffu, fate == 3);  // copies start <= deliver_lead_ns early
       while (g2) {
         const int src_lane = __ffs(g2) - 1;
         g2 &= g2 - 1;
         const int e = __shfl_sync(0xffffffffu, mine, src_lane);
-        const unsigned meta = vldu(&S.meta[e]);
-        if ((meta & 3u) == EK_DATA) {
-          copy_packet(reinterpret_cast<const uint8_t*>(vld64(&S.src[e])),
-                      reinterpret_cast<uint8_t*>(vld64(&S.dst[e])), vldu(&S.len[e]), lane);
-        }
+        copy_packet(reinterpret_cast<const uint8_t*>(vld64(&S.src[e])),
+                    reinterpret_cast<uint8_t*>(vld64(&S.dst[e])), vldu(&S.len[e]), lane);
       }
       __syncwarp();
       // one system fence: the batch's packets are visible before any completion that follows
-      __threadfence_system();
+      if (__any_sync(0xffffffffu, fate == 3)) {
+        if (one_gpu) __threadfence();
+        else __threadfence_system();
+      }
       // bookkeeping: each lane its own entry
       if (mine >= 0) {
         const int e = mine;
@@ -1370,27 +1611,40 @@ __device__ void nic_warp(const World& w, const EpFlags& f, int lr, int nic, int 
         const unsigned kind = meta & 3u;
         const int q = (int)((meta >> 8) & 0xffu);
         const unsigned wi = vldu(&S.wi[e]);
+        const unsigned p = (meta >> 3) & 31u;
+        const size_t wslot = (size_t)q * depth + (wi % depth);
         NicQp* NQ = L.nicqp + q;
         const unsigned long long t = gtime();
-        if (kind == EK_DATA) {
-          const unsigned p = (meta >> 3) & 31u;
+        if (kind == EK_DATA && fate == 1) {  // dropped on the wire
+          ++c.n_drop;
+          const unsigned tries = S.tries[e];
+          if ((int)tries >= fb.max_retries) {
+            nic_account(w, c, S, e, q, wi, t, true);  // gave up: an error CQE, the data never landed
+          } else {
+            S.tries[e] = (unsigned char)(tries + 1u);
+            ++c.n_retx;
+            Rng r = event_rng(c, q, wi, p, 3u, tries + 1u);
+            const unsigned long long resend = S.sent[e] + (unsigned long long)fb.rto_ns;
+            S.sent[e] = resend;
+            entry_requeue(S, e, EK_DATA, (resend > t ? resend : t) + (unsigned long long)flight_ns(fb, r));
+          }
+        } else if (kind == EK_DATA && fate == 2) {  // a duplicate: discarded, ACKed again
+          ++c.n_dup;
+          nic_ack(w, c, S, e, q, wi, p, t);
+        } else if (kind == EK_DATA) {
           ++c.n_pkt;
           const unsigned long long due0 = vld64(&S.due[e]);
-          c.n_late += t > due0 ? t - due0 : 0ull;
+          if (t > due0) c.n_late += t - due0;
+          else c.n_early += due0 - t;
           const unsigned seqv = wi * 32u + p;
           const unsigned prev = atomicMax(&NQ->last_landed, seqv);
           if (prev > seqv) ++c.n_reord;
-          const int rem = atomicSub(&L.nic_rem[(size_t)q * depth + (wi % depth)], 1);
-          if (rem == 1) {
-            if (meta & 4u) {  // write with immediate: receive completion at the target first
-              vst64(&S.src[e], t);
-              entry_requeue(S, e, EK_RECV_CQE, t + (unsigned long long)fb.recv_completion_ns);
-            } else {  // the ACK flies back, then the send CQE
-              Rng r = pkt_rng(c, q, wi, 0xffu);
-              entry_requeue(S, e, EK_SEND_CQE, t + (unsigned long long)(flight_ns(fb, r) + fb.completion_ns));
-            }
+          const int rem = atomicSub(&L.nic_rem[wslot], 1);
+          if (rem == 1 && (meta & 4u)) {  // write with immediate: receive completion at the target
+            vst64(&S.src[e], t);
+            entry_requeue(S, e, EK_RECV_CQE, t + (unsigned long long)fb.recv_completion_ns);
           } else {
-            entry_free(S, e);
+            nic_ack(w, c, S, e, q, wi, p, t);
           }
         } else if (kind == EK_RECV_CQE) {
           const int dest = (int)((meta >> 16) & 0xffu);
@@ -1411,23 +1665,10 @@ __device__ void nic_warp(const World& w, const EpFlags& f, int lr, int nic, int 
           v.w = vldu(&S.imm[e]);                                // the immediate
           st_vol_v4(cqe, v);
           ++c.n_rx;
-          Rng r = pkt_rng(c, q, wi, 0xffu);
-          unsigned long long ack = vld64(&S.src[e]) + (unsigned long long)(flight_ns(fb, r) + fb.completion_ns);
-          entry_requeue(S, e, EK_SEND_CQE, ack > t ? ack : t);
+          nic_ack(w, c, S, e, q, wi, p, vld64(&S.src[e]));  // the last packet's ACK
         } else {  // send completion (out of order across WQEs, like EFA)
-          const unsigned pi = atomicAdd(&NQ->cq_pi, 1u);
-          const lever_efa_nic_layout* lq = c.lay + q;
-          void* cqe = reinterpret_cast<void*>(lever_efa_cq_entry_dev(lq, pi));
-          const unsigned phase = lever_efa_cq_phase(pi, lq->cq_num_entries);
-          const unsigned flags = phase | ((unsigned)EFA_IO_SEND_QUEUE << CDESC_Q_TYPE_SHIFT) |
-                                 ((unsigned)EFA_IO_RDMA_WRITE << CDESC_OP_TYPE_SHIFT);
-          uint4 v;  // v59 efa_io_tx_cdesc: req_id (the WQE's), status 0, flags, qp_num, MBZ
-          v.x = lever_efa_slot(wi, lq->sq_num_entries) | (flags << 24);
-          v.y = lq->qp_num & 0xffffu;
-          v.z = 0;
-          v.w = 0;
-          st_vol_v4(cqe, v);
-          ++c.n_cqe;
+          __threadfence();
+          write_send_cqe(c, q, wi, L.nic_rem[3 * W + wslot] != 0);
           entry_free(S, e);
         }
       }
@@ -1446,10 +1687,12 @@ __device__ void nic_warp(const World& w, const EpFlags& f, int lr, int nic, int 
     }
   }
   // per-lane counters (each lane handled its own entries): warp sums
-  unsigned long long* cs[6] = {&c.n_pkt, &c.n_retx, &c.n_cqe, &c.n_rx, &c.n_reord, &c.n_late};
-  const int st_idx[6] = {ST_PACKETS, ST_RETRANSMITS, ST_CQES, ST_RX_CQES, ST_REORDERED, ST_NIC_LATE_NS};
+  unsigned long long* cs[11] = {&c.n_pkt, &c.n_retx, &c.n_cqe, &c.n_rx, &c.n_reord, &c.n_late,
+                                &c.n_drop, &c.n_dup, &c.n_err, &c.n_early, &c.n_mirror};
+  const int st_idx[11] = {ST_PACKETS, ST_RETRANSMITS, ST_CQES, ST_RX_CQES, ST_REORDERED, ST_NIC_LATE_NS,
+                          ST_DROPS, ST_DUPS, ST_ERR_CQES, ST_NIC_EARLY_NS, ST_MIRRORED};
 #pragma unroll
-  for (int i = 0; i < 6; ++i) {
+  for (int i = 0; i < 11; ++i) {
     unsigned long long v = *cs[i];
     for (int o = 16; o; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
     if (lane == 0 && v) atomicAdd(&w.stats[st_idx[i]], v);
@@ -1463,6 +1706,11 @@ __global__ void __launch_bounds__(MAXW * 32, 1)
   const int warp = threadIdx.x >> 5;
   const int n_ep_blocks = w.ranks_per_gpu * w.ep_blocks_per_rank;
   if ((int)blockIdx.x < n_ep_blocks) {
+    if (threadIdx.x == 0) {
+      g_ep_arrive = 0u;
+      g_ep_gen = 0u;
+    }
+    __syncthreads();
     EpCtx e;
     e.lr = blockIdx.x / w.ep_blocks_per_rank;
     e.bi = blockIdx.x % w.ep_blocks_per_rank;
@@ -1512,6 +1760,7 @@ __global__ void world_barrier_kernel(const __grid_constant__ World w, unsigned l
     // reset per-op counters (the previous op on this stream has finished)
     RankLocal L = w.local[lr];
     L.bar[0] = 0;
+    for (int i = 0; i < w.n_rxcq; ++i) L.loc_cnt[i] = 0;
   }
   *w.ep_done = 0;
   __threadfence_system();
@@ -1529,6 +1778,8 @@ __global__ void world_barrier_kernel(const __grid_constant__ World w, unsigned l
 }
 
 }  // namespace
+
+#include "v2_kernels.cuh"  // DeepEP V2 hybrid/direct: the same issuer and NIC agent
 
 namespace emu_host {
 

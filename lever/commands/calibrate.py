@@ -10,11 +10,11 @@ from pathlib import Path
 
 from lever.calibration.records import (
     BASE_PLATFORM,
-    DATA_DIR,
     RecordError,
     RunRecord,
     check_nic,
     load_record,
+    shipped_record_paths,
 )
 from lever.commands.options import count, output_file, seeds_option, workers_option
 from lever.reports.jsonout import print_json
@@ -78,6 +78,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="--levers: where the folds run")
     v.add_argument("--address", help="--levers --executor ray: cluster address (default: a local Ray)")
     workers_option(v)
+    v.add_argument("--include-superseded", action="store_true",
+                   help="default records: also those marked superseded_by (left out by default)")
     v.add_argument("--json", action="store_true")
     v.set_defaults(func=main_validate)
 
@@ -198,8 +200,9 @@ def print_rows(rows, title: str, predicted_label: str = "simulated") -> None:
     show(t)
 
 
-def shipped_records(nic: str) -> list[str]:
-    return [str(p) for p in sorted(DATA_DIR.glob("*.json")) if load_record(p).nic == nic]
+def shipped_records(nic: str, include_superseded: bool = False) -> list[str]:
+    """The shipped records of one NIC kind (superseded ones only when asked)."""
+    return [str(p) for p in shipped_record_paths(include_superseded) if load_record(p).nic == nic]
 
 
 def main_validate(args: argparse.Namespace) -> int:
@@ -212,7 +215,7 @@ def main_validate(args: argparse.Namespace) -> int:
         return main_validate_levers(args)
     args.nic = args.nic or "efa"
     args.max_nfev = args.max_nfev or 3
-    paths = args.records if args.records is not None else shipped_records(args.nic)
+    paths = args.records if args.records is not None else shipped_records(args.nic, args.include_superseded)
     if len(paths) < 2:
         raise UserError(f"validate: needs at least 2 records of nic '{args.nic}', found {len(paths)}")
     recs = load_records(paths)
@@ -262,7 +265,7 @@ def main_validate_levers(args: argparse.Namespace) -> int:
             raise UserError("validate --levers: --records needs at least one record")
         recs = [load_record(p) for p in args.records]
     else:
-        recs = [load_record(p) for p in sorted(DATA_DIR.glob("*.json"))]
+        recs = [load_record(p) for p in shipped_record_paths(args.include_superseded)]
     if args.nic:
         recs = [r for r in recs if r.nic == args.nic]
     ids: dict[str, int] = {}

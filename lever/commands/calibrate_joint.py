@@ -9,7 +9,7 @@ import sys
 import time
 from pathlib import Path
 
-from lever.calibration.records import DATA_DIR, load_record
+from lever.calibration.records import load_record, shipped_record_paths
 from lever.reports.jsonout import print_json
 from lever.reports.progress import progress_bar
 from lever.reports.tables import console, show
@@ -24,7 +24,7 @@ def shipped_fittable() -> list[str]:
     from lever.sim.routing import Routing
 
     out = []
-    for p in sorted(DATA_DIR.glob("*.json")):
+    for p in shipped_record_paths():
         rec = load_record(p)
         if rec.sim is None:
             continue

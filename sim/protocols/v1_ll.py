@@ -58,18 +58,26 @@ def run(w: World) -> list:
                     counts[(s, d, e)] = counts.get((s, d, e), 0) + 1
     else:
         per_rank = w.design.ll_combine_flags == "per-rank"
-        for s in range(R):  # s hosts expert e; results go back to token's source rank
+        # what each expert received, per (expert, source rank), in token order
+        got: dict[tuple[int, int], list[int]] = {}
+        for src in range(R):
+            for t, row in enumerate(rt.topk[src]):
+                for e in row:
+                    got.setdefault((int(e), src), []).append(t)
+        for s in range(R):  # s hosts expert e; results go back to the token's source rank
+            # (expert, source) pairs expert-major, source-minor, each pair's rows dealt round
+            # robin over the channels in turn (DeepEP LL's combine: a warp group per (expert,
+            # destination rank); hw/ep's combine_rank: the same pairs, rows dealt over warps), so
+            # the channels write to different destinations at once
             k = 0
-            for src in range(R):
-                for _t, row in enumerate(rt.topk[src]):
-                    for e in row:
-                        e = int(e)
-                        if rt.rank_of(e) == s:
-                            # one flag per (expert, source), or per source rank for all its rows
-                            key = (s, src, -1) if per_rank else (s, src, e)
-                            items[s].append((k % C, src, RankTag(s) if per_rank else ExpertTag(s, e), k))
-                            counts[key] = counts.get(key, 0) + 1
-                            k += 1
+            for e in rt.experts_of(s):
+                for src in range(R):
+                    for _t in got.get((e, src), ()):
+                        # one flag per (expert, source), or per source rank for all its rows
+                        key = (s, src, -1) if per_rank else (s, src, e)
+                        items[s].append((k % C, src, RankTag(s) if per_rank else ExpertTag(s, e), k))
+                        counts[key] = counts.get(key, 0) + 1
+                        k += 1
     done = []
     for r in range(R):
         done.append(env.process(_rank(w, r, items[r], counts, nbytes, dispatch)))

@@ -1,0 +1,369 @@
+"""``lever hw ep --protocol v2-hybrid|v2-direct``: DeepEP V2 over the emulated SRD NIC, on emulated nodes.
+
+What runs (hw/ep/v2_kernels.cuh, in the same extension and launch shape as V1 LL): per GPU
+one cooperative launch per op; EP blocks hold the design's scale-out warps (channels) and,
+in hybrid mode, its forward warps; NIC blocks are V1's emulated NIC, unchanged. Every RDMA
+write goes through V1's issuer (native WQEs and doorbells, or the proxy's rings), so the
+V1 levers act on V2 the same way, plus the V2 ones (``design.scaleout_update_interval``,
+``cached``).
+
+Nodes are emulated: ``--ranks-per-node P`` groups ranks ``r // P`` into nodes; ranks of one
+node reach each other with peer stores (NVLink) or plain stores where they share a GPU, so
+2 nodes x 2 ranks run on one H200 and the same code spreads over more GPUs where present.
+
+Why records look the way they do: ``sim`` names the V2 scenario file of the design that ran
+(``scenarios/emu-v2-*.toml``: the emulated platform, uncalibrated, and the campaign's design
+file) with ``ep_ranks`` and ``gpus_per_node`` = ranks per node, so ``lever calibrate`` and
+``lever compare`` simulate the same run. The gate is V1's with V2's layout: every rank's
+tokens, per source in token order, ``torch.equal`` the reference (hw/reference.py
+rank_layout / rank_payload), their per-expert view equals V1's layout, and the combine output
+``torch.equal`` V1's reference combine on exact inputs (weights k/8, integer expert outputs:
+every partial sum exact, so node-first reduction gives V1's bits).
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from lever.hw import ep as v1
+from lever.hw import reference as ref
+from lever.hw.reference import Shape
+from lever.sim.errors import UserError
+
+SCENARIOS = {("v2-hybrid", "native"): "emu-v2-hybrid-native", ("v2-hybrid", "proxy"): "emu-v2-hybrid-proxy",
+             ("v2-direct", "native"): "emu-v2-direct-native", ("v2-direct", "proxy"): "emu-v2-direct-native"}
+"""The model's scenario of each (protocol, path): scenarios/emu-v2-*.toml (direct proxy: the
+direct design with design.path = proxy, as no campaign design file exists for it)."""
+PROTO = {"v2-hybrid": 1, "v2-direct": 2}
+V2_ERR_NAMES = {
+    20: "V2 rank waited for the count exchange (notify)",
+    21: "V2 forward warp waited for its streams' tails / receive completions",
+    22: "V2 rank waited for its tokens (forwarded, NVLink or direct signal)",
+    23: "V2 scale-out warp waited for its own WQEs' send completions (flush before a tail)",
+    24: "V2 forward warp waited for a combine row of its node",
+    25: "V2 source waited for combine rows / signals",
+    26: "V2 closing node barrier timed out",
+    27: "V2 signal carried another count than the layout",
+}
+MAX_RANKS = 16
+SCALEOUT_TAIL_MAX = 0x7FFF
+
+
+def ranks_per_node(ranks: int, rpn: int) -> int:
+    """``--ranks-per-node`` (0: two nodes), checked against ``--ranks``."""
+    p = rpn or max(1, ranks // 2)
+    if ranks % p or not 1 <= ranks <= MAX_RANKS:
+        raise UserError(f"--ranks {ranks} with --ranks-per-node {p}: V2 needs 1..{MAX_RANKS} ranks, "
+                        "a multiple of the ranks per node")
+    return p
+
+
+def scenario_overrides(protocol: str, path: str, ranks: int, rpn: int, faults: bool,
+                       extra: Mapping[str, Any], loss_prob: float = 0.02) -> dict[str, Any]:
+    """The model's view of this run on top of its scenario file: ranks, ranks per node (the
+    model's gpus_per_node: one emulated node is one model node), the emulator's loss under
+    --faults (``loss_prob``, hw/emulated_nic.toml), --set."""
+    ov: dict[str, Any] = {"workload.ep_ranks": ranks, "workload.gpus_per_node": rpn, "workload.name": "decode"}
+    if protocol == "v2-direct" and path == "proxy":
+        ov["design.path"] = "proxy"
+    if faults:
+        ov["platform.fabric.loss_prob"] = loss_prob
+    return {**ov, **extra}
+
+
+def load_scenario(protocol: str, path: str, ranks: int, rpn: int, faults: bool, extra: Mapping[str, Any],
+                  levers: list[str], loss_prob: float = 0.02):
+    """The scenario the model runs for this variant: the V2 scenario, the run, then the levers."""
+    from lever.sim.levers import all_levers, load_with_levers
+
+    shipped = all_levers()
+    for name in levers:
+        if name not in shipped:
+            raise v1.EpError(f"--lever {name}: unknown lever (shipped: {', '.join(shipped)})")
+    return load_with_levers(SCENARIOS[(protocol, path)], levers,
+                            base=scenario_overrides(protocol, path, ranks, rpn, faults, extra, loss_prob),
+                            base_source="lever hw ep")
+
+
+def run_flags(scn, protocol: str, path: str) -> dict[str, int]:
+    """The V2 launch's own flags (hw/ep/v2.h V2Run); refuses what the kernels do not build."""
+    d = scn.design
+    if d.protocol != protocol:
+        raise v1.EpError(f"design.protocol {d.protocol!r}: this run is {protocol}")
+    if d.path != path:
+        raise v1.EpError(f"design.path {d.path!r}: this run is --path {path}")
+    if protocol == "v2-direct" and d.signal_mode == "imm-counting":
+        raise v1.EpError("design.signal_mode 'imm-counting': not built for v2-direct on the emulated NIC "
+                         "(v2-hybrid has it)")
+    if d.provider_batched_tail:
+        raise v1.EpError("design.provider_batched_tail: not built for V2 on the emulated NIC (its tails are "
+                         "posted by the scale-out warps)")
+    if not 1 <= d.scaleout_update_interval <= SCALEOUT_TAIL_MAX:
+        raise v1.EpError(f"design.scaleout_update_interval {d.scaleout_update_interval}: 1..{SCALEOUT_TAIL_MAX}")
+    return {"proto": PROTO[protocol], "interval": d.scaleout_update_interval}
+
+
+# ----------------------------------------------------------------- the device run
+class V2Runner(v1.Runner):
+    """V1's runner (NIC queues, peer access, proxy threads, timing) plus the V2 buffers."""
+
+    EXACT = True
+
+    def __init__(self, torch, ext, shape: Shape, ranks: int, gpus: int, scn, seed: int, num_sms: int,
+                 timeout_ms: float, path: str, proxy_threads: int, rpn: int, protocol: str, emu=None,
+                 sq: str = "host", cq: str = "host", faults: bool = False) -> None:
+        d = scn.design
+        self.protocol = protocol
+        self.P, self.N = rpn, ranks // rpn
+        self.so_warps = d.warps_per_sm
+        self.fwd_warps = d.forward_warps_per_sm if protocol == "v2-hybrid" else 0
+        super().__init__(torch, ext, shape, ranks, gpus, scn, seed, num_sms, timeout_ms, path, proxy_threads,
+                         emu=emu, sq=sq, cq=cq, faults=faults)
+        self.warps = self.so_warps + self.fwd_warps  # every EP block: scale-out + forward warps
+        if not 1 <= self.warps <= 8:
+            raise v1.EpError(f"warps_per_sm + forward_warps_per_sm = {self.warps}: the kernels take 1..8")
+        self.Cv = self.nb * self.so_warps
+        self.Fv = self.nb * self.fwd_warps
+        if self.Cv > self.n_rxcq:
+            raise v1.EpError(f"{self.Cv} channels exceed the {self.n_rxcq} receive queues")
+        if self.Fv and (self.N - 1) * math.ceil(self.Cv / self.Fv) > 32:
+            raise v1.EpError("a forward warp would poll more than 32 streams: more forward warps or fewer nodes")
+        self.S = math.ceil(shape.tokens / self.Cv)
+        if self.S > 64:
+            raise v1.EpError(f"{self.S} tokens per (node, channel) stream: the forward warps track at most 64 "
+                             "(more channels)")
+        self.NW = 4 * math.ceil((self.Cv + self.P) / 4)
+        self.tails = shape.tokens + 2
+        cap = ext.coop_max_blocks_v2(0, 32 * max(self.warps, self.nic_warps))
+        grid = self.rpg * (self.nb + self.nics)
+        if grid > cap:
+            raise v1.EpError(f"{grid} blocks per GPU exceed the {cap} co-resident V2 blocks")
+        self.rlayouts = ref.rank_layout(shape, self.inputs)
+        self.rows = ref.rank_rows(shape, self.inputs, self.layouts, self.y, self.rlayouts)
+        self.run = {"proto": PROTO[protocol], "interval": 1}
+        self._alloc_v2()
+
+    def _alloc_v2(self) -> None:
+        t, s = self.t, self.shape
+        T, H, R, P, N, C = s.tokens, s.hidden, self.R, self.P, self.N, self.Cv
+        u8, i32, i64 = t.uint8, t.int32, t.int64
+        self.v2 = []
+        for r in range(R):
+            dv = f"cuda:{self.dev(r)}"
+
+            def z(n: int, dt, dv: str = dv):
+                return t.zeros(n, dtype=dt, device=dv)
+
+            b = {"final_x": z(R * T * v1.DMSG, u8), "arrived": z(R, i32), "expect": z(R, i64),
+                 "so_recv": z(N * C * self.S * v1.DMSG, u8), "so_tail": z(N * C, i64),
+                 "so_notify": z(N * self.NW, i32), "sig": z(R, i64), "part": z(R * T * P * v1.CMSG, u8),
+                 "part_flag": z(R * T * P, i64), "comb_rows": z(T * R * v1.CMSG, u8), "comb_flag": z(T * R, i64),
+                 "comb_sig": z(R, i64), "nbar": z(P, i64), "slot": z(T * R, i32), "cnt": z(R, i32),
+                 "socnt": z(C * N, i32), "h_socnt": z(N * C, i32), "h_expect": z(R, i32), "arr_base": z(R, i32),
+                 "out_src": z(R * T, i32), "out_cnt": z(R, i32), "comb_in": z(R * T * v1.CMSG, u8),
+                 "comb_send": z(R * T * v1.CMSG, u8), "tail_src": z(C * N * self.tails, i64),
+                 "notify_src": z(N * self.NW, i32), "sig_src": z(2 * R, i64),
+                 "wqe_done": z(v1.NQ_MAX * self.depth, i32)}
+            # the rank's combine input rows at its V2 buffer positions (BF16 at +16)
+            ci = b["comb_in"].view(R, T, v1.CMSG)
+            ci[..., 16:16 + 2 * H] = self.rows[r].view(t.uint8).reshape(R, T, 2 * H).to(dv)
+            self.v2.append(b)
+        self.t.cuda.synchronize()
+
+    def rebuild(self, scn, seed: int) -> None:
+        super().rebuild(scn, seed)
+        tables = [{k: v.data_ptr() for k, v in b.items()} for b in self.v2]
+        cfg = {"P": self.P, "N": self.N, "C": self.Cv, "F": self.Fv, "so_warps": self.so_warps,
+               "fwd_warps": self.fwd_warps, "S": self.S, "NW": self.NW, "tails": self.tails}
+        for h in self.handles:
+            self.ext.make_v2(h, cfg, tables)
+
+    def run_op(self, op: int, flags: dict[str, int], events: list | None) -> None:
+        self.seq += 1
+        for g in range(self.G):
+            st = self.streams[g]
+            rc = self.ext.launch_barrier(self.handles[g], self.seq, st.cuda_stream)
+            if rc:
+                raise v1.EpError(f"GPU {g}: barrier launch failed: {self.ext.err_string(rc)}")
+            if events is not None:
+                events[g][0].record(st)
+            rc = self.ext.launch_v2(self.handles[g], op, self.epoch, flags, self.run, st.cuda_stream)
+            if rc:
+                raise v1.EpError(f"GPU {g}: V2 op launch failed: {self.ext.err_string(rc) if rc > 0 else rc}")
+            if events is not None:
+                events[g][1].record(st)
+
+    def check_errors(self) -> None:
+        """V1's diagnostics (error CQEs named, the proxy's first), then the V2 codes."""
+        for g, gb in enumerate(self.gbufs):
+            e = gb["err"].cpu().tolist()
+            if e[0] in V2_ERR_NAMES:
+                raise v1.EpError(f"GPU {g}: {V2_ERR_NAMES[e[0]]}: rank {e[1]} (block {e[6]}, warp {e[7]}), "
+                                 f"peer/stream/qp {e[2]}, counter {e[3]}, expected {e[4]}, aux {e[5]}")
+        super().check_errors()
+
+    def reset_state(self) -> None:
+        super().reset_state()
+        for b in self.v2:
+            for k in ("arrived", "expect", "so_tail", "so_notify", "sig", "part_flag", "comb_flag", "comb_sig",
+                      "nbar", "arr_base", "wqe_done", "h_socnt", "h_expect"):
+                b[k].zero_()
+        self.sync()
+
+    def poison(self) -> None:
+        super().poison()
+        for b in self.v2:
+            b["final_x"].fill_(0xA5)
+            b["out_src"].fill_(-7)
+            b["out_cnt"].fill_(-7)
+            b["comb_rows"].fill_(0x5A)
+        self.sync()
+
+    def gate_check(self) -> list[str]:
+        """Every rank's V2 outputs against the reference (hw/reference.py), V1's per-expert
+        view of them, and the combine output against V1's reference."""
+        t, s = self.t, self.shape
+        R, T, H = self.R, s.tokens, s.hidden
+        fails = []
+        for r in range(R):
+            b, lay = self.v2[r], self.rlayouts[r]
+            counts = b["out_cnt"].cpu()
+            if not t.equal(counts, lay["counts"]):
+                fails.append(f"rank {r}: tokens per source differ")
+                continue
+            src = b["out_src"].view(R, T).cpu()
+            valid = t.arange(T)[None, :] < counts[:, None]
+            src = t.where(valid, src, -1)
+            if not t.equal(src, lay["src"]):
+                fails.append(f"rank {r}: token indices differ")
+                continue
+            view = ref.expert_view(s, self.inputs, r, src, counts)
+            if not (t.equal(view["counts"], self.layouts[r]["counts"]) and t.equal(view["src"], self.layouts[r]["src"])):
+                fails.append(f"rank {r}: the per-expert view differs from V1's layout")
+            fx = b["final_x"].view(R, T, v1.DMSG).cpu()
+            xr, scr = ref.rank_payload(s, self.inputs, lay)
+            got_x = t.where(valid[..., None], fx[..., :H], 0)
+            got_s = t.where(valid[..., None], fx[..., H:H + 4 * s.scales].contiguous().view(t.float32), 0)
+            if not t.equal(got_x, xr):
+                fails.append(f"rank {r}: FP8 payload differs")
+            if not t.equal(got_s, scr):
+                fails.append(f"rank {r}: scales differ")
+            out = self.bufs[r]["comb_out"].cpu()
+            if not t.equal(out, self.ref_comb[r]):
+                fails.append(f"rank {r}: combine output differs in {int((out != self.ref_comb[r]).sum())} elements")
+        return fails
+
+
+V2_CHECKS = [
+    "every rank's tokens per source, token indices, FP8 payload and scales torch.equal the reference "
+    "(reference.rank_layout/rank_payload; poisoned buffers before the gate iteration), and their "
+    "per-expert view equals V1's layout (reference.expert_view)",
+    "combine output torch.equal V1's reference combine on exact inputs (weights k/8, integer expert "
+    "outputs: node-first float32 sums with BF16 partials are exact)",
+    "receiver-side stamps (epoch, source, token, slot) checked in-kernel on every token and row of every "
+    "iteration: 0 bad",
+    "tails / signals only after the writer's own send completions (flush, per SQ slot), or counted "
+    "write-with-immediate receive completions (imm, proxy); a send completion alone never counts as delivery",
+    "signal counts equal to the layout's; every poll loop bounded; no timeout, no bad WQE/CQE on any run",
+]
+
+
+def main_v2(args: argparse.Namespace) -> int:
+    from lever.calibration.records import dump_record, parse_record
+    from lever.hw.device import require_cuda
+    from lever.sim.scenario import parse_sets
+
+    if args.nic == "efa":
+        from lever.hw.efa.run import require_efa_run
+
+        require_efa_run(f"lever hw ep --protocol {args.protocol}")
+    if args.iters < 1 or args.warmup < 0:
+        raise UserError("--iters must be >= 1 and --warmup >= 0")
+    rpn = ranks_per_node(args.ranks, args.ranks_per_node)
+    variants = [args.lever]
+    if args.variants:
+        variants = list(dict.fromkeys(v.strip() for v in args.variants.split(";")))
+    if args.variants and not args.out_dir:
+        raise UserError("--variants needs --out-dir")
+    if not args.variants and not args.out:
+        raise UserError("--out RECORD is required")
+    from lever.hw import emulated_nic
+
+    extra = parse_sets(args.set)
+    v1.refuse_platform_sets(extra)
+    emu = emulated_nic.load(overrides=emulated_nic.parse_emu_sets(args.emu_set))
+    sq, cq = args.sq or emu.sq, args.cq or emu.cq
+    loss = emu.loss(args.faults)
+    torch = require_cuda()
+    args.provenance = v1.run_provenance(args.allow_dirty)
+    ngpu = torch.cuda.device_count()
+    gpus = args.gpus or min(args.ranks, ngpu)
+    if gpus > ngpu or args.ranks % gpus:
+        raise UserError(f"--ranks {args.ranks} over --gpus {gpus}: needs a multiple of the GPUs ({ngpu} visible)")
+    prefix = args.id_prefix if args.id_prefix != "emu-ep" else f"emu-{args.protocol}"
+    try:
+        base = load_scenario(args.protocol, args.path, args.ranks, rpn, args.faults, extra, [], loss)
+        shape = Shape(num_ranks=args.ranks, tokens=base.workload.tokens_per_rank, top_k=base.workload.top_k,
+                      num_experts=base.workload.num_experts)
+        shape.check()
+        ext = v1.load_ext()
+        runner = V2Runner(torch, ext, shape, args.ranks, gpus, base, args.seed, args.num_sms, args.timeout_ms,
+                          args.path, args.proxy_threads, rpn, args.protocol, emu=emu, sq=sq, cq=cq,
+                          faults=args.faults)
+        info = v1._platform_info(torch)
+        rc = 0
+        place = "" if (sq, cq) == ("host", "host") or args.path == "proxy" else f"-sq{sq[:3]}-cq{cq[:3]}"
+        for v in variants:
+            levers = [x for x in v.split(",") if x]
+            tag = "-".join(levers) if levers else "baseline"
+            rid = (f"{prefix}-n{runner.N}x{rpn}-{args.path}{place}-{tag}{'-faults' if args.faults else ''}"
+                   f"{'-unsafe-ordered' if args.unsafe_ordered else ''}")
+            try:
+                scn = load_scenario(args.protocol, args.path, args.ranks, rpn, args.faults, extra, levers, loss)
+                runner.run = run_flags(scn, args.protocol, args.path)
+                runner.rebuild(scn, args.seed)
+                runner.reset_state()
+                sets = scenario_overrides(args.protocol, args.path, args.ranks, rpn, args.faults, extra, loss)
+                if args.path == "proxy":  # the host threads that ran: the model's proxy.threads
+                    sets["platform.proxy.threads"] = runner.proxy_threads
+                rec = v1.run_variant(runner, scn, args, levers, sets, rid, info, args.unsafe_ordered)
+                rec = v2_record(rec, args.protocol, args.path, rpn, runner, scn, levers, sets)
+            except v1.EpError as e:
+                print(f"lever: variant {tag}: {e}", file=sys.stderr)
+                rc = 1
+                continue
+            out = Path(args.out_dir) / f"{rid}.json" if args.variants else Path(args.out)
+            dump_record(parse_record(rec, rid), out)
+            lat = rec["latency_us"]
+            print(f"{rid}: dispatch {lat['dispatch']['median']:.1f} us (p10 {lat['dispatch']['p10']:.1f}, "
+                  f"p90 {lat['dispatch']['p90']:.1f}), combine {lat['combine']['median']:.1f} us, "
+                  f"retransmits {rec['metrics'].get('retransmits_per_iteration_count', {}).get('median')} "
+                  f"per iteration -> {out}")
+        return rc
+    except v1.EpError as e:
+        raise UserError(str(e)) from None
+
+
+def v2_record(rec: dict[str, Any], protocol: str, path: str, rpn: int, runner: V2Runner, scn,
+              levers: list[str], sets: Mapping[str, Any]) -> dict[str, Any]:
+    """V1's record of the run, told what ran: the V2 protocol, nodes, the model's V2 scenario."""
+    from lever.calibration.records import parse_record
+
+    nodes = runner.R // rpn
+    rec["what"]["design"] = f"{protocol} {path} ({scn.design.name}) over emulated SRD, {nodes} nodes x {rpn} ranks"
+    rec["what"]["protocol"] = protocol
+    rec["what"]["workload"]["nodes"] = nodes
+    rec["what"]["emulated_fabric"]["ranks_per_node"] = rpn
+    # levers with several readings name the one the (shared) issuer builds, as V1's records do
+    rec["sim"] = {"scenario": SCENARIOS[(protocol, path)], "levers": v1.sim_levers(levers), "set": dict(sets)}
+    rec["gate"]["checks"] = V2_CHECKS
+    rec["how"]["notes"] += (f"; V2: {runner.Cv} scale-out channels, {runner.Fv} forward warps per rank, "
+                            f"{runner.S} slots per stream, run flags {runner.run}")
+    rec["provenance"]["source"] = "lever hw ep (hw/ep/v2_kernels.cuh, emulated SRD NIC)"
+    parse_record(rec, rec["id"])
+    return rec

@@ -11,7 +11,8 @@ one tree): wall s, CPU s (the process's own: less sensitive to other jobs than w
 events (ev/s against CPU s, over bare SimPy's rate) and peak RSS of each tree, and the
 after/before ratios of CPU time and events. With
 ``--cli``, the commands a user runs: the default ``lever simulate`` (3 seeds, both
-attributions) and ``lever predict batched-doorbells``, whole processes timed. Runs of the two
+attributions) and ``lever predict batched-doorbells``, whole processes timed (``--validate``
+adds ``lever validate``, once per tree). Runs of the two
 trees alternate (before, after, before, ...) and each figure is the median of ``--repeat``,
 so load from other jobs falls on both; the ratios are what to read on a shared machine, and
 event counts are exact.
@@ -66,6 +67,7 @@ CLI = {
     "lever simulate decode-ep16-efa-native": ["simulate", "decode-ep16-efa-native", "--json"],
     "lever predict batched-doorbells": ["predict", "batched-doorbells", "--json"],
 }
+VALIDATE = {"lever validate": ["validate", "--json"]}  # minutes a run: only with --validate
 
 
 def main() -> None:
@@ -75,6 +77,8 @@ def main() -> None:
     ap.add_argument("--scenario", default="decode-ep16-efa-native")
     ap.add_argument("--repeat", type=int, default=1, help="runs per tree and row (median)")
     ap.add_argument("--cli", action="store_true", help="also time lever simulate and predict")
+    ap.add_argument("--validate", action="store_true",
+                    help="with --cli, also time lever validate (minutes per run; once per tree)")
     ap.add_argument("--critical-path", action="store_true")
     ap.add_argument("--out", default=None)
     ap.add_argument("--worker", type=int, default=None, help=argparse.SUPPRESS)
@@ -100,6 +104,11 @@ def main() -> None:
             for label, args in CLI.items():
                 for name, tree in trees.items():
                     cli[name].setdefault(label, []).append(_run_cli(tree, args))
+    if a.cli and a.validate:
+        CLI.update(VALIDATE)
+        for label, args in VALIDATE.items():
+            for name, tree in trees.items():
+                cli[name].setdefault(label, []).append(_run_cli(tree, args))
     med = statistics.median
     result = {"bare_simpy_timeouts_per_s": med(bare), "trees": {k: str(v) for k, v in trees.items()},
               "rows": {}, "cli": {}}

@@ -56,13 +56,16 @@ def t_quantile(level: float, dof: int) -> float:
     return float(t.ppf(0.5 + level / 2.0, dof))
 
 
-def _side(scn: Scenario, seeds: list[int], with_cp: bool) -> dict[str, Any]:
-    """Run one scenario on the given seeds; a picklable summary per op."""
+def _side(scn: Scenario, seeds: list[int], with_cp: bool,
+          runs: dict[tuple[str, int], Any] | None = None) -> dict[str, Any]:
+    """Run one scenario on the given seeds; a picklable summary per op. ``runs`` holds the
+    (op, seed) runs already made elsewhere (a pool's), else they are made here."""
     from lever.sim.model import simulate_op
 
     out: dict[str, Any] = {}
     for op in scn.ops:
-        res = [simulate_op(scn, op, s, critical_path=with_cp) for s in seeds]
+        res = [runs[(op, s)] if runs is not None else simulate_op(scn, op, s, critical_path=with_cp)
+               for s in seeds]
         lat = [x for r in res for x in r.latency_us]
         per_seed = [float(np.percentile(r.latency_us, 50)) for r in res]
         cnt: dict[str, int] = {}
@@ -84,10 +87,30 @@ def _side(scn: Scenario, seeds: list[int], with_cp: bool) -> dict[str, Any]:
     return out
 
 
+def _side_scenario(args: tuple) -> Scenario:
+    baseline, lever_names, sets, _seeds, _with_cp, *rest = args
+    return levers_mod.load_with_levers(baseline, lever_names, sets,
+                                       variants=rest[0] if rest else None)
+
+
 def _side_job(args: tuple) -> dict[str, Any]:
-    baseline, lever_names, sets, seeds, with_cp, *rest = args
-    scn = levers_mod.load_with_levers(baseline, lever_names, sets, variants=rest[0] if rest else None)
-    return _side(scn, seeds, with_cp)
+    return _side(_side_scenario(args), args[3], args[4])
+
+
+_SCENARIOS: dict[str, Scenario] = {}  # a pool worker's scenarios, by their side's arguments
+
+
+def _run_job(args: tuple[tuple, str, int]) -> Any:
+    """One (op, seed) run of a side, in a pool worker: the side's scenario is loaded once per
+    worker (a side's runs share it)."""
+    side, op, seed = args
+    key = repr(side)
+    scn = _SCENARIOS.get(key)
+    if scn is None:
+        scn = _SCENARIOS[key] = _side_scenario(side)
+    from lever.sim.model import simulate_op
+
+    return simulate_op(scn, op, seed, critical_path=side[4])
 
 
 def _noise_band(d: np.ndarray, level: float = BAND_LEVEL) -> float:
@@ -330,20 +353,33 @@ def predict(lever: str, seeds: int = 3, sets: Overrides | None = None, param_sam
 
 def _run_sides(jobs: list[tuple], workers: int,
                progress: Callable[[int, int], None] | None) -> list[dict[str, Any]]:
-    """Every side in order (a process pool when ``workers`` > 1); ``progress(done, total)``."""
-    out: list[dict[str, Any]] = []
-    if workers > 1 and len(jobs) > 1:
-        with ProcessPoolExecutor(max_workers=min(workers, len(jobs))) as ex:
-            for side in ex.map(_side_job, jobs):
-                out.append(side)
-                if progress:
-                    progress(len(out), len(jobs))
-    else:
+    """Every side in order; ``progress(done, total)`` counts runs. With ``workers`` > 1 one
+    process pool takes every (side, op, seed) run of the command, so the runs balance over
+    the cores however few sides there are (a baseline and a lever are two); each side is
+    summarised from its runs exactly as a serial loop would."""
+    if workers <= 1 or len(jobs) <= 1:
+        out: list[dict[str, Any]] = []
         for j in jobs:
             out.append(_side_job(j))
             if progress:
                 progress(len(out), len(jobs))
-    return out
+        return out
+    scns = [_side_scenario(j) for j in jobs]
+    units = [(j, op, s) for j, scn in zip(jobs, scns, strict=True) for op in scn.ops for s in j[3]]
+    done: list[Any] = []
+    with ProcessPoolExecutor(max_workers=min(workers, len(units))) as ex:
+        for r in ex.map(_run_job, units, chunksize=1):
+            done.append(r)
+            if progress:
+                progress(len(done), len(units))
+    runs: list[dict[tuple[str, int], Any]] = [{} for _ in jobs]
+    k = 0
+    for i, (j, scn) in enumerate(zip(jobs, scns, strict=True)):
+        for op in scn.ops:
+            for s in j[3]:
+                runs[i][(op, s)] = done[k]
+                k += 1
+    return [_side(scn, j[3], j[4], runs[i]) for i, (j, scn) in enumerate(zip(jobs, scns, strict=True))]
 
 
 def predict_all(seeds: int = 2, with_cp: bool = False,

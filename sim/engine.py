@@ -134,6 +134,7 @@ class ModelEnvironment(simpy.Environment):
     """
 
     BUCKET_NS = 500.0
+    path: CriticalPath | None = None  # no recorder (PathEnvironment's own): a plain lookup, no miss
 
     def __init__(self, initial_time: float = 0) -> None:
         super().__init__(initial_time)
@@ -152,14 +153,17 @@ class ModelEnvironment(simpy.Environment):
         self._far_keys: list[float] = []  # heap of the buckets with entries
         self._width = self.BUCKET_NS
         self._bucket = self._now // self._width  # the latest bucket moved into the heap
+        self._edge = (self._bucket + 1) * self._width  # where the next bucket starts
         self._nfar = 0
         self.push = self._push_entry  # a bound method kept once: helpers look it up per entry
 
     def _push_entry(self, entry: tuple) -> None:
-        b = entry[0] // self._width
-        if b <= self._bucket:
+        # t < (_bucket + 1) * width is t // width <= _bucket: floor division of floats is exact
+        # (fmod is), and the bucket edges are whole multiples of the width
+        if entry[0] < self._edge:
             heapq.heappush(self._queue, entry)
             return
+        b = entry[0] // self._width
         lst = self._far.get(b)
         if lst is None:
             self._far[b] = [entry]
@@ -177,6 +181,7 @@ class ModelEnvironment(simpy.Environment):
             return False
         b = heapq.heappop(self._far_keys)
         self._bucket = b
+        self._edge = (b + 1) * self._width
         lst = self._far.pop(b)
         self._nfar -= len(lst)
         q = self._queue
@@ -242,6 +247,22 @@ def hold_at(env: simpy.Environment, t: float) -> _Hold:
     return h
 
 
+def event_at(env: simpy.Environment, t: float, rec: Rec | None = None) -> Event:
+    """An event that fires at the absolute instant ``t`` (not before now), in the queue slot a
+    timeout due at ``t`` would take: what a process ending at ``t`` is to those waiting for it
+    (an ``all_of``), for work computed without a process. ``rec``: the segment it ends, when
+    the critical path is recorded (the ``rec`` a finished process carries)."""
+    if t < env._now:
+        raise ValueError(f"time {t} is before now ({env._now})")
+    ev = Event(env)
+    ev._ok = True
+    ev._value = None
+    if rec is not None:
+        ev.rec = rec
+    _push(env, (t, NORMAL, next(env._eid), ev))
+    return ev
+
+
 def call_later(env: simpy.Environment, delay: float, fn, *args) -> None:
     """Run ``fn(*args)`` ``delay`` ns from now, in the queue's order: the same
     (time, priority, insertion) slot ``env.timeout(delay)`` would take, so
@@ -286,14 +307,18 @@ def run_events(env: simpy.Environment, limit: int = -1) -> int:
     pop = heapq.heappop
     refill = getattr(env, "refill", None)  # a ModelEnvironment's later buckets
     n = 0
+    call = _Call
     while n != limit:
         if not queue and (refill is None or not refill()):
             break
         env._now, _, _, event = pop(queue)
+        n += 1
+        if type(event) is call:  # a plain callback: nothing else ever looks at it
+            event.fn(*event.args)
+            continue
         callbacks, event.callbacks = event.callbacks, None
         for callback in callbacks:
             callback(event)
-        n += 1
         if not event._ok and not hasattr(event, "_defused"):
             exc = type(event._value)(*event._value.args)
             exc.__cause__ = event._value
@@ -401,6 +426,10 @@ class Ledger:
         s = self.scale.get(cat, 1.0)
         return ns * s
 
+    def factor(self, cat: str) -> float:
+        """What :meth:`cost` multiplies ``cat`` by (fixed for a run: a piece may keep it)."""
+        return self.scale.get(cat, 1.0)
+
     def on(self, cat: str) -> bool:
         """False when the category is zeroed: waits of that kind are skipped."""
         return self.scale.get(cat, 1.0) != 0.0
@@ -458,7 +487,7 @@ class Trace:
 
 def _running(env: simpy.Environment) -> Rec | None:
     """The segment of whatever runs now, or None when the run records no path."""
-    path = getattr(env, "path", None)
+    path = getattr(env, "path", None)  # a plain simpy.Environment has none
     return path.cur if path is not None else None
 
 

@@ -76,6 +76,8 @@ class Fabric:
             max(0.0, fp.base_latency_ns + (spread * (2 * u - 1) if spread else 0.0))
             for u in rng.random(fp.paths)
         ]
+        self._wire = ledger.factor("wire")  # ledger.cost("wire", x) is x * this
+        self._rc = fp.mode == "rc"
         self._rc_last: dict[tuple[int, int], float] = {}
         # critical path: each connection's last arrival
         self._rc_rec: dict[tuple[int, int], Rec] = {}
@@ -89,13 +91,17 @@ class Fabric:
 
     def flight(self, nic: int) -> float:
         """One packet's (or ACK's) time through the fabric from ``nic``: path base + jitter."""
-        fp = self.fp
-        dr = self.stream(nic)
-        if fp.mode == "rc":
+        dr = self._streams.get(nic)
+        if dr is None:
+            dr = self.stream(nic)
+        if self._rc:
             base = self.path_base[0]
         else:
-            base = self.path_base[int(dr.uniform() * fp.paths) % fp.paths]
-        return self.ledger.cost("wire", base + dr.jitter())
+            paths = self.fp.paths
+            u = dr._u  # Draws.uniform and .jitter inlined while their arrays hold draws
+            base = self.path_base[int((u.pop() if u else dr.uniform()) * paths) % paths]
+        j = dr._j
+        return (base + (j.pop() if j else dr.jitter())) * self._wire
 
     def _lost(self, nic: int) -> bool:
         p = self.fp.loss_prob
@@ -107,8 +113,11 @@ class Fabric:
         segment ending at ``depart``, when the critical path is recorded)."""
         env = self.env
         path = self.ledger.path
-        data_lost = self._lost(src_nic)
-        ack_lost = (not data_lost) and self._lost(src_nic)
+        if self.fp.loss_prob > 0:
+            data_lost = self._lost(src_nic)
+            ack_lost = (not data_lost) and self._lost(src_nic)
+        else:
+            data_lost = ack_lost = False
         if data_lost or ack_lost:
             # no ACK within the timeout: the sender's SRD layer sends the packet again
             self.ledger.counters["retransmits"] += 1
@@ -123,7 +132,7 @@ class Fabric:
         arrive = depart + self.flight(src_nic)
         if path is not None:
             rec = (depart, arrive, "wire", rec)
-        if self.fp.mode == "rc":
+        if self._rc:
             key = (src_nic, dst_nic)
             last = self._rc_last.get(key, 0.0)
             if path is not None:  # held behind the connection's previous arrival

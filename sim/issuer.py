@@ -72,13 +72,15 @@ class WarpPort:
             yield self.ctx.hold(cat, t)
             self.ctx.trace.span(self.proc, self.track, cat, t0, t)
 
-    def _pay_all(self, costs: list[tuple[str, float, int]]):
-        """Pay a run of back-to-back costs as one timeout (spans and critical-path
-        segments laid out in order)."""
+    def _hold_all(self, costs: list[tuple[str, float, int]]):
+        """Book a run of back-to-back costs as one wait (spans and critical-path segments laid
+        out in order): the event to yield, None when they sum to nothing. A plain call, so a
+        put's first wait costs no generator of its own."""
         led = self.ctx.ledger
         issue = led.issue
         path = led.path
-        acc = self.env._now
+        env = self.env
+        now = acc = env._now
         total = 0.0
         for cat, ns, n in costs:
             t = issue(cat, ns, n)
@@ -87,18 +89,24 @@ class WarpPort:
                     path.cur = (acc, acc + t, cat, path.cur)
                     acc += t
                 total += t
-        if total > 0:
-            t0 = self.env.now
-            yield hold(self.env, total)
-            tr = self.ctx.trace
-            if tr.enabled:  # the spans again, from the ledger's scale (costs are pure)
-                acc = 0.0
-                cost = self.ctx.ledger.cost
-                for cat, ns, _n in costs:
-                    t = cost(cat, ns)
-                    if t > 0:
-                        tr.span(self.proc, self.track, cat, t0 + acc, t)
-                        acc += t
+        if total <= 0:
+            return None
+        tr = self.ctx.trace
+        if tr.enabled:  # the spans again, from the ledger's scale (costs are pure)
+            acc = 0.0
+            cost = led.cost
+            for cat, ns, _n in costs:
+                t = cost(cat, ns)
+                if t > 0:
+                    tr.span(self.proc, self.track, cat, now + acc, t)
+                    acc += t
+        return hold(env, total)
+
+    def _pay_all(self, costs: list[tuple[str, float, int]]):
+        """:meth:`_hold_all` as a process fragment."""
+        ev = self._hold_all(costs)
+        if ev is not None:
+            yield ev
 
     def _wait(self, cat: str, ev):
         t0 = self.env.now
@@ -127,6 +135,12 @@ class NativePort(WarpPort):
         self.counter_read_ns = g.device_load_ns if in_device else g.pcie_read_ns
         self.inline_bytes = nic.inline_bytes
         self.wqe_room = max(0, 64 - nic.wqe_meta_bytes)  # inline bytes beside the descriptor
+        # fixed for the run: what post() would look up per put
+        d = ctx.design
+        self._credit = not lazy and ctx.ledger.on("credit_wait")
+        self._agg = d.deferred_doorbell_aggregation
+        self._agg_limit = min(d.deferred_doorbell_aggregation * d.doorbell_batch, nic.max_batch)
+        self._limit = min(max(d.doorbell_batch, d.put_many_span), nic.max_batch)
 
     # -- posting ----------------------------------------------------------------
     def post(self, msg: Message, limit: int | None = None):
@@ -139,23 +153,22 @@ class NativePort(WarpPort):
         ``limit``: the post group's size for this write instead of the design's
         doorbell batch (signals gathered by ``design.signal_post_group``).
         """
-        w, d, g = self.ctx, self.ctx.design, self.ctx.platform.gpu
-        led = w.ledger
+        d, g = self.ctx.design, self.ctx.platform.gpu
         qp = self.qp
         msg.qp = qp
         msg.on_complete = self._completed
-        msg.t_post = self.env.now
+        msg.t_post = self.env._now
         span = d.put_many_span
         costs: list[tuple[str, float, int]] = []
         need = 0
         if span > 1:
             # put_many: one credit check for the whole span, when its slots are reserved
-            if self._span_left == 0 and not self.lazy and led.on("credit_wait"):
+            if self._span_left == 0 and self._credit:
                 need = span
         else:
             # credit check: a completion poll before the post
             self._since_check += 1
-            if not self.lazy and led.on("credit_wait") and self._since_check >= d.credit_check_every:
+            if self._credit and self._since_check >= d.credit_check_every:
                 self._since_check = 0
                 need = 1
         if need:
@@ -173,18 +186,19 @@ class NativePort(WarpPort):
         costs.append(("wqe", g.wqe_store_ns * blocks, blocks))
         qp.posted += 1
         self.posted += 1
-        if d.deferred_doorbell_aggregation > 1:
+        if self._agg > 1:
             qp.pending.append(msg)
-            agg = min(d.deferred_doorbell_aggregation * d.doorbell_batch, w.platform.nic.max_batch)
-            batch = qp.pending if len(qp.pending) >= agg else None
+            batch = qp.pending if len(qp.pending) >= self._agg_limit else None
         else:
             self.pending.append(msg)
             # a span is one post group: written, fenced and rung once (as GIN's put path does)
             if limit is None:
-                limit = min(max(d.doorbell_batch, span), w.platform.nic.max_batch)
+                limit = self._limit
             batch = self.pending if len(self.pending) >= limit else None
         if batch is None:
-            yield from self._pay_all(costs)
+            ev = self._hold_all(costs)
+            if ev is not None:
+                yield ev
             return
         yield from self._ring(batch, costs)
 
@@ -208,7 +222,9 @@ class NativePort(WarpPort):
             costs.append(("fence", g.fence_ns, 1))
         locked = self.shared and led.on("lock")
         if locked:
-            yield from self._pay_all(costs)
+            ev = self._hold_all(costs)
+            if ev is not None:
+                yield ev
             costs = []
             lock = self.qp.lock
             if lock.take_if_free(self):  # a lone holder: no grant event, nothing to wait for

@@ -78,6 +78,12 @@ class Nic:
         self.ns_per_byte = 8.0 / p.line_rate_gbps
         self.dma_ns_per_byte = 8.0 / p.dma_gbps
         self.wqe_ns = max(p.wqe_process_ns, 1e3 / p.max_msg_rate_mops)
+        # the ledger's factors (ledger.cost(cat, x) is x times these; fixed for a run)
+        self._f_nic = ledger.factor("nic")
+        self._f_wire = ledger.factor("wire")
+        self._land = rp.land_ns * self._f_nic  # ledger.cost("nic", rp.land_ns)
+        self._vis = rp.visibility_ns * ledger.factor("visibility")
+        self._counters = ledger.counters
         self.peers: list[Nic] = []  # filled by the model: global NIC table
         self.per_gpu = 1  # NICs per GPU, set by the model
 
@@ -109,57 +115,68 @@ class Nic:
 
     def _transmit(self, msg: Message, t0: float, rec: Rec | None = None) -> None:
         """Fetch the payload and serialise the packets; ``rec`` is the WQE's parse segment."""
-        p, led = self.p, self.ledger
-        path = led.path
+        p = self.p
+        path = self.ledger.path
         mtu = p.mtu_bytes
-        n = max(1, -(-msg.nbytes // mtu))
+        nbytes = msg.nbytes
+        n = max(1, -(-nbytes // mtu))
         msg.npkts = n
-        inline = msg.nbytes <= p.inline_bytes
-        t_ready = t0 if inline else t0 + led.cost("nic", p.dma_read_ns)
+        inline = nbytes <= p.inline_bytes
+        f_nic = self._f_nic
+        f_wire = self._f_wire
+        t_ready = t0 if inline else t0 + p.dma_read_ns * f_nic
         # same-index NIC on the target GPU (rails are matched, as on p5)
         dst_nic = self.peers[msg.dst * self.per_gpu + self.index % self.per_gpu]
-        left = msg.nbytes
+        deliver = dst_nic.ingress
+        dst_index = dst_nic.index
+        launch = self.fabric.launch
+        left = nbytes
         hdr = p.header_bytes
+        ns_per_byte = self.ns_per_byte
+        dma_ns_per_byte = self.dma_ns_per_byte
         tx = None
         for k in range(n):
             size = min(mtu, left) if left > 0 else 0
             left -= size
             if not inline:
-                t_ready += led.cost("nic", size * self.dma_ns_per_byte)
-            depart = max(self.tx_free, t_ready) + led.cost("wire", (size + hdr) * self.ns_per_byte)
+                t_ready += size * dma_ns_per_byte * f_nic
+            tx_free = self.tx_free
+            depart = max(tx_free, t_ready) + (size + hdr) * ns_per_byte * f_wire
             if path is not None:  # behind the port's last packet, or behind its own fetch
-                if self.tx_free > t_ready:
-                    tx = (self.tx_free, depart, "wire", self.tx_rec)
+                if tx_free > t_ready:
+                    tx = (tx_free, depart, "wire", self.tx_rec)
                 else:  # the fetch since the WQE was parsed: one segment, made only when waited on
                     tx = (t_ready, depart, "wire", rec if inline else (t0, t_ready, "nic", rec))
                 self.tx_rec = tx
             self.tx_free = depart
-            self.fabric.launch(msg, k, depart, self.index, dst_nic.index, dst_nic.ingress, tx)
+            launch(msg, k, depart, self.index, dst_index, deliver, tx)
 
     # -- ingress ----------------------------------------------------------
     def ingress(self, msg: Message, k: int, ack_ok: bool) -> None:
         """Packet ``k`` arrived at this (target) NIC: drop duplicates, land it, ACK it."""
-        now = self.env.now
+        env = self.env
+        now = env._now
         path = self.ledger.path
         bit = 1 << k
         if msg.seen_pkts & bit:
-            self.ledger.counters["duplicates_dropped"] += 1
+            self._counters["duplicates_dropped"] += 1
             if ack_ok:
                 msg.qp.nic.ack(msg, now + self.fabric.flight(self.index),
                                None if path is None else path.cur)
             return
         msg.seen_pkts |= bit
-        size = min(self.p.mtu_bytes, msg.nbytes - k * self.p.mtu_bytes)
-        busy = self.rx_free > now
-        start = max(self.rx_free, now)
-        self.rx_free = max(self.rx_free, now) + self.ledger.cost(
-            "wire", (size + self.p.header_bytes) * self.ns_per_byte)
-        t_land = self.rx_free + self.ledger.cost("nic", self.rp.land_ns)
+        mtu = self.p.mtu_bytes
+        size = min(mtu, msg.nbytes - k * mtu)
+        rx_free = self.rx_free
+        busy = rx_free > now
+        start = max(rx_free, now)
+        rx_free = self.rx_free = start + (size + self.p.header_bytes) * self.ns_per_byte * self._f_wire
+        t_land = rx_free + self._land
         land = None
         if path is not None:  # ingress serialisation behind the port's last packet, then landing
-            self.rx_rec = (start, self.rx_free, "wire", self.rx_rec if busy else path.cur)
-            land = (self.rx_free, t_land, "nic", self.rx_rec)
-        cnt = self.ledger.counters
+            self.rx_rec = (start, rx_free, "wire", self.rx_rec if busy else path.cur)
+            land = (rx_free, t_land, "nic", self.rx_rec)
+        cnt = self._counters
         cnt["bytes_landed"] += size
         cnt["packets_landed"] += 1
         msg.landed += 1
@@ -167,9 +184,9 @@ class Nic:
             msg.qp.nic.ack(msg, t_land + self.fabric.flight(self.index), land)
         if msg.landed == msg.npkts:
             # land times are monotone at one port: this packet lands last
-            vis = t_land + self.ledger.cost("visibility", self.rp.visibility_ns)
+            vis = t_land + self._vis
             if path is None:
-                call_at(self.env, vis, self._visible, msg)
+                call_at(env, vis, self._visible, msg)
             else:
                 path.call_at(vis, (t_land, vis, "visibility", land), self._visible, msg)
 
@@ -187,7 +204,7 @@ class Nic:
             if sent is not None:  # the completion waits for the last ACK: its flight
                 msg.ack_rec = (sent[1], t_arrive, "wire", sent)
         if msg.acked == msg.npkts:
-            t = msg.t_complete + self.ledger.cost("nic", self.p.completion_ns)
+            t = msg.t_complete + self.p.completion_ns * self._f_nic
             path = self.ledger.path
             if path is None:
                 call_at(self.env, t, self._complete, msg)

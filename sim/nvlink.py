@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from lever.sim.engine import ROOT, Rec, call_later, hold
+from lever.sim.engine import ROOT, Rec, call_at, call_later, hold
 
 if TYPE_CHECKING:
     from lever.sim.context import Context
@@ -24,40 +24,61 @@ class Nvlink:
         self.port_free = [0.0] * n_gpus
         self.port_rec: list[Rec] = [ROOT] * n_gpus  # critical path: the copy ending at port_free
         self.ns_per_byte = 1.0 / ctx.platform.nvlink.gbytes_per_s  # GB/s == bytes/ns
+        self.lat_ns = ctx.platform.nvlink.flag_latency_ns
 
-    def copy(self, src: int, dst: int, nbytes: int, track: str, on_visible=None):
-        """The issuing warp streams ``nbytes`` to ``dst``; returns when its stores are issued.
-
-        The warp is busy for the serialisation time (category ``forward``);
-        ``on_visible`` runs at the peer after the link latency.
-        """
-        ctx = self.ctx
-        led = ctx.ledger
-        path = led.path
-        now = self.env.now
-        queued = self.port_free[src] > now
-        start = max(now, self.port_free[src])
-        ser = led.cost("forward", nbytes * self.ns_per_byte)
-        self.port_free[src] = start + ser
-        busy = self.port_free[src] - now
+    def reserve(self, src: int, nbytes: int, now: float, cur: Rec | None
+                ) -> tuple[float, float, Rec | None]:
+        """Book ``nbytes`` of stores from ``src`` issued at ``now`` on its port: the warp's busy
+        time (its stores, behind the port's earlier copies), the instant the bytes are
+        visible at the peer, and the segment they are visible at the end of (``cur``: the
+        warp's own segment, None when no path is recorded). Pure "free at" arithmetic, counted
+        for the profiler: what :meth:`copy` does before it waits, and what a closed pipeline
+        of copies (``protocols/v2_hybrid.py``'s expert warps) computes without events."""
+        led = self.ctx.ledger
+        free = self.port_free[src]
+        queued = free > now
+        start = max(now, free)
+        free = self.port_free[src] = start + led.cost("forward", nbytes * self.ns_per_byte)
+        busy = free - now
         led.issue("forward", busy)
         led.counters["nvlink_bytes"] += nbytes
-        lat = led.cost("forward", ctx.platform.nvlink.flag_latency_ns)
-        if path is not None:  # the stores, behind the port's previous copy when it is busy
-            self.port_rec[src] = (start, self.port_free[src], "forward",
-                                  self.port_rec[src] if queued else path.cur)
+        lat = led.cost("forward", self.lat_ns)
+        t_vis = now + (busy + lat)  # where call_later(busy + lat) lands
+        if cur is None:
+            return busy, t_vis, None
+        rec = self.port_rec[src] = (start, free, "forward", self.port_rec[src] if queued else cur)
+        return busy, t_vis, (free, t_vis, "forward", rec)
+
+    def send(self, src: int, dst: int, nbytes: int, track: str, on_visible=None, *args):
+        """The issuing warp streams ``nbytes`` to ``dst``: the event to wait for until its
+        stores are issued (None when the port takes them at once), for the warp to yield.
+
+        The warp is busy for the serialisation time (category ``forward``);
+        ``on_visible(*args)`` runs at the peer after the link latency. A plain function, not
+        a generator: the warp yields the event itself (no generator per copy)."""
+        env = self.env
+        ctx = self.ctx
+        path = ctx.ledger.path
+        now = env._now
+        busy, t_vis, vis_rec = self.reserve(src, nbytes, now, None if path is None else path.cur)
         if on_visible is not None:
             if path is None:
-                call_later(self.env, busy + lat, on_visible)
+                call_at(env, t_vis, on_visible, *args)
             else:
-                path.call_later(busy + lat, (self.port_free[src], now + (busy + lat), "forward",
-                                             self.port_rec[src]), on_visible)
+                path.call_at(t_vis, vis_rec, on_visible, *args)
         if busy > 0:
             if path is not None:
                 path.cur = self.port_rec[src]  # the warp is done when its stores are
-            yield hold(self.env, busy)
             if ctx.trace.enabled:
                 ctx.trace.span(f"rank{src}", track, "nvlink", now, busy, dst=dst, bytes=nbytes)
+            return hold(env, busy)
+        return None
+
+    def copy(self, src: int, dst: int, nbytes: int, track: str, on_visible=None, *args):
+        """:meth:`send` as a process fragment (``yield from nvlink.copy(...)``)."""
+        ev = self.send(src, dst, nbytes, track, on_visible, *args)
+        if ev is not None:
+            yield ev
 
     def flag(self, src: int, on_visible) -> None:
         """A flag from ``src``: issued after its earlier NVLink stores (never overtakes them),

@@ -29,7 +29,7 @@ from __future__ import annotations
 from collections import defaultdict
 from typing import TYPE_CHECKING
 
-from lever.sim.engine import ROOT, Counter, Rec, call_at
+from lever.sim.engine import ROOT, Counter, Rec, call_at, hold, hold_at
 from lever.sim.recv_cq import RecvCq
 
 if TYPE_CHECKING:
@@ -184,23 +184,43 @@ class Receiver:
 
     # -- polling -------------------------------------------------------------------
     def wait(self, tag, n: int, track: str, cat: str = "poll_wait", flags: int = 0,
-             check: bool = True):
+             check: bool = True, then: tuple[str, float] | None = None):
         """A warp polls until it may conclude ``n`` writes of ``tag`` landed
-        (and, with ``flags``, until that many signals of ``tag`` arrived)."""
+        (and, with ``flags``, until that many signals of ``tag`` arrived).
+
+        ``then = (category, ns)`` is the warp's own work right after the poll that sees it (a
+        reduction of what landed): paid in the same wait as the poll, at the same instants,
+        when the check at the poll's end can not fail (the writes are visible already, so they
+        still are then); else after it, as a separate wait."""
         led, tr = self.ctx.ledger, self.ctx.trace
+        env = self.env
         k = self.known[tag]
-        t0 = self.env.now
+        t0 = env._now
         if flags and self.flags[tag].value < flags:
             yield self.flags[tag].reach(flags)
         if k.value < n:
             yield k.reach(n)
-        dt = self.env.now - t0
-        led.waited(cat, dt)
-        yield self.ctx.busy(cat, self.poll_ns())  # the poll that sees it: ``poll_wait`` on the path
+        now = env._now
+        led.waited(cat, now - t0)
+        poll = led.issue(cat, self.poll_ns())  # the poll that sees it: ``poll_wait`` on the path
+        path = led.path
+        if path is not None:
+            path.seg(cat, poll)
+        if then is not None and (not check or self.data[tag].value >= n):
+            work = led.issue(then[0], then[1])
+            if path is not None:
+                path.cur = (now + poll, now + poll + work, then[0], path.cur)
+            yield hold_at(env, now + poll + work)  # the instant the two waits would end at
+            if tr.enabled:
+                tr.span(f"rank{self.rank}", track, cat, t0, now + poll - t0, tag=str(tag))
+            return
+        yield hold(env, poll)
         if tr.enabled:
-            tr.span(f"rank{self.rank}", track, cat, t0, self.env.now - t0, tag=str(tag))
+            tr.span(f"rank{self.rank}", track, cat, t0, env._now - t0, tag=str(tag))
         if check:
             self.check(tag, n)
+        if then is not None:
+            yield self.ctx.busy(then[0], then[1])
 
     def poll_ns(self) -> float:
         """The poll loop's granularity after the awaited value changed: it is seen at the next

@@ -10,7 +10,6 @@ from typing import TYPE_CHECKING
 
 from lever.commands.options import MAX_SEEDS, count, output_file, seeds_option, workers_option
 from lever.reports.jsonout import print_json
-from lever.reports.tables import console, show
 from lever.sim import scenario as scenario_mod
 from lever.sim.errors import UserError
 
@@ -96,6 +95,8 @@ def main(args: argparse.Namespace) -> int:
 
 def print_table(res: SimulationResult) -> None:
     from rich.table import Table
+
+    from lever.reports.tables import console, show  # rich: imported only for the tables
 
     con = console()
     t = Table(title=f"{res.scenario}  ({res.seeds} seeds, {res.events} events, {res.wall_s} s)")

@@ -11,6 +11,7 @@ from lever.sim.tags import NotifyTag
 if TYPE_CHECKING:
     from lever.sim.issuer import NativePort, Port
     from lever.sim.model import World
+    from lever.sim.receiver import Receiver
 
 
 def put(w: World, port: Port, src: int, dst: int, nbytes: int, tag, seq: int = 0):
@@ -87,13 +88,20 @@ def final_reduce_ns(w: World, kib: float) -> float:
 def nvlink_put(w: World, src: int, dst: int, nbytes: int, tag, track: str, count: int = 1):
     """Intra-node data over NVLink (``count`` items of ``nbytes`` each, one stream of stores):
     visible (and ordered) at the peer after the link latency."""
-    rcv = w.receivers[dst]
+    yield from w.nvlink.copy(src, dst, nbytes * count, track, nvlink_land, w.receivers[dst], tag,
+                             count)
 
-    def land():
-        rcv.data[tag].add(count)
-        rcv.known[tag].add(count)
 
-    yield from w.nvlink.copy(src, dst, nbytes * count, track, land)
+def nvlink_send(w: World, src: int, dst: int, nbytes: int, tag, track: str, count: int = 1):
+    """:func:`nvlink_put` as a plain call: the event to wait for, or None (for hot loops:
+    ``ev = nvlink_send(...)``, then ``yield ev`` unless None)."""
+    return w.nvlink.send(src, dst, nbytes * count, track, nvlink_land, w.receivers[dst], tag, count)
+
+
+def nvlink_land(rcv: Receiver, tag, count: int) -> None:
+    """``count`` NVLink items of ``tag`` visible at ``rcv``: landed and known at once."""
+    rcv.data[tag].add(count)
+    rcv.known[tag].add(count)
 
 
 def nvlink_flag(w: World, src: int, dst: int, tag, value: int):

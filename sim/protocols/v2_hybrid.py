@@ -22,22 +22,24 @@ for every node's finish and reduces.
 
 from __future__ import annotations
 
+import heapq
 from typing import TYPE_CHECKING
 
-from lever.sim.engine import Counter
+from lever.sim.engine import Counter, call_at, event_at
 from lever.sim.protocols.common import (
     Barrier,
     final_reduce_ns,
     notify_exchange,
     nvlink_flag,
-    nvlink_put,
+    nvlink_land,
+    nvlink_send,
     publish,
-    put,
 )
 from lever.sim.tags import BarrierTag, CombineTag, ForwardTag, PartialTag, TailTag
 
 if TYPE_CHECKING:
     from lever.sim.model import World
+    from simpy.events import Event
 
 
 def run(w: World) -> list:
@@ -61,12 +63,16 @@ class _Shared:
         self.stream: dict[tuple[int, int, int], list[int]] = {}
         # expected_from[d][s]: tokens of source s that rank d must receive
         self.expected_from: list[dict[int, int]] = [{} for _ in range(R)]
+        # held[d]: the (source, token) pairs whose experts rank d hosts, by source then token
+        # (the combine's expert side; one pass, not one scan of every token per rank)
+        self.held: list[list[tuple[int, int]]] = [[] for _ in range(R)]
         for s in range(R):
             for t, nodes in enumerate(rt.dst_nodes[s]):
                 for m in nodes:
                     self.stream.setdefault((s, t % C, m), []).append(t)
                 for d in rt.dst_ranks[s][t]:
                     self.expected_from[d][s] = self.expected_from[d].get(s, 0) + 1
+                    self.held[d].append((s, t))
 
     def rank(self, node: int, local: int) -> int:
         return node * self.rpn + local
@@ -84,22 +90,31 @@ def _dispatch_rank(w: World, r: int, sh: _Shared):
             sh.rank(n, j) for j in range(sh.rpn) if j != loc]
         yield from notify_exchange(w, r, peers)
 
+    rpn = sh.rpn
+    mine = ForwardTag(r)
+
     def scaleout(c: int):
         port = w.port(r, c)
+        post = port.post
+        message = w.message
+        busy = w.ctx.busy
+        tail = TailTag(r, c)
         sent = [0] * N
         for t in range(c, wl.tokens_per_rank, C):
-            yield w.ctx.busy("compute", g.token_prep_ns)
+            yield busy("compute", g.token_prep_ns)
             for m in rt.dst_nodes[r][t]:
                 if m == n:
                     for dst in rt.dst_ranks[r][t]:
-                        if dst != r and w.node_of(dst) == n:
-                            yield from nvlink_put(w, r, dst, nbytes, ForwardTag(r), port.track)
+                        if dst != r and dst // rpn == n:
+                            ev = nvlink_send(w, r, dst, nbytes, mine, port.track)
+                            if ev is not None:
+                                yield ev
                         elif dst == r:
                             rc = w.receivers[r]
-                            rc.data[ForwardTag(r)].add(1)
-                            rc.known[ForwardTag(r)].add(1)
+                            rc.data[mine].add(1)
+                            rc.known[mine].add(1)
                     continue
-                yield from put(w, port, r, sh.rank(m, loc), nbytes, TailTag(r, c), seq=sent[m])
+                yield from post(message(r, m * rpn + loc, nbytes, tail, seq=sent[m]))
                 sent[m] += 1
                 if not counting and sent[m] % d.scaleout_update_interval == 0:
                     yield from publish(w, port, r, sh.rank(m, loc), TailTag(r, c), sent[m])
@@ -114,6 +129,9 @@ def _dispatch_rank(w: World, r: int, sh: _Shared):
         track = f"fwd{j}"
         done = [0] * len(pairs)
         want = [len(sh.stream.get((s, c, n), ())) for s, c in pairs]
+        # per pair, per token of its stream: the destination GPUs of this node (routing is fixed)
+        here = [[tuple(x for x in rt.dst_ranks[s][t] if x // rpn == n)
+                 for t in sh.stream.get((s, c, n), ())] for s, c in pairs]
         wake = Counter(env)  # bumped whenever any polled tail moves
         for s, c in pairs:
             rcv.known[TailTag(s, c)].watch(wake)
@@ -125,22 +143,23 @@ def _dispatch_rank(w: World, r: int, sh: _Shared):
                 avail = min(rcv.known[tag].value, want[i])
                 if avail > done[i]:
                     rcv.check(tag, avail)
-                    toks = sh.stream[(s, c, n)][done[i]:avail]
                     # per destination GPU of this node, chunks of nvlink_chunk_tokens tokens
                     per_dst: dict[int, int] = {}
-                    for t in toks:
-                        for dst in rt.dst_ranks[s][t]:
-                            if w.node_of(dst) == n:
-                                per_dst[dst] = per_dst.get(dst, 0) + 1
+                    for dsts in here[i][done[i]:avail]:
+                        for dst in dsts:
+                            per_dst[dst] = per_dst.get(dst, 0) + 1
+                    ftag = ForwardTag(s)
                     for dst, k in per_dst.items():
                         if dst == r:
-                            rcv.data[ForwardTag(s)].add(k)
-                            rcv.known[ForwardTag(s)].add(k)
+                            rcv.data[ftag].add(k)
+                            rcv.known[ftag].add(k)
                             continue
                         while k > 0:
                             chunk = min(k, d.nvlink_chunk_tokens)
                             k -= chunk
-                            yield from nvlink_put(w, r, dst, nbytes, ForwardTag(s), track, chunk)
+                            ev = nvlink_send(w, r, dst, nbytes, ftag, track, chunk)
+                            if ev is not None:
+                                yield ev
                     done[i] = avail
                     progressed = True
             if not progressed:
@@ -183,6 +202,85 @@ def _node_barrier(w: World, r: int, sh: _Shared, what: str):
             yield from rcv.wait(BarrierTag(what, sh.rank(n, j)), 1, "barrier", check=False)
 
 
+def _expert_sides(w: World, r: int, sh: _Shared, held: list[tuple[int, int]], nbytes: int,
+                  kib: float) -> list[Event]:
+    """The combine's expert warps of rank ``r``, as arithmetic: one event per warp, at its end.
+
+    Warp ``c`` takes ``held[c::C]`` in order; per (source, token) it reduces the token's rows
+    for its experts here (``compute``), then streams the partial row over NVLink to the
+    token's forwarder on this node (the source itself when it is on this node; kept here when
+    this rank is the forwarder). Nothing the warps wait on comes from outside: their only
+    shared resource is this GPU's NVLink port, which nothing else uses until the closing
+    barrier (after every warp ended). So the C warps and the port are a closed pipeline, and
+    its whole schedule is computed here at the start, in the order SimPy would run it: each
+    warp's next step in a local queue ordered by (instant, order of scheduling), as SimPy's
+    is. What others observe stays an event: each partial row's landing at its forwarder (the
+    forward warps poll those counters), and each warp's end (the rank waits for all).
+
+    The same instants as a process per warp; the events of the two waits per token (the
+    reduction, the stores) are gone, and the landings are scheduled here, so at an instant
+    they share with other events they may run in another (deterministic) order."""
+    env = w.env
+    led = w.ledger
+    path = led.path
+    tr = w.trace
+    nv = w.nvlink
+    g = w.platform.gpu
+    rt = w.routing
+    rcv = w.receivers[r]
+    C = sh.C
+    n = r // sh.rpn
+    start = path.cur if path is not None else None  # what started the rank's processes
+    lists = [held[c::C] for c in range(C)]
+    chain = [start] * C  # each warp's own last segment (critical path)
+    # (instant, scheduling order, warp, next item, whether that item's reduction is done)
+    queue = [(0.0, c, c, 0, False) for c in range(C)]
+    order = C
+    end_at = [0.0] * C
+    while queue:
+        now, _, c, i, reduced = heapq.heappop(queue)
+        items = lists[c]
+        while True:  # one resume of warp c: run to its next wait
+            if reduced:
+                s, t = items[i]
+                fwd = s if s // sh.rpn == n else sh.rank(n, s % sh.rpn)
+                tag = PartialTag(s, t)
+                i += 1
+                reduced = False
+                if fwd == r:  # kept here: known at once (an event: a forward warp polls it)
+                    if path is None:
+                        call_at(env, now, nvlink_land, rcv, tag, 1)
+                    else:
+                        path.call_at(now, chain[c], nvlink_land, rcv, tag, 1)
+                    continue
+                busy, t_vis, vis_rec = nv.reserve(r, nbytes, now, chain[c])
+                if path is None:
+                    call_at(env, t_vis, nvlink_land, w.receivers[fwd], tag, 1)
+                else:
+                    path.call_at(t_vis, vis_rec, nvlink_land, w.receivers[fwd], tag, 1)
+                if busy > 0:
+                    if path is not None:
+                        chain[c] = nv.port_rec[r]
+                    if tr.enabled:
+                        tr.span(f"rank{r}", f"cmb{c}", "nvlink", now, busy, dst=fwd, bytes=nbytes)
+                    heapq.heappush(queue, (now + busy, order, c, i, False))
+                    order += 1
+                    break
+                continue
+            if i == len(items):
+                end_at[c] = now
+                break
+            s, t = items[i]
+            dt = led.issue("compute", g.reduce_ns_per_kib * kib * rt.hits[s][t][r])
+            if path is not None:
+                chain[c] = (now, now + dt, "compute", chain[c])
+            heapq.heappush(queue, (now + dt, order, c, i, True))
+            order += 1
+            break
+    # each fires at its warp's end, as the warp's process would
+    return [event_at(env, end_at[c], chain[c]) for c in range(C)]
+
+
 def _combine_rank(w: World, r: int, sh: _Shared):
     env = w.env
     d, g, wl, rt = w.design, w.platform.gpu, w.workload, w.routing
@@ -193,22 +291,9 @@ def _combine_rank(w: World, r: int, sh: _Shared):
     kib = nbytes / 1024
 
     # 1. partial rows over NVLink to the forwarder of each token's source (same local index)
-    held = [(s, t) for s in range(wl.ep_ranks) for t, dsts in enumerate(rt.dst_ranks[s]) if r in dsts]
+    held = sh.held[r]
 
-    def expert_side(c: int):
-        track = f"cmb{c}"
-        for s, t in held[c::C]:
-            ns = g.reduce_ns_per_kib * kib * rt.hits[s][t][r]
-            yield w.ctx.busy("compute", ns)
-            fwd = sh.rank(n, s % sh.rpn)  # forwarder for s on this node
-            if w.node_of(s) == n:
-                fwd = s  # same node: straight to the source
-            tag = PartialTag(s, t)
-            if fwd == r:
-                rcv.data[tag].add(1)
-                rcv.known[tag].add(1)
-            else:
-                yield from nvlink_put(w, r, fwd, nbytes, tag, track)
+    expert_ends = _expert_sides(w, r, sh, held, nbytes, kib)
 
     # 2. forward warps: reduce the node's partials per token, write one row to the source node
     F = max(1, d.num_sms * d.forward_warps_per_sm)
@@ -223,11 +308,12 @@ def _combine_rank(w: World, r: int, sh: _Shared):
         track = f"fwd{j}"
         for s, t in work[j::F]:
             contrib = sum(1 for x in rt.dst_ranks[s][t] if w.node_of(x) == n)
-            yield from rcv.wait(PartialTag(s, t), contrib, track)
-            yield w.ctx.busy("compute", g.reduce_ns_per_kib * kib * contrib)
+            # the poll that sees the partials, then their reduction: one wait of the warp
+            yield from rcv.wait(PartialTag(s, t), contrib, track,
+                                then=("compute", g.reduce_ns_per_kib * kib * contrib))
             seq = sent_to[s]  # claimed before posting: forward warps run concurrently
             sent_to[s] += 1
-            yield from put(w, port, r, s, nbytes, CombineTag(n, s), seq=seq)
+            yield from port.post(w.message(r, s, nbytes, CombineTag(n, s), seq=seq))
         # the finish signal goes on the notify QP, after every forward warp's data on other
         # QPs: no single connection orders them, so flag-after-data modes flush first (as V2 does)
         if d.path == "native" and d.signal_mode in ("flush", "ordered"):
@@ -241,7 +327,7 @@ def _combine_rank(w: World, r: int, sh: _Shared):
                 yield from publish(w, sport, r, s, CombineTag(n, s), sent_to[s], flushed=True)
             yield from sport.finish()
 
-    procs = [env.process(expert_side(c)) for c in range(C)]
+    procs = expert_ends
     if work:
         procs += [env.process(forwarder(j)) for j in range(min(F, len(work)))]
     # 3. the source side: every node's finish plus the local partials, then reduce

@@ -201,14 +201,21 @@ def parameter_table(name_or_path: str | Path, compare: bool = True) -> tuple[Loa
                 if lv <= math.log(fp.lo) + AT_BOUND_LOG or lv >= math.log(fp.hi) - AT_BOUND_LOG:
                     row.defects.append(f"fitted at a bound of [{fp.lo:g}, {fp.hi:g}]: a mechanism is missing")
             prior = fp.prior if fp is not None else None
+            far = False
             if prior is not None and value > 0:
                 z = abs(math.log(value / prior.value)) / prior.rel_sigma
-                if z > FAR_FROM_PRIOR_SIGMAS:
+                far = z > FAR_FROM_PRIOR_SIGMAS
+                if far and path not in cal.unidentifiable:
                     row.defects.append(
                         f"fitted x{value / prior.value:.3g} from its prior {prior.value:g} "
                         f"({z:.1f} sigma): the value carries something the model lacks")
             if path in cal.unidentifiable:
-                row.defects.append("not identified by the records: it stays near its prior")
+                # unconstrained: it stays where the fit started, which is its prior unless a
+                # warm start (an earlier calibration) put it elsewhere
+                row.defects.append(
+                    "not identified by the records: it stays near its prior" if not far else
+                    f"not identified by the records: it stays where the fit started, x"
+                    f"{value / prior.value:.3g} from its prior {prior.value:g} (a warm start)")
         if path in shared_vals:
             bad, gap = _differs(value, sd, shared_vals[path], shared_sig.get(path))
             if bad and not shared and not fitted:  # a fit may move it: its bounds say how far

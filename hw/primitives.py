@@ -46,6 +46,7 @@ FAMILIES_1GPU = (
     "cq_poll",
     "proxy_ring",
     "shared_queue",
+    "host_read",
 )
 FAMILIES_2GPU = ("nvlink",)
 WARMUP = 10

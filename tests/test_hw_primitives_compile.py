@@ -28,6 +28,7 @@ FAMILIES = {
     "cq_poll",
     "proxy_ring",
     "shared_queue",
+    "host_read",
     "nvlink",
 }
 

@@ -17,6 +17,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("cq_poll", &prim::run_cq_poll, py::arg("device"), py::arg("reps"), g);
   m.def("proxy_ring", &prim::run_proxy_ring, py::arg("device"), py::arg("reps"), g);
   m.def("shared_queue", &prim::run_shared_queue, py::arg("device"), py::arg("reps"), g);
+  m.def("host_read", &prim::run_host_read, py::arg("device"), py::arg("reps"), g);
   m.def("nvlink", &prim::run_nvlink, py::arg("device0"), py::arg("device1"), py::arg("reps"), g);
   m.def("cuda_versions", &prim::cuda_versions);
 }

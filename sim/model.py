@@ -27,7 +27,7 @@ from lever.sim.engine import (
 )
 from lever.sim.errors import UserError
 from lever.sim.fabric import Draws, Fabric
-from lever.sim.issuer import NativePort, Port
+from lever.sim.issuer import HostReadPath, NativePort, Port
 from lever.sim.message import Message, Messages
 from lever.sim.nic import Nic, QueuePair
 from lever.sim.nvlink import Nvlink
@@ -119,6 +119,7 @@ class World:
         # V1 LL count/flag writes go through QP 0 when it is kept for notify traffic
         self.counts_on_notify_qp = d.protocol == "v1-ll" and d.notify_qp_reserved
         self._ports: dict[tuple, Port] = {}
+        self._host_reads: dict[int, HostReadPath] = {}
         for r in range(R):
             for c in range(self.channels):
                 self.qp_of(r, c).owners += 1
@@ -148,12 +149,20 @@ class World:
             return False
         return True
 
+    def host_read(self, rank: int) -> HostReadPath:
+        """The rank's GPU's read path to host memory, shared by all its warps' polls."""
+        h = self._host_reads.get(rank)
+        if h is None:
+            h = self._host_reads[rank] = HostReadPath()
+        return h
+
     def port(self, rank: int, channel: int) -> Port:
         key = (rank, channel)
         p = self._ports.get(key)
         if p is None:
             if self.design.path == "native":
-                p = NativePort(self.ctx, rank, channel, self.qp_of(rank, channel), self.lazy())
+                p = NativePort(self.ctx, rank, channel, self.qp_of(rank, channel), self.lazy(),
+                               self.host_read(rank))
             else:
                 p = self._proxy_port(rank, channel, self.data_qps[channel % len(self.data_qps)])
             self._ports[key] = p
@@ -168,7 +177,8 @@ class World:
         p = self._ports.get(key)
         if p is None:
             if self.design.path == "native":
-                p = NativePort(self.ctx, rank, channel, self.qps[rank][0], self.lazy())
+                p = NativePort(self.ctx, rank, channel, self.qps[rank][0], self.lazy(),
+                               self.host_read(rank))
             else:
                 p = self._proxy_port(rank, channel, 0)
             self._ports[key] = p

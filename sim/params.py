@@ -65,6 +65,12 @@ class GpuParams(Strict):
     completion_counter_in_device_memory: bool = Field(
         True, description="NIC writes its completion counter into GPU memory (else polled over PCIe)"
     )
+    host_read_line_ns: float = Field(
+        0.0, ge=0, description="the GPU's read path to host memory: ns per line requested (reads "
+        "of many warps at once queue on it; 0: they never queue)")
+    credit_read_lines: int = Field(
+        1, ge=1, description="lines one credit poll of a host-memory CQ requests at once (a "
+        "warp reading 32 CQEs, one per lane: 32)")
 
 
 class NicParams(Strict):

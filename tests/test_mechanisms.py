@@ -281,3 +281,34 @@ def test_per_rank_combine_flags_send_one_flag_per_destination_and_wait_for_every
     assert per_expert.counters["messages_signal"] == R * (E // R) * (R - 1)  # own rank: NVLink
     assert res.counters["messages_signal"] == R * (R - 1)
     assert max(res.latency_us) < max(per_expert.latency_us)  # fewer flags on the critical chain
+
+
+# -- the GPU's read path to host memory -------------------------------------------------------
+
+def test_host_read_path_queues_lines_but_not_a_lone_read():
+    from lever.sim.issuer import HostReadPath
+
+    h = HostReadPath()
+    assert h.read(0.0, 40.0, 1000.0) == 1000.0  # alone: the round trip
+    # 128 polls of 32 lines at 1.27 ns each, all at once: the last waits for 5.2 us of lines
+    h = HostReadPath()
+    ends = [h.read(0.0, 32 * 1.27, 1073.0) for _ in range(128)]
+    assert ends[0] == 1073.0 and ends[-1] == pytest.approx(128 * 32 * 1.27)
+    assert ends == sorted(ends)
+
+
+def test_many_warps_polling_a_host_memory_cq_queue_on_the_read_path():
+    """Credit polls of a send CQ in host memory: with 32 lines per poll and every warp of
+    the rank polling, reads queue on the GPU's read path, so the credit wait grows; with the
+    CQ in device memory the path is not used."""
+    sets = {**EP2, **QUIET, "design.protocol": "v1-ll", "design.forward_warps_per_sm": 0,
+            "platform.gpu.completion_counter_in_device_memory": False,
+            "platform.gpu.credit_read_lines": 32}
+    base = simulate_op(scenario.load(NATIVE, {**sets, "platform.gpu.host_read_line_ns": 0.0}), "dispatch", 0)
+    slow = simulate_op(scenario.load(NATIVE, {**sets, "platform.gpu.host_read_line_ns": 20.0}), "dispatch", 0)
+    assert max(slow.latency_us) > max(base.latency_us)
+    assert slow.ledger.busy["credit_wait"] > base.ledger.busy["credit_wait"]
+    dev = {**sets, "platform.gpu.completion_counter_in_device_memory": True}
+    a = simulate_op(scenario.load(NATIVE, {**dev, "platform.gpu.host_read_line_ns": 0.0}), "dispatch", 0)
+    b = simulate_op(scenario.load(NATIVE, {**dev, "platform.gpu.host_read_line_ns": 20.0}), "dispatch", 0)
+    assert a.latency_us == b.latency_us

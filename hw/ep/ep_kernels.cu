@@ -1699,6 +1699,41 @@ __device__ void nic_warp(const World& w, const EpFlags& f, int lr, int nic, int 
   }
 }
 
+// The end of an EP block of a launch (V1's and V2's): its warps' stores made visible system
+// wide, then the block counted done (the NIC blocks stop once every EP block is).
+__device__ __forceinline__ void ep_block_done(const World& w) {
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    __threadfence_system();
+    atomicAdd(w.ep_done, 1u);
+  }
+}
+
+// A NIC block of a launch (V1's and V2's): its packet table reset, then its warps are the
+// emulated NIC of (local rank, NIC) until every EP block is done.
+__device__ __forceinline__ void nic_block(const World& w, const EpFlags& f, NicShared& s_nic,
+                                          int n_ep_blocks) {
+  const int warp = threadIdx.x >> 5;
+  const int nb = blockIdx.x - n_ep_blocks;
+  const int lr = nb / w.fab.nics_per_rank;
+  const int nic = nb % w.fab.nics_per_rank;
+  for (int i = threadIdx.x; i < NP; i += blockDim.x) {
+    s_nic.state[i] = ES_FREE;
+    s_nic.due[i] = ~0ull;
+  }
+  if (threadIdx.x == 0) {
+    s_nic.nic_free = 0;
+    s_nic.last_wqe = 0;
+    s_nic.nfree = NP;
+    s_nic.inflight = 0;
+    s_nic.fetch_lock = 0;
+    s_nic.cursor = 0;
+  }
+  __syncthreads();
+  if (warp < w.nic_warps && lr < w.ranks_per_gpu)
+    nic_warp(w, f, lr, nic, warp, s_nic, (unsigned)n_ep_blocks);
+}
+
 __global__ void __launch_bounds__(MAXW * 32, 1)
     ep_op_kernel(const __grid_constant__ World w, int op, unsigned epoch, EpFlags f) {
   __shared__ Put s_pend[MAXW][MAXG];
@@ -1727,30 +1762,9 @@ __global__ void __launch_bounds__(MAXW * 32, 1)
       if (op == 0) dispatch_rank(w, f, e, s_pend[warp], epoch);
       else combine_rank(w, f, e, s_pend[warp], epoch);
     }
-    __syncthreads();
-    if (threadIdx.x == 0) {
-      __threadfence_system();
-      atomicAdd(w.ep_done, 1u);
-    }
+    ep_block_done(w);
   } else {
-    const int nb = blockIdx.x - n_ep_blocks;
-    const int lr = nb / w.fab.nics_per_rank;
-    const int nic = nb % w.fab.nics_per_rank;
-    for (int i = threadIdx.x; i < NP; i += blockDim.x) {
-      s_nic.state[i] = ES_FREE;
-      s_nic.due[i] = ~0ull;
-    }
-    if (threadIdx.x == 0) {
-      s_nic.nic_free = 0;
-      s_nic.last_wqe = 0;
-      s_nic.nfree = NP;
-      s_nic.inflight = 0;
-      s_nic.fetch_lock = 0;
-      s_nic.cursor = 0;
-    }
-    __syncthreads();
-    if (warp < w.nic_warps && lr < w.ranks_per_gpu)
-      nic_warp(w, f, lr, nic, warp, s_nic, (unsigned)n_ep_blocks);
+    nic_block(w, f, s_nic, n_ep_blocks);
   }
 }
 

@@ -1125,29 +1125,9 @@ __global__ void __launch_bounds__(MAXW * 32, 1)
       if (op == 0) v2_dispatch(w, v, f, vr, x, s_pend[warp], mine, epoch);
       else v2_combine(w, v, f, vr, x, s_pend[warp], epoch);
     }
-    __syncthreads();
-    if (threadIdx.x == 0) {
-      __threadfence_system();
-      atomicAdd(w.ep_done, 1u);
-    }
+    ep_block_done(w);
   } else {
-    const int nb = blockIdx.x - n_ep_blocks;
-    const int lr = nb / w.fab.nics_per_rank;
-    const int nic = nb % w.fab.nics_per_rank;
-    for (int i = threadIdx.x; i < NP; i += blockDim.x) {
-      s_nic.state[i] = ES_FREE;
-      s_nic.due[i] = ~0ull;
-    }
-    if (threadIdx.x == 0) {
-      s_nic.nic_free = 0;
-      s_nic.last_wqe = 0;
-      s_nic.nfree = NP;
-      s_nic.inflight = 0;
-      s_nic.fetch_lock = 0;
-      s_nic.cursor = 0;
-    }
-    __syncthreads();
-    if (warp < w.nic_warps && lr < w.ranks_per_gpu) nic_warp(w, f, lr, nic, warp, s_nic, (unsigned)n_ep_blocks);
+    nic_block(w, f, s_nic, n_ep_blocks);
   }
 }
 

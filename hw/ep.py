@@ -815,6 +815,28 @@ def write_outcome(path: Path, outcomes: list[dict[str, Any]], args, emu, sq: str
     tmp.replace(path)
 
 
+def run_options(args: argparse.Namespace):
+    """What V1's and V2's runs take from the command line alike: the lever sets to run (one,
+    or ``--variants``, with the output they need), the ``--set`` overrides (no platform
+    field: the emulator has its own file), the emulator's values with ``--emu-set``, the
+    queue placement and the loss probability of this run."""
+    from lever.hw import emulated_nic
+    from lever.sim.scenario import parse_sets
+
+    variants = [args.lever]
+    if args.variants:
+        variants = list(dict.fromkeys(v.strip() for v in args.variants.split(";")))
+    if args.variants and not args.out_dir:
+        raise UserError("--variants needs --out-dir")
+    if not args.variants and not args.out:
+        raise UserError("--out RECORD is required")
+    extra = parse_sets(args.set)
+    refuse_platform_sets(extra)
+    emu = emulated_nic.load(overrides=emulated_nic.parse_emu_sets(args.emu_set))
+    sq, cq = args.sq or emu.sq, args.cq or emu.cq
+    return variants, extra, emu, sq, cq, emu.loss(args.faults)
+
+
 def main(args: argparse.Namespace) -> int:
     from lever.calibration.records import RecordError, dump_record, parse_record
     from lever.hw.device import require_cuda
@@ -836,21 +858,7 @@ def main(args: argparse.Namespace) -> int:
     if gpus > ngpu or args.ranks % gpus:
         raise UserError(f"--ranks {args.ranks} over --gpus {gpus}: needs a multiple of the GPUs "
                         f"({ngpu} visible)")
-    variants = [args.lever]
-    if args.variants:
-        variants = list(dict.fromkeys(v.strip() for v in args.variants.split(";")))
-    if args.variants and not args.out_dir:
-        raise UserError("--variants needs --out-dir")
-    if not args.variants and not args.out:
-        raise UserError("--out RECORD is required")
-    from lever.hw import emulated_nic
-    from lever.sim.scenario import parse_sets
-
-    extra = parse_sets(args.set)
-    refuse_platform_sets(extra)
-    emu = emulated_nic.load(overrides=emulated_nic.parse_emu_sets(args.emu_set))
-    sq, cq = args.sq or emu.sq, args.cq or emu.cq
-    loss = emu.loss(args.faults)
+    variants, extra, emu, sq, cq, loss = run_options(args)
     outcomes: list[dict[str, Any]] = []
     try:
         base = load_scenario(args.ranks, args.faults, extra, [], args.path, loss)

@@ -276,7 +276,6 @@ V2_CHECKS = [
 def main_v2(args: argparse.Namespace) -> int:
     from lever.calibration.records import dump_record, parse_record
     from lever.hw.device import require_cuda
-    from lever.sim.scenario import parse_sets
 
     if args.nic == "efa":
         from lever.hw.efa.run import require_efa_run
@@ -285,20 +284,7 @@ def main_v2(args: argparse.Namespace) -> int:
     if args.iters < 1 or args.warmup < 0:
         raise UserError("--iters must be >= 1 and --warmup >= 0")
     rpn = ranks_per_node(args.ranks, args.ranks_per_node)
-    variants = [args.lever]
-    if args.variants:
-        variants = list(dict.fromkeys(v.strip() for v in args.variants.split(";")))
-    if args.variants and not args.out_dir:
-        raise UserError("--variants needs --out-dir")
-    if not args.variants and not args.out:
-        raise UserError("--out RECORD is required")
-    from lever.hw import emulated_nic
-
-    extra = parse_sets(args.set)
-    v1.refuse_platform_sets(extra)
-    emu = emulated_nic.load(overrides=emulated_nic.parse_emu_sets(args.emu_set))
-    sq, cq = args.sq or emu.sq, args.cq or emu.cq
-    loss = emu.loss(args.faults)
+    variants, extra, emu, sq, cq, loss = v1.run_options(args)
     torch = require_cuda()
     args.provenance = v1.run_provenance(args.allow_dirty)
     ngpu = torch.cuda.device_count()

@@ -799,6 +799,10 @@ def post_chain_metrics(rows: list[dict]) -> dict[str, dict]:
         credit = [r["credit_wait"] for r in puts if r["credit_wait"] > 0]
         if credit:
             out[f"{op}_credit_check_per_wqe_ns"] = {"median": round(sum(credit) / n, 1), "n": len(credit)}
+        polls = sum(r.get("polls", 0) for r in puts)
+        if polls:  # how the credit time splits: reads per WQE, and the time of one read
+            out[f"{op}_credit_reads_per_wqe_count"] = {"median": round(polls / n, 3), "n": len(puts)}
+            out[f"{op}_credit_read_ns"] = {"median": round(sum(credit) / polls, 1), "n": polls}
     return out
 
 

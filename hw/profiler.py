@@ -9,7 +9,8 @@ is fixed by ``hw/ep/efa_emu.cuh`` (8 x u64):
   (slot reservation + waiting for the doorbell turn of a shared QP: doorbells
   ring in slot order across CTAs), ``w2`` credit_wait ns (CQ polls before
   posts), ``w3`` wqe ns (64 B WQE stores), ``w4`` fence ns, ``w5`` doorbell ns,
-  ``w6`` WQEs in the group, ``w7`` total ns. Sampled one group in ``period``:
+  ``w6`` WQEs in the group (bits 31:0) and the completion reads its credit checks made
+  (bits 63:32: turns of the CQ poll loop, each a read of 32 CQEs), ``w7`` total ns. Sampled one group in ``period``:
   weight = period.
 - PROXY PUT row (kind 3), the same for the proxy path: ``w1`` 0, ``w2``
   credit_wait (polls of the completions the proxy wrote back), ``w3`` wqe
@@ -54,7 +55,8 @@ def decode(rows: Iterable[Sequence[int]]) -> list[dict]:
         if kind in (PK_PUT, PK_PUT_PROXY):
             fields = PUT_FIELDS if kind == PK_PUT else PROXY_PUT_FIELDS
             out.append({"kind": "put", "op": OPS[op], "rank": rank, "warp": warp, "fields": fields,
-                        **dict(zip(fields, w[1:6], strict=True)), "n": w[6], "total": w[7]})
+                        **dict(zip(fields, w[1:6], strict=True)), "n": w[6] & 0xFFFFFFFF,
+                        "polls": w[6] >> 32, "total": w[7]})
         elif kind == PK_PHASE and w[3] >= w[2]:
             cat = PHASE_CATEGORY.get(w[1])
             if cat:

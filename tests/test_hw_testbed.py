@@ -112,6 +112,23 @@ def test_post_chain_metrics_from_profiler_rows():
     assert m["dispatch_post_chain_b1_ns"]["median"] == 600.0
     assert m["dispatch_credit_check_per_wqe_ns"]["median"] == pytest.approx(1000 / 3, abs=0.1)
     assert "combine_post_chain_per_wqe_ns" not in m
+    assert "dispatch_credit_read_ns" not in m  # rows without read counts: no split
+
+
+def test_credit_time_splits_into_reads_from_the_count_word():
+    """The put row's count word carries the group's WQEs (bits 31:0) and its credit checks'
+    CQ reads (bits 63:32): credit time per WQE splits into reads per WQE x time per read."""
+    from lever.hw.ep import post_chain_metrics
+    from lever.hw.profiler import decode
+
+    hdr = 1 | (0 << 8) | (1 << 16) | (5 << 32)
+    rows = decode([[hdr, 10, 9000, 60, 500, 40, 1 | (3 << 32), 9610],
+                   [hdr, 10, 3000, 120, 500, 40, 2 | (1 << 32), 3670]])
+    assert [r["n"] for r in rows] == [1, 2] and [r["polls"] for r in rows] == [3, 1]
+    m = post_chain_metrics(rows)
+    assert m["dispatch_credit_reads_per_wqe_count"]["median"] == pytest.approx(4 / 3, abs=1e-3)
+    assert m["dispatch_credit_read_ns"]["median"] == pytest.approx(12000 / 4, abs=0.1)
+    assert m["dispatch_credit_check_per_wqe_ns"]["median"] == pytest.approx(12000 / 3, abs=0.1)
 
 
 def test_superseded_records_are_left_out_by_default(tmp_path):

@@ -215,6 +215,11 @@ __device__ void prof_row(const World& w, const RankLocal& L, unsigned long long 
   unsigned long long* r = L.prof + (size_t)i * PROF_WORDS;
   r[0] = w0; r[1] = a; r[2] = b; r[3] = c; r[4] = d; r[5] = e; r[6] = f; r[7] = g;
 }
+// A put row's count word: the group's WQEs in bits 31:0, the completion reads its credit
+// checks made (cq_poll loop turns, or proxy-count reads) in bits 63:32.
+__device__ __forceinline__ unsigned long long prof_count(int n, unsigned long long polls) {
+  return (unsigned long long)(unsigned)n | ((polls & 0xffffffffull) << 32);
+}
 __device__ __forceinline__ unsigned long long prof_hdr(unsigned kind, int op, int rank, int warp) {
   return (unsigned long long)kind | ((unsigned long long)op << 8) |
          ((unsigned long long)rank << 16) | ((unsigned long long)warp << 32);
@@ -352,6 +357,7 @@ __device__ bool post_proxy(const World& w, const RankLocal& L, const EpFlags& f,
   bool sample = f.prof_period > 0 && (is.groups % (unsigned)f.prof_period) == 0u;
   ++is.groups;
   unsigned long long t0 = 0, tt = 0, acc_credit = 0, acc_wqe = 0, acc_fence = 0, acc_ring = 0;
+  const unsigned long long polls0 = is.n_poll;
   if (sample && lane == 0) t0 = gtime();
   QpIssuer* Q = L.qps + is.qp;
   unsigned slot = 0;
@@ -413,7 +419,7 @@ __device__ bool post_proxy(const World& w, const RankLocal& L, const EpFlags& f,
   if (sample && lane == 0) {
     unsigned long long t1 = gtime();
     prof_row(w, L, prof_hdr(PK_PUT_PROXY, op, L.rank, warp_global), 0, acc_credit, acc_wqe, acc_fence,
-             acc_ring, (unsigned long long)n, t1 - t0);
+             acc_ring, prof_count(n, is.n_poll - polls0), t1 - t0);
   }
   is.npend = 0;
   return true;
@@ -430,6 +436,7 @@ __device__ bool post_group(const World& w, const RankLocal& L, const EpFlags& f,
   bool sample = f.prof_period > 0 && (is.groups % (unsigned)f.prof_period) == 0u;
   ++is.groups;
   unsigned long long t0 = 0, tt = 0, acc_lock = 0, acc_credit = 0, acc_wqe = 0, acc_fence = 0, acc_db = 0;
+  const unsigned long long polls0 = is.n_poll;  // the profiler row counts this group's CQ reads
   if (sample && lane == 0) t0 = gtime();
   QpIssuer* Q = L.qps + is.qp;
   const lever_efa_nic_layout* lay = L.nic + is.qp;
@@ -542,7 +549,7 @@ __device__ bool post_group(const World& w, const RankLocal& L, const EpFlags& f,
   if (sample && lane == 0) {
     unsigned long long t1 = gtime();
     prof_row(w, L, prof_hdr(PK_PUT, op, L.rank, warp_global), acc_lock, acc_credit, acc_wqe, acc_fence,
-             acc_db, (unsigned long long)n, t1 - t0);
+             acc_db, prof_count(n, is.n_poll - polls0), t1 - t0);
   }
   is.npend = 0;
   return true;

@@ -13,7 +13,8 @@ Where things go (``FROM`` holds the call's files: ``bed/``, ``v2/``, ``diag/``):
   lateness, placement and ``-rxdev`` runs and the outcome files -> ``calibration/data/testbed/``;
 * V2 records -> ``calibration/data/v2/`` (``-rxdev`` ones -> ``v2/rxdev/``);
 * credit diagnostics -> ``calibration/data/testbed/credit-diag/``, and the baselines already
-  shipped as calibration records (``calibration/data/diag-*``) replaced there too;
+  shipped as calibration records (``calibration/data/emu-bed-diag-*``, id prefixed so)
+  replaced there too;
 * every record replaced -> ``before-hwfix-<old rev>/`` beside where it was, ``superseded_by``
   saying why; logs as ``device-log-<rev>.txt``. Smoke runs are not kept.
 """
@@ -76,13 +77,15 @@ def install(src: Path, rev: str, data: Path = DATA_DIR) -> dict[str, list[str]]:
         bed = _untar(src / "bed" / "records.tgz", t / "bed") / "bed_rec"
         v2 = _untar(src / "v2" / "records.tgz", t / "v2") / "v2_rec"
         diag = _untar(src / "diag" / "diag.tgz", t / "diag") if (src / "diag" / "diag.tgz").exists() else None
+        # the credit-diag baselines shipped as calibration records (emu-bed-diag-*, measured as diag-*)
+        shipped_diag = {p.name[len("emu-bed-"):] for p in data.glob("emu-bed-diag-*.json")}
         # every shipped V1 record is replaced, also one this call did not make (no stale mix)
         for old in sorted(data.glob("emu-bed-*.json")):
             moved.append(supersede(old, rev))
         for p in sorted(bed.glob("*.json")):
             if p.name.endswith("-outcome.json") or DIAG.search(p.stem):
                 place(p, bed_tb, rev, moved)
-            elif p.name.startswith("emu-bed-"):
+            elif p.name.startswith("emu-bed-") and not p.name.startswith("emu-bed-diag-"):
                 place(p, data, rev, moved)
             else:
                 continue
@@ -95,8 +98,14 @@ def install(src: Path, rev: str, data: Path = DATA_DIR) -> dict[str, list[str]]:
         if diag is not None:
             for p in sorted(diag.glob("diag-*.json")):
                 place(p, bed_tb / "credit-diag", rev, moved)
-                if (data / p.name).exists():  # a baseline shipped as a calibration record
-                    place(p, data, rev, moved)
+                if p.name in shipped_diag:  # a baseline shipped as a calibration record
+                    d = json.loads(p.read_text())
+                    d["id"] = "emu-bed-" + d["id"]
+                    d["how"]["notes"] += (f"; shipped as {d['id']} (measured as {p.stem}, "
+                                          "calibration/data/testbed/credit-diag)")
+                    shipped = t / ("emu-bed-" + p.name)
+                    shipped.write_text(json.dumps(d, indent=2, sort_keys=True) + "\n")
+                    place(shipped, data, rev, moved)
                 installed.append(p.name)
     for sub, name in (("bed", bed_tb / f"device-log-{rev[:7]}.txt"), ("v2", v2_dir / f"device-log-{rev[:7]}.txt"),
                       ("diag", bed_tb / "credit-diag" / "log.txt")):

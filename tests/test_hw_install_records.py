@@ -11,7 +11,8 @@ from lever.hw.install_records import install
 
 
 def _rec(rid: str, rev: str) -> dict:
-    return {"id": rid, "latency_us": {"dispatch": {"median": 1.0}}, "provenance": {"git_rev": rev}}
+    return {"id": rid, "latency_us": {"dispatch": {"median": 1.0}}, "provenance": {"git_rev": rev},
+            "how": {"notes": "n"}}
 
 
 def _tgz(path: Path, top: str, files: dict[str, dict]) -> None:
@@ -29,7 +30,8 @@ def test_a_call_replaces_every_shipped_testbed_record_and_keeps_the_old_ones(tmp
     data = tmp_path / "data"
     (data / "testbed").mkdir(parents=True)
     (data / "v2").mkdir()
-    for name in ("emu-bed-ep2-native-baseline.json", "emu-bed-ep2-native-put-many.json", "diag-sms62-native-baseline.json"):
+    for name in ("emu-bed-ep2-native-baseline.json", "emu-bed-ep2-native-put-many.json",
+                 "emu-bed-diag-sms62-native-baseline.json"):
         (data / name).write_text(json.dumps(_rec(name[:-5], old)))
     (data / "testbed" / "emu-bed-ep-chain2-native-baseline.json").write_text(json.dumps(_rec("c", old)))
     (data / "v2" / "emu-v2-hybrid-n2x2-native-baseline.json").write_text(json.dumps(_rec("v", old)))
@@ -44,7 +46,7 @@ def test_a_call_replaces_every_shipped_testbed_record_and_keeps_the_old_ones(tmp
         "emu-v2-hybrid-n2x2-native-rxdev-write-imm-counting.json": _rec("vr", new),
         "smoke-v2-hybrid-n2x2-native-baseline-faults.json": _rec("s", new)})
     d = tmp_path / "diag-sms62-native-baseline.json"
-    d.write_text(json.dumps(_rec("d", new)))
+    d.write_text(json.dumps(_rec("diag-sms62-native-baseline", new)))
     (src / "diag").mkdir()
     with tarfile.open(src / "diag" / "diag.tgz", "w:gz") as t:  # the diag script tars its folder's content
         t.add(d, arcname="./" + d.name)
@@ -65,7 +67,9 @@ def test_a_call_replaces_every_shipped_testbed_record_and_keeps_the_old_ones(tmp
     assert (data / "v2" / "rxdev" / "emu-v2-hybrid-n2x2-native-rxdev-write-imm-counting.json").exists()
     assert not list(data.rglob("smoke-*"))
     # a credit-diag baseline shipped as a calibration record is replaced where it was too
-    assert rev(data / "diag-sms62-native-baseline.json") == new
+    shipped = json.loads((data / "emu-bed-diag-sms62-native-baseline.json").read_text())
+    assert shipped["provenance"]["git_rev"] == new and shipped["id"] == "emu-bed-diag-sms62-native-baseline"
+    assert (data / "before-hwfix-1111111" / "emu-bed-diag-sms62-native-baseline.json").exists()
     assert rev(data / "testbed" / "credit-diag" / "diag-sms62-native-baseline.json") == new
     assert (data / "testbed" / f"device-log-{new[:7]}.txt").read_text() == "log"
     assert "before-hwfix-1111111/emu-bed-ep2-native-baseline.json" in res["superseded"]

@@ -69,6 +69,7 @@ ERR_NAMES = {
     9: "issuer read a CQE with bad status",
     10: "cross-GPU start barrier timed out",
     11: "NIC packet table overflow",
+    12: "stopped by the host: its bounded wait for the kernels ran out",
     13: "issuer timed out waiting for its doorbell turn on a shared QP",
     14: "issuer timed out waiting for the proxy (ring space or completions)",
 }
@@ -351,6 +352,9 @@ class Runner:
     EXACT = False
     """Inputs whose combine sums are exact in BF16 (reference.make_inputs): V2 runs use them."""
 
+    HOST_WAIT_GRACE_S = 5.0
+    """Seconds the host waits for queued kernels beyond their own bound (:meth:`sync`)."""
+
     def __init__(self, torch, ext, shape: Shape, ranks: int, gpus: int, scn, seed: int,
                  num_sms: int, timeout_ms: float, path: str = "native", proxy_threads: int = 0,
                  emu=None, sq: str = "host", cq: str = "host", faults: bool = False) -> None:
@@ -359,6 +363,7 @@ class Runner:
         self.t, self.ext, self.shape, self.R, self.G = torch, ext, shape, ranks, gpus
         self.emu = emu or emulated_nic.load()
         self.sq_host, self.cq_host, self.faults = sq == "host", cq == "host", faults
+        self.queued = 0  # ops launched since the last sync (bounds the host's wait)
         self.rpg = ranks // gpus
         d = scn.design
         self.nb = num_sms or d.num_sms
@@ -535,6 +540,7 @@ class Runner:
     def iteration(self, fd: dict, fc: dict, timed: bool) -> tuple[float, float] | None:
         t = self.t
         self.epoch += 1
+        self.queued = getattr(self, "queued", 0) + 2  # a dispatch and a combine on every GPU
         evs = None
         out = []
         for op, fl in ((0, fd), (1, fc)):
@@ -551,20 +557,61 @@ class Runner:
         return tuple(out)  # type: ignore[return-value]
 
     def sync(self) -> None:
+        """Wait for every GPU's queued kernels, bounded. An op kernel ends within twice the
+        run's timeout (its NIC blocks raise ERR_TIMEOUT_NIC then), so the host waits the
+        queued ops' bound plus ``HOST_WAIT_GRACE_S``; past it, it stops each stuck GPU's run
+        from the host (``abort_world``: ERR_ABORTED in the error words, unless the run had
+        an error of its own) and waits as long again. A kernel that still runs then ignores
+        the abort word somewhere, and the run fails with that said, instead of hanging."""
+        import time
+
+        per_op_s = 2 * self.timeout_ns / 1e9
+        grace = self.HOST_WAIT_GRACE_S
+        deadline = time.monotonic() + max(1, getattr(self, "queued", 0)) * per_op_s + grace
+        pending = list(range(self.G))
+        stopped = False
+        while pending:
+            pending = [g for g in pending if not self.streams[g].query()]
+            if not pending:
+                break
+            if time.monotonic() > deadline:
+                if stopped:
+                    g = pending[0]
+                    seen = ""
+                    if hasattr(self.ext, "peek_world"):  # what the stuck world says about itself
+                        pk = dict(self.ext.peek_world(self.handles[g]))
+                        st = dict(zip(STAT_NAMES, pk["stats"], strict=False))
+                        seen = (f"; error words {list(pk['err'])}, packets {st.get('packets')}, error CQEs "
+                                f"{st.get('error_cqes')}, drops {st.get('drops')}")
+                    raise EpError(f"GPU {g}: the kernels did not stop within {per_op_s + grace:.1f} s of "
+                                  f"the host's abort (a device wait that ignores the abort word){seen}")
+                for g in pending:
+                    self.ext.abort_world(self.handles[g], 12)
+                stopped = True
+                deadline = time.monotonic() + per_op_s + grace
+            time.sleep(0.0005)
         for g in range(self.G):
             self.t.cuda.synchronize(g)
+        self.queued = 0
 
     def check_errors(self) -> None:
-        if getattr(self, "path", "native") == "proxy":  # the root cause first: a receiver then times out
+        if getattr(self, "path", "native") == "proxy":  # the root cause first: a receiver may time out after
             pst = dict(self.ext.proxy_stats())
             if pst.get("bad_cqes"):
-                raise EpError(f"proxy read {pst['bad_cqes']} error CQE(s), the first "
-                              f"{cqe_status_name(int(pst['first_bad_status']))}")
+                raise EpError(f"proxy thread {pst.get('first_bad_thread', -1)} read an error CQE: "
+                              f"{cqe_status_name(int(pst['first_bad_status']))} on rank "
+                              f"{pst.get('first_bad_rank', -1)} QP {pst.get('first_bad_qp', -1)}, CQE "
+                              f"{pst.get('first_bad_cqe', -1)} ({pst['bad_cqes']} error CQEs in all)")
         for g, gb in enumerate(self.gbufs):
             e = gb["err"].cpu().tolist()
+            host = e[6] in (-1, 0xFFFFFFFF)  # raised by a host thread, not a block of the launch
             if e[0] == 9:  # an error CQE: name its status
-                raise EpError(f"GPU {g}: issuer read an error CQE: {cqe_status_name(e[5])} on rank {e[1]} "
-                              f"QP {e[2]}, CQE {e[3]} (block {e[6]}, warp {e[7]})")
+                who, where = (f"proxy thread {e[7]}", "") if host else ("issuer", f" (block {e[6]}, warp {e[7]})")
+                raise EpError(f"GPU {g}: {who} read an error CQE: {cqe_status_name(e[5])} on rank {e[1]} "
+                              f"QP {e[2]}, CQE {e[3]}{where}")
+            if e[0] == 12 and host:
+                raise EpError(f"GPU {g}: {ERR_NAMES[12]} ({2 * self.timeout_ns / 1e9:.1f} s per queued op "
+                              f"+ {self.HOST_WAIT_GRACE_S:.0f} s): the kernels stopped on the host's abort")
             if e[0]:
                 what = ERR_NAMES.get(e[0], f"error {e[0]}")
                 raise EpError(f"GPU {g}: {what}: rank {e[1]} (block {e[6]}, warp {e[7]}), "

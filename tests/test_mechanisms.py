@@ -443,3 +443,41 @@ def test_fences_slow_down_as_credit_polls_of_a_host_cq_do(in_device):
     else:
         assert on.ledger.busy["fence"] > 2 * off.ledger.busy["fence"]
         assert max(on.latency_us) > max(off.latency_us)
+
+
+def test_every_post_turn_under_aggregation_passes_the_turn_per_group_and_rings_the_pool():
+    """Deferred aggregation as hw/ep runs it (design.aggregation_turn = "every-post"): every
+    post group waits for the QP's turn in slot order, the group that fills the pool to
+    nic.max_batch rings it (its system fence inside the turn), the others hand the turn on;
+    with "ringer" only the filling warp takes a (FIFO) turn and no slot turn is used."""
+    from lever.sim import issuer, nic
+
+    sets = {**EP2, **QUIET, "design.protocol": "v1-ll", "design.forward_warps_per_sm": 0,
+            "workload.tokens_per_rank": 32, "design.qps_per_call": 2,
+            "design.deferred_doorbell_aggregation": 16}
+    counts = {"take": 0, "db": 0, "wqes": 0}
+    orig_take, orig_db = issuer.SlotTurn.take, nic.Nic.doorbell
+
+    def take(self):
+        counts["take"] += 1
+        return orig_take(self)
+
+    def doorbell(self, msgs):
+        counts["db"] += 1
+        counts["wqes"] += len(msgs)
+        return orig_db(self, msgs)
+
+    mp = pytest.MonkeyPatch()
+    mp.setattr(issuer.SlotTurn, "take", take)
+    mp.setattr(nic.Nic, "doorbell", doorbell)
+    try:
+        every = simulate_op(scenario.load(NATIVE, {**sets, "design.aggregation_turn": "every-post"}), "dispatch", 0)
+        seen = dict(counts)
+        counts.update(take=0, db=0, wqes=0)
+        ringer = simulate_op(scenario.load(NATIVE, {**sets, "design.aggregation_turn": "ringer"}), "dispatch", 0)
+    finally:
+        mp.undo()
+    assert every.latency_us and ringer.latency_us
+    assert seen["db"] > 0 and seen["take"] >= 4 * seen["db"]  # most groups hand the turn on
+    assert seen["wqes"] / seen["db"] > 4  # the pool rings many groups' WQEs at once
+    assert counts["take"] == 0 and counts["db"] > 0

@@ -265,6 +265,7 @@ struct lever_efa_device {
   ibv_context* ctx = nullptr;
   ibv_pd* pd = nullptr;
   ibv_mr* mr = nullptr;
+  bool mr_dmabuf = false;
   struct Ah {
     uint8_t gid[16];
     ibv_ah* ah;
@@ -394,6 +395,7 @@ int lever_efa_device_open(const lever_efa_device_options* o, lever_efa_device** 
     if (o->dmabuf_fd >= 0)
       d->mr = ibv_reg_dmabuf_mr(d->pd, o->dmabuf_offset, o->len, (uint64_t)(uintptr_t)o->buf,
                                 o->dmabuf_fd, access);
+    d->mr_dmabuf = d->mr != nullptr;
     if (!d->mr) d->mr = ibv_reg_mr(d->pd, o->buf, o->len, access);
     if (!d->mr) {
       rc = fail(err, err_len, last_errno(), "ibv_reg_mr(%zu bytes%s)", o->len,
@@ -471,6 +473,8 @@ const lever_efa_peer* lever_efa_device_peers(const lever_efa_device* d, uint32_t
 }
 
 uint32_t lever_efa_device_num_ahs(const lever_efa_device* d) { return d ? (uint32_t)d->ahs.size() : 0u; }
+
+int lever_efa_device_mr_dmabuf(const lever_efa_device* d) { return (d && d->mr_dmabuf) ? 1 : 0; }
 
 int lever_efa_qp_open(lever_efa_device* d, const lever_efa_qp_options* o, lever_efa_qp** out,
                       char* err, size_t err_len) {

@@ -139,6 +139,8 @@ int lever_efa_device_add_peer(lever_efa_device* dev, const uint8_t gid[16], uint
 const lever_efa_peer* lever_efa_device_peers(const lever_efa_device* dev, uint32_t* num);
 // Address handles made so far (one per distinct peer GID).
 uint32_t lever_efa_device_num_ahs(const lever_efa_device* dev);
+// 1 when the window was registered by dma-buf (ibv_reg_dmabuf_mr), 0 by ibv_reg_mr.
+int lever_efa_device_mr_dmabuf(const lever_efa_device* dev);
 
 // Creates the CQ and the SRD QP (INIT -> RTR -> RTS) on dev. On failure *out is null and
 // what was made for it is destroyed; the device stays open.

@@ -103,6 +103,9 @@ def plan_queues(*, num_qps: int, imm: bool, nrx: int, sq_depth: int, rx_depth: i
     max_sq = int(caps.get("max_sq_wr") or 0)
     if max_sq and sq_depth > max_sq:
         raise WireError(f"SQ depth {sq_depth} above the device's max_sq_wr {max_sq}")
+    max_cqe = int(caps.get("max_cqe") or 0)
+    if max_cqe and max(sq_depth, rx_depth) > max_cqe:
+        raise WireError(f"CQ depth {max(sq_depth, rx_depth)} above the device's max_cqe {max_cqe}")
     names = caps.get("caps", {})
     if imm and not names.get("unsolicited_write_recv", False):
         raise WireError("write-with-immediate counting needs unsolicited write receive (device cap "

@@ -470,3 +470,107 @@ def test_efa_primitives_record_and_its_metrics():
 def test_layout_mirror_sizes():
     assert ctypes.sizeof(efa_device.NicLayout) == wire.LAYOUT_BYTES
     assert ctypes.sizeof(efa_device.NicPeer) == wire.PEER_BYTES
+
+
+# ============================================================ the runner's world-wide steps
+class _Dist:
+    """A world of two: this rank's object, then the other rank's canned answer."""
+
+    def __init__(self, *answers: Any) -> None:
+        self.answers = list(answers)
+        self.calls: list[Any] = []
+
+    def all_gather(self, obj: Any) -> list[Any]:
+        self.calls.append(obj)
+        return [obj, self.answers.pop(0)]
+
+    def barrier(self) -> None:
+        self.calls.append("barrier")
+
+
+def _runner(dist: _Dist):
+    import torch
+    from lever.hw.efa.ep_run import EfaRunner
+
+    r = object.__new__(EfaRunner)  # the world-wide steps only: no GPU, no device
+    r.t, r.dist, r.me, r.R, r.G, r.path = torch, dist, 0, 2, 1, "native"
+    r.gbufs = [{"err": torch.zeros(8, dtype=torch.int32), "stats": torch.zeros(24, dtype=torch.int64)}]
+    r.barrier_err = torch.zeros(4, dtype=torch.int32)
+    return r
+
+
+class _Ev:
+    def __init__(self, ms: float) -> None:
+        self.ms = ms
+
+    def elapsed_time(self, other: _Ev) -> float:
+        return other.ms - self.ms
+
+
+def test_runner_latency_is_the_slowest_ranks_and_stats_sum_over_ranks():
+    pytest.importorskip("torch")
+    other = {"dispatch": [0.5, 9.0], "combine": [2.0, 0.1]}
+    r = _runner(_Dist(other))
+    evs = [((( _Ev(0.0), _Ev(0.001)),), ((_Ev(0.0), _Ev(0.003)),)),
+           (((_Ev(0.0), _Ev(0.002)),), ((_Ev(0.0), _Ev(0.004)),))]
+    lat = r.op_latencies_us(evs)
+    assert lat == {"dispatch": [pytest.approx(1.0), 9.0], "combine": [pytest.approx(3.0), pytest.approx(4.0)]}
+    r = _runner(_Dist({"wqes": 5, "stamp_bad_dispatch": 1}))
+    r.gbufs[0]["stats"][4] = 7  # wqes
+    st = r.stats()
+    assert st["wqes"] == 12 and st["stamp_bad_dispatch"] == 1
+
+
+def test_runner_errors_and_gate_failures_of_any_rank_stop_every_rank():
+    pytest.importorskip("torch")
+    from lever.hw.ep import EpError
+
+    r = _runner(_Dist(None))
+    r.check_errors()  # nobody failed
+    r = _runner(_Dist("GPU 0: rank barrier timed out: rank 1"))
+    with pytest.raises(EpError, match="^rank 1: GPU 0: rank barrier timed out"):
+        r.check_errors()
+    r = _runner(_Dist(None))
+    r.barrier_err[0], r.barrier_err[1] = 3, 1
+    with pytest.raises(EpError, match="^rank 0: barrier: a peer's barrier write never landed \\(peer 1"):
+        r.check_errors()
+    r = _runner(_Dist(["rank 1: combine output differs in 3 elements"]))
+    r.gate_rank = lambda rank, b: []
+    r.bufs = [{}]
+    assert r.gate_check() == ["rank 1: combine output differs in 3 elements"]
+
+
+def test_every_op_starts_after_the_local_reset_and_the_cross_node_barrier():
+    """The order that makes a start barrier across nodes: the rank's per-op words reset,
+    then the GPU-posted barrier every rank must pass, then the op (events around the op)."""
+    calls: list[tuple] = []
+
+    class Ext:
+        def launch_barrier(self, h, seq, stream):
+            calls.append(("reset", seq))
+            return 0
+
+        def launch_op(self, h, op, epoch, flags, stream):
+            calls.append(("op", op))
+            return 0
+
+    class EfaExt:
+        def barrier_launch(self, cfg, seq, stream):
+            calls.append(("efa-barrier", seq, cfg["rank"]))
+            return 0
+
+    class Ev:
+        def __init__(self, name):
+            self.name = name
+
+        def record(self, st):
+            calls.append(("event", self.name))
+
+    from lever.hw.efa.ep_run import EfaRunner
+
+    r = object.__new__(EfaRunner)
+    r.ext, r.efa_ext, r.seq, r.epoch, r.me = Ext(), EfaExt(), 4, 1, 0
+    r.handles, r.bcfg = [7], {"rank": 0}
+    r.streams = [type("S", (), {"cuda_stream": 0})()]
+    r.run_op(1, {}, [[Ev("start"), Ev("end")]])
+    assert calls == [("reset", 5), ("efa-barrier", 5, 0), ("event", "start"), ("op", 1), ("event", "end")]

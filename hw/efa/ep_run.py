@@ -152,14 +152,23 @@ class EfaRunner(v1.Runner):
     def _wire(self) -> None:
         """Open the device over the window, the receive and barrier QPs, exchange addresses,
         make the peer table; the send QPs come per variant (:meth:`rebuild`)."""
-        t, b = self.t, self.bufs[0]
         base = self.window.data_ptr()
         try:
             self.efa = self.efa_ext.Device(self.device_name, 1, base, self.win_len, True, 0)
         except RuntimeError as e:
             raise v1.EpError(f"EFA device {self.device_name or '(first)'}: {_line(e)}") from None
+        try:
+            self._wire_queues()
+        except BaseException:
+            self.efa.close()  # before the window it registered goes
+            self.efa = None
+            raise
+
+    def _wire_queues(self) -> None:
+        t, b = self.t, self.bufs[0]
         self.caps = dict(self.efa.caps())
-        self.depth = min(self.depth, int(self.caps["max_sq_wr"]))
+        max_sq = int(self.caps["max_sq_wr"])
+        self.depth = min(self.depth, 1 << (max_sq.bit_length() - 1) if max_sq > 0 else self.depth)
         if self.R - 1 >= self.depth:
             raise v1.EpError(f"{self.R} ranks: the barrier posts {self.R - 1} writes, the SQ holds {self.depth}")
         self.plan = wire.plan_queues(num_qps=int(self.needs["num_qps"]), imm=bool(self.needs["imm"]),
@@ -218,8 +227,11 @@ class EfaRunner(v1.Runner):
         m.update(self.host[0] if self.host else {})
         tables = {"recv": self.ptables["recv"], "peers": self.ptables["peers"], **st}
         fab = self.emu.fabric_dict(seed, False)  # read by NIC blocks only: none run
-        self.handles = [self.ext.make_world(0, cfg, fab, [m], wire.world_peers(self.addrs),
-                                            [gb["wbar"].data_ptr()], tables)]
+        try:
+            self.handles = [self.ext.make_world(0, cfg, fab, [m], wire.world_peers(self.addrs),
+                                                [gb["wbar"].data_ptr()], tables)]
+        except RuntimeError as e:  # lever_ep_check_nic refused the device's tables
+            raise v1.EpError(f"rank {self.me}: {_line(e)}") from None
 
     def reset_state(self) -> None:
         """Zero the issuer state of the fresh send QPs and the per-op words, on every rank at

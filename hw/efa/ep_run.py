@@ -141,7 +141,7 @@ class EfaRunner(v1.Runner):
         if self.path == "proxy":
             self.host.append({"pring": self.ext.proxy_alloc(v1.NQ_MAX * self.ring_depth * 128, False),
                               "pstate": self.ext.proxy_alloc(v1.NQ_MAX * 16 * 8, False)})
-        cap = self.ext.coop_max_blocks(0, 32 * self.warps, 0)
+        cap = self.ext.coop_max_blocks(0, 32 * max(self.warps, self.nic_warps), 0)  # launch_op's block
         if self.nb > cap:
             raise v1.EpError(f"{self.nb} EP blocks exceed the {cap} co-resident blocks: lower --num-sms")
         self.barrier_state = z(16, i32)  # efa_gpu::QpState (64 bytes)

@@ -163,6 +163,23 @@ def scenario_overrides(ranks: int, faults: bool, extra: Mapping[str, Any],
     return {**ov, **extra}
 
 
+def run_shape_overrides(num_sms: int, cq: str, nics_per_rank: int, scn) -> dict[str, Any]:
+    """What the command line changed about the run that the model must be told, so that the
+    record's ``sim`` link reproduces this run: the EP blocks per rank (``--num-sms``), a send
+    CQ in GPU memory (``--cq device``: credit reads are device loads), the emulated NICs per
+    rank (``--emu-set nics_per_rank``). A send queue in GPU memory (``--sq device``) changes
+    store and fence costs the model has one value each for: such a record says where its
+    queues were (``what.emulated_fabric``) and is not a calibration record."""
+    ov: dict[str, Any] = {}
+    if num_sms and num_sms != scn.design.num_sms:
+        ov["design.num_sms"] = num_sms
+    if cq == "device":
+        ov["platform.gpu.completion_counter_in_device_memory"] = True
+    if nics_per_rank != scn.platform.nic.nics_per_gpu:
+        ov["platform.nic.nics_per_gpu"] = nics_per_rank
+    return ov
+
+
 HW_VARIANTS = {
     "deferred-doorbell-aggregation": "turn-per-post",
     "provider-batched-tail": "signals-in-one-doorbell",
@@ -904,6 +921,7 @@ def main(args: argparse.Namespace) -> int:
             sets = scenario_overrides(args.ranks, args.faults, extra, args.path, loss)
             if args.path == "proxy":  # the host threads that ran: the model's proxy.threads
                 sets["platform.proxy.threads"] = runner.proxy_threads
+            sets.update(run_shape_overrides(args.num_sms, cq, emu.nics_per_rank, base))
             tag = "-".join(levers) if levers else "baseline"
             rid = f"{args.id_prefix}{args.ranks}-{args.path}{place}-{tag}{'-faults' if args.faults else ''}"
             try:

@@ -93,6 +93,10 @@ class NicParams(Strict):
     wqe_meta_bytes: int = Field(
         32, ge=0, description="WQE descriptor before any inline data (EFA: efa_io_tx_meta_desc); "
         "a WQE is 64 B blocks: one, or more when inline data does not fit beside the descriptor")
+    cq_shared_read_ns: float = Field(
+        0.0, ge=0, description="polls of one host-memory CQ by several warps are served one "
+        "after another, this far apart: each poll of the CQ waits until the one before it has "
+        "been served (0: polls of one CQ overlap). Only where the GPU reads the CQ over PCIe")
     hw_counters: bool = Field(
         False, description="the device has completion counters (EFA on p5en and newer): a local "
         "completion counter and a remote-write counter that ticks once per inbound write")

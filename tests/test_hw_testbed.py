@@ -215,3 +215,19 @@ def test_committed_exhausted_retries_outcome_names_the_error_cqe():
     assert "EFA_IO_COMP_STATUS_LOCAL_ERROR_UNRESP_REMOTE" in v["error"]
     recs = _bed_records()
     assert d["provenance"]["git_rev"] == recs["emu-bed-ep2-native-baseline"].provenance.git_rev
+
+
+def test_a_record_tells_the_model_what_the_command_line_changed():
+    """--num-sms, --cq device and the emulated NICs per rank change the run; the record's sim
+    link says so, so that calibrating on it simulates the run that was measured."""
+    from lever.hw.ep import load_scenario, run_shape_overrides
+
+    scn = load_scenario(2, False, {}, [], "native", 0.0)
+    assert run_shape_overrides(0, "host", scn.platform.nic.nics_per_gpu, scn) == {}
+    ov = run_shape_overrides(6, "device", 1, scn)
+    assert ov == {"design.num_sms": 6, "platform.gpu.completion_counter_in_device_memory": True,
+                  "platform.nic.nics_per_gpu": 1}
+    from lever.sim import scenario
+
+    moved = scenario.load("platforms/emulated-nvlink", {**ov, "workload.ep_ranks": 2})
+    assert moved.design.num_sms == 6 and moved.platform.nic.nics_per_gpu == 1

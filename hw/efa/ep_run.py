@@ -471,6 +471,8 @@ def main_efa(args: argparse.Namespace) -> int:
                 sets = v1.scenario_overrides(args.ranks, False, extra, args.path, loss)
                 if args.path == "proxy":
                     sets["platform.proxy.threads"] = runner.proxy_threads
+                # --num-sms as the model must be told; the send CQ is host memory, one device a rank
+                sets.update(v1.run_shape_overrides(args.num_sms, "host", 1, base))
                 rec = v1.run_variant(runner, scn, args, levers, sets, rid, info, args.unsafe_ordered)
                 rec = efa_record(rec, runner=runner, facts=facts, platform_info=info, path=args.path)
             except (v1.EpError, wire.WireError) as e:

@@ -126,17 +126,27 @@ class HostReadPath:
     128 warps; a warp reading 32 lines per poll does from 32 warps on (1.31 us at 16 warps,
     5.21 us at 128: about 1.27 ns per line)."""
 
-    __slots__ = ("free",)
+    __slots__ = ("free", "reads_until")
 
     def __init__(self) -> None:
         self.free = 0.0
+        self.reads_until = 0.0  # when the last read issued so far is back
 
     def read(self, now: float, lines_ns: float, round_trip_ns: float) -> float:
         """The time from ``now`` until a read of ``lines_ns`` worth of lines is back."""
         start = self.free if self.free > now else now
         self.free = start + lines_ns
         end = self.free
-        return round_trip_ns if now + round_trip_ns >= end else end - now
+        dt = round_trip_ns if now + round_trip_ns >= end else end - now
+        if now + dt > self.reads_until:
+            self.reads_until = now + dt
+        return dt
+
+    def fence_ns(self, start: float, fence_ns: float) -> float:
+        """A system fence issued at ``start``: its own cost, or until every host read in
+        flight is back when that is later (``gpu.fence_waits_host_reads``)."""
+        wait = self.reads_until - start
+        return wait if wait > fence_ns else fence_ns
 
 
 class CqReadQueue:
@@ -229,6 +239,7 @@ class NativePort(WarpPort):
         # polls of this QP's CQ by the warps sharing it are served one after another
         self.cq = cq if (not in_device and nic.cq_shared_read_ns > 0) else None
         self.cq_interval_ns = nic.cq_shared_read_ns
+        self.fence_host = self.host if g.fence_waits_host_reads else None
         self.inline_bytes = nic.inline_bytes
         self.wqe_room = max(0, 64 - nic.wqe_meta_bytes)  # inline bytes beside the descriptor
         # fixed for the run: what post() would look up per put
@@ -324,7 +335,17 @@ class NativePort(WarpPort):
         batch.clear()
         nf = d.fences_per_doorbell
         if nf:
-            costs.append(("fence", g.fence_ns, 1))
+            f = g.fence_ns
+            if self.fence_host is not None:
+                # the fence's flush is ordered behind the host reads in flight when it issues:
+                # known only then (reads other warps issue meanwhile count), so the costs
+                # before it are paid first
+                ev = self._hold_all(costs)
+                if ev is not None:
+                    yield ev
+                costs = []
+                f = self.fence_host.fence_ns(self.env._now, f)
+            costs.append(("fence", f, 1))
         turn = self.turn
         if turn is not None and own:
             ev = self._hold_all(costs)
@@ -470,11 +491,11 @@ class NativePort(WarpPort):
             return self.counter_read_ns * reads
         t = now
         for _ in range(reads):
-            start = self.cq.start(t, self.cq_interval_ns)
-            if self.host is not None:
-                t = start + self.host.read(start, self.poll_lines_ns, self.counter_read_ns)
-            else:
-                t = start + self.counter_read_ns
+            t = self.cq.start(t, self.cq_interval_ns) + self.counter_read_ns
+        # reads waiting for the CQ's lines are in flight (fences wait for them) but do not
+        # hold the GPU's line queue, whose ns per line is small against the CQ's turn
+        if self.host is not None and t > self.host.reads_until:
+            self.host.reads_until = t
         return t - now
 
     def _room(self, need: int) -> bool:

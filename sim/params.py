@@ -68,6 +68,10 @@ class GpuParams(Strict):
     host_read_line_ns: float = Field(
         0.0, ge=0, description="the GPU's read path to host memory: ns per line requested (reads "
         "of many warps at once queue on it; 0: they never queue)")
+    fence_waits_host_reads: bool = Field(
+        False, description="a system fence completes only once the host-memory reads this GPU "
+        "has in flight when it issues are back (the fence's flush is ordered behind them), so "
+        "fences slow down as credit polls of a host-memory CQ do")
     credit_read_lines: int = Field(
         1, ge=1, description="lines one credit poll of a host-memory CQ requests at once (a "
         "warp reading 32 CQEs, one per lane: 32)")

@@ -415,3 +415,31 @@ def test_doorbells_of_a_shared_qp_ring_in_the_order_slots_were_reserved():
     for k, order in posted.items():
         assert rung[k] == order
     assert res.ledger.busy["lock"] > 0  # someone was ready before its turn
+
+
+def test_a_fence_waits_for_the_host_reads_in_flight():
+    from lever.sim.issuer import HostReadPath
+
+    h = HostReadPath()
+    assert h.fence_ns(0.0, 500.0) == 500.0  # nothing in flight: its own cost
+    h.read(0.0, 40.0, 1000.0)
+    assert h.fence_ns(100.0, 500.0) == pytest.approx(900.0)  # the read is back at 1000
+    assert h.fence_ns(2000.0, 500.0) == 500.0
+
+
+@pytest.mark.parametrize("in_device", [False, True])
+def test_fences_slow_down_as_credit_polls_of_a_host_cq_do(in_device):
+    """Warps sharing a QP poll its host-memory CQ one after another: a fence issued while
+    those reads are in flight waits for them (gpu.fence_waits_host_reads), so dispatch's
+    fence time grows; with the CQ in GPU memory there are no such reads and nothing moves."""
+    sets = {**EP2, **QUIET, "design.protocol": "v1-ll", "design.forward_warps_per_sm": 0,
+            "workload.tokens_per_rank": 32, "design.qps_per_call": 2,
+            "platform.gpu.completion_counter_in_device_memory": in_device,
+            "platform.gpu.credit_read_lines": 32, "platform.nic.cq_shared_read_ns": 1150.0}
+    off = simulate_op(scenario.load(NATIVE, {**sets, "platform.gpu.fence_waits_host_reads": False}), "dispatch", 0)
+    on = simulate_op(scenario.load(NATIVE, {**sets, "platform.gpu.fence_waits_host_reads": True}), "dispatch", 0)
+    if in_device:
+        assert on.latency_us == off.latency_us
+    else:
+        assert on.ledger.busy["fence"] > 2 * off.ledger.busy["fence"]
+        assert max(on.latency_us) > max(off.latency_us)

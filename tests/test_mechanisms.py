@@ -336,7 +336,7 @@ def _credit_world(sets: dict) -> World:
 def test_a_credit_poll_reads_until_a_read_finds_no_new_cqe(lines):
     """40 CQEs written since the last poll: a poll reading one CQE at a time reads 41 times,
     one reading 32 at once (hw/ep cq_poll) reads 3 times (32, 8, then none new)."""
-    w = _credit_world({"platform.gpu.credit_read_lines": lines})
+    w = _credit_world({"platform.gpu.credit_read_lines": lines, "platform.nic.cq_shared_read_ns": 0.0})
     port = w.port(0, 0)
     port.qp.completions.value = 40
     reads = 1 + -(-40 // lines)

@@ -303,7 +303,9 @@ def test_many_warps_polling_a_host_memory_cq_queue_on_the_read_path():
     CQ in device memory the path is not used."""
     sets = {**EP2, **QUIET, "design.protocol": "v1-ll", "design.forward_warps_per_sm": 0,
             "platform.gpu.completion_counter_in_device_memory": False,
-            "platform.gpu.credit_read_lines": 32}
+            "platform.gpu.credit_read_lines": 32,
+            # the line queue alone: polls of one CQ waiting their turn bypass it (CqReadQueue)
+            "platform.nic.cq_shared_read_ns": 0.0}
     base = simulate_op(scenario.load(NATIVE, {**sets, "platform.gpu.host_read_line_ns": 0.0}), "dispatch", 0)
     slow = simulate_op(scenario.load(NATIVE, {**sets, "platform.gpu.host_read_line_ns": 20.0}), "dispatch", 0)
     assert max(slow.latency_us) > max(base.latency_us)

@@ -76,6 +76,59 @@ class Counter:
         self.watchers.append(other)
 
 
+class Tally:
+    """A count of writes whose every landing instant is booked ahead (:meth:`add_at`), and
+    one waiter for the count they all reach (:meth:`reach`): an NVLink landing counted this
+    way is arithmetic, not an event at its instant.
+
+    A :class:`Counter` is a word a poller can read at any instant, so each increment is an
+    event at its instant. A count that nothing reads until it is complete (a rank's tokens
+    from one source, a token's partial rows at its forwarder) only needs the instant its
+    last write lands: the latest booked instant, once the bookings reached the total. The
+    waiter is released then, in the queue slot of an event scheduled when the total was
+    booked (a landing at the same instant may run before or after it: a tie), and is charged
+    to the segment of that last landing when the critical path is recorded. A booking past
+    a waiter's total is a model error: the waiter would have been released too early.
+    """
+
+    __slots__ = ("env", "n", "t", "rec", "want", "ev")
+
+    def __init__(self, env: simpy.Environment) -> None:
+        self.env = env
+        self.n = 0  # writes booked
+        self.t = 0.0  # the latest booked instant
+        self.rec: Rec | None = None  # its segment (critical path)
+        self.want = 0  # the waiter's total (0: none waits)
+        self.ev: Event | None = None
+
+    def add_at(self, t: float, k: int = 1, rec: Rec | None = None) -> None:
+        """``k`` writes land at instant ``t`` (now or later); ``rec``: the segment they land at
+        the end of, when the critical path is recorded."""
+        self.n += k
+        if t >= self.t:  # a tie: the later booking is the one that releases
+            self.t = t
+            self.rec = rec
+        if self.want:
+            if self.n > self.want:
+                raise RuntimeError(f"Tally: {self.n} writes booked for a total of {self.want}")
+            if self.n == self.want:
+                self.want = 0
+                fire_at(self.env, self.ev, max(self.t, self.env._now), self.rec)
+
+    def reach(self, total: int) -> Event | None:
+        """The event to wait for until all ``total`` writes landed; None when they have."""
+        env = self.env
+        if self.n > total:
+            raise RuntimeError(f"Tally: {self.n} writes booked for a total of {total}")
+        if self.n == total:
+            if self.t <= env._now:
+                return None
+            return event_at(env, self.t, self.rec)
+        self.want = total
+        self.ev = Event(env)
+        return self.ev
+
+
 def _fire(call: _Call) -> None:
     call.fn(*call.args)
 
@@ -252,9 +305,14 @@ def event_at(env: simpy.Environment, t: float, rec: Rec | None = None) -> Event:
     timeout due at ``t`` would take: what a process ending at ``t`` is to those waiting for it
     (an ``all_of``), for work computed without a process. ``rec``: the segment it ends, when
     the critical path is recorded (the ``rec`` a finished process carries)."""
+    return fire_at(env, Event(env), t, rec)
+
+
+def fire_at(env: simpy.Environment, ev: Event, t: float, rec: Rec | None = None) -> Event:
+    """Schedule the pending event ``ev`` (a waiter yielded it already) to fire at instant ``t``
+    (not before now): :func:`event_at` for an event made earlier."""
     if t < env._now:
         raise ValueError(f"time {t} is before now ({env._now})")
-    ev = Event(env)
     ev._ok = True
     ev._value = None
     if rec is not None:

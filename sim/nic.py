@@ -201,7 +201,7 @@ class Nic:
         cnt["packets_landed"] += 1
         msg.landed += 1
         if path is None:
-            if ack_ok:  # Nic.ack and Fabric.flight inline: the same draw, instant and slot
+            if ack_ok:  # Fabric.flight inline: the same draw
                 fab = self.fabric
                 dr = self._draws
                 if dr is None:
@@ -214,25 +214,20 @@ class Nic:
                     paths = len(bases)
                     base = bases[int((u.pop() if u else dr.uniform()) * paths) % paths]
                 j = dr._j
-                t_arrive = t_land + (base + (j.pop() if j else dr.jitter())) * self._f_wire
-                msg.acked += 1
-                if t_arrive > msg.t_complete:
-                    msg.t_complete = t_arrive
-                if msg.acked == msg.npkts:
-                    src = msg.qp.nic
-                    call_at(env, msg.t_complete + src._completion, src._complete, msg)
-            if msg.landed == msg.npkts and msg.on_visible is not None:
-                # land times are monotone at one port: this packet lands last
-                call_at(env, t_land + self._vis, msg.on_visible, msg)
-            return
-        # ingress serialisation behind the port's last packet, then landing
-        self.rx_rec = (start, rx_free, "wire", self.rx_rec if busy else path.cur)
-        land = (rx_free, t_land, "nic", self.rx_rec)
-        if ack_ok:
-            msg.qp.nic.ack(msg, t_land + self.fabric.flight(self.index), land)
+                msg.qp.nic.ack(msg, t_land + (base + (j.pop() if j else dr.jitter())) * self._f_wire)
+        else:  # ingress serialisation behind the port's last packet, then landing
+            self.rx_rec = (start, rx_free, "wire", self.rx_rec if busy else path.cur)
+            land = (rx_free, t_land, "nic", self.rx_rec)
+            if ack_ok:
+                msg.qp.nic.ack(msg, t_land + self.fabric.flight(self.index), land)
         if msg.landed == msg.npkts:
+            # land times are monotone at one port: this packet lands last
             vis = t_land + self._vis
-            path.call_at(vis, (t_land, vis, "visibility", land), self._visible, msg)
+            if path is None:
+                if msg.on_visible is not None:  # the receiver's own call at that instant
+                    call_at(env, vis, msg.on_visible, msg)
+            else:
+                path.call_at(vis, (t_land, vis, "visibility", land), self._visible, msg)
 
     def _visible(self, msg: Message) -> None:
         if msg.on_visible is not None:

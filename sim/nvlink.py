@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from lever.sim.engine import ROOT, Rec, call_at, call_later, hold
+from lever.sim.engine import ROOT, Rec, Tally, call_at, call_later, hold
 
 if TYPE_CHECKING:
     from lever.sim.context import Context
@@ -69,6 +69,25 @@ class Nvlink:
         if busy > 0:
             if path is not None:
                 path.cur = self.port_rec[src]  # the warp is done when its stores are
+            if ctx.trace.enabled:
+                ctx.trace.span(f"rank{src}", track, "nvlink", now, busy, dst=dst, bytes=nbytes)
+            return hold(env, busy)
+        return None
+
+    def send_ahead(self, src: int, dst: int, nbytes: int, track: str, tally: Tally,
+                   k: int = 1):
+        """:meth:`send` whose landing is booked on ``tally`` now (``k`` writes, at the instant
+        the bytes are visible at the peer) rather than called at that instant: for a count
+        read only at its total (``engine.Tally``). The event to wait for, or None."""
+        env = self.env
+        ctx = self.ctx
+        path = ctx.ledger.path
+        now = env._now
+        busy, t_vis, vis_rec = self.reserve(src, nbytes, now, None if path is None else path.cur)
+        tally.add_at(t_vis, k, vis_rec)
+        if busy > 0:
+            if path is not None:
+                path.cur = self.port_rec[src]
             if ctx.trace.enabled:
                 ctx.trace.span(f"rank{src}", track, "nvlink", now, busy, dst=dst, bytes=nbytes)
             return hold(env, busy)

@@ -15,7 +15,18 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 import simpy
-from lever.sim.engine import NORMAL, ROOT, Counter, Ledger, Lock, Rec, Trace, _Call, call_at
+from lever.sim.engine import (
+    NORMAL,
+    ROOT,
+    Counter,
+    Ledger,
+    Lock,
+    Rec,
+    Trace,
+    _Call,
+    _PathCall,
+    call_at,
+)
 from lever.sim.params import NicParams, ReceiverParams
 
 if TYPE_CHECKING:
@@ -119,9 +130,9 @@ class Nic:
         """Fetch the payload and serialise the packets; ``rec`` is the WQE's parse segment.
 
         Each packet's flight is drawn here, from this NIC's stream, and its arrival queued
-        (``Fabric.launch``). Lossless SRD with no critical path recorded (every full-size
-        run) takes the fast path: the flight drawn and the arrival pushed inline, the same
-        draws, instants and queue slots as ``launch``."""
+        (``Fabric.launch``). Lossless SRD (every full-size run) takes the fast path: the
+        flight drawn and the arrival pushed inline, the same draws, instants, queue slots and
+        critical-path segments as ``launch``."""
         p = self.p
         path = self.ledger.path
         mtu = p.mtu_bytes
@@ -137,7 +148,7 @@ class Nic:
         deliver = dst_nic.ingress
         fab = self.fabric
         env = self.env
-        push = None if (path is not None or fab.lossy or fab._rc) else getattr(env, "push", None)
+        push = None if (fab.lossy or fab._rc) else getattr(env, "push", None)
         if push is not None:
             dr = self._draws
             if dr is None:
@@ -158,22 +169,27 @@ class Nic:
                 t_ready += size * dma_ns_per_byte * f_nic
             tx_free = self.tx_free
             depart = max(tx_free, t_ready) + (size + hdr) * ns_per_byte * f_wire
-            self.tx_free = depart
-            if push is not None:  # Fabric.launch and Fabric.flight, lossless SRD, inline
-                u = dr._u
-                base = bases[int((u.pop() if u else dr.uniform()) * paths) % paths]
-                j = dr._j
-                arrive = depart + (base + (j.pop() if j else dr.jitter())) * f_wire
-                push((arrive if arrive > now else now, NORMAL, next(eid),
-                      _Call(deliver, (msg, k, True))))
-                continue
             if path is not None:  # behind the port's last packet, or behind its own fetch
                 if tx_free > t_ready:
                     tx = (tx_free, depart, "wire", self.tx_rec)
                 else:  # the fetch since the WQE was parsed: one segment, made only when waited on
                     tx = (t_ready, depart, "wire", rec if inline else (t0, t_ready, "nic", rec))
                 self.tx_rec = tx
-            fab.launch(msg, k, depart, self.index, dst_nic.index, deliver, tx)
+            self.tx_free = depart
+            if push is None:
+                fab.launch(msg, k, depart, self.index, dst_nic.index, deliver, tx)
+                continue
+            # Fabric.launch and Fabric.flight for lossless SRD, inline
+            u = dr._u
+            base = bases[int((u.pop() if u else dr.uniform()) * paths) % paths]
+            j = dr._j
+            arrive = depart + (base + (j.pop() if j else dr.jitter())) * f_wire
+            if path is None:
+                push((arrive if arrive > now else now, NORMAL, next(eid),
+                      _Call(deliver, (msg, k, True))))
+            else:
+                push((arrive if arrive > now else now, NORMAL, next(eid),
+                      _PathCall(deliver, (msg, k, True), path, (depart, arrive, "wire", tx))))
 
     # -- ingress ----------------------------------------------------------
     def ingress(self, msg: Message, k: int, ack_ok: bool) -> None:
@@ -200,38 +216,36 @@ class Nic:
         cnt["bytes_landed"] += size
         cnt["packets_landed"] += 1
         msg.landed += 1
+        if ack_ok:  # Fabric.flight inline: the same draw
+            fab = self.fabric
+            dr = self._draws
+            if dr is None:
+                dr = self._draws = fab.stream(self.index)
+            bases = fab.path_base
+            if fab._rc:
+                base = bases[0]
+            else:
+                u = dr._u
+                paths = len(bases)
+                base = bases[int((u.pop() if u else dr.uniform()) * paths) % paths]
+            j = dr._j
+            t_ack = t_land + (base + (j.pop() if j else dr.jitter())) * self._f_wire
         if path is None:
-            if ack_ok:  # Fabric.flight inline: the same draw
-                fab = self.fabric
-                dr = self._draws
-                if dr is None:
-                    dr = self._draws = fab.stream(self.index)
-                bases = fab.path_base
-                if fab._rc:
-                    base = bases[0]
-                else:
-                    u = dr._u
-                    paths = len(bases)
-                    base = bases[int((u.pop() if u else dr.uniform()) * paths) % paths]
-                j = dr._j
-                msg.qp.nic.ack(msg, t_land + (base + (j.pop() if j else dr.jitter())) * self._f_wire)
+            if ack_ok:
+                msg.qp.nic.ack(msg, t_ack)
         else:  # ingress serialisation behind the port's last packet, then landing
             self.rx_rec = (start, rx_free, "wire", self.rx_rec if busy else path.cur)
             land = (rx_free, t_land, "nic", self.rx_rec)
             if ack_ok:
-                msg.qp.nic.ack(msg, t_land + self.fabric.flight(self.index), land)
+                msg.qp.nic.ack(msg, t_ack, land)
         if msg.landed == msg.npkts:
             # land times are monotone at one port: this packet lands last
             vis = t_land + self._vis
-            if path is None:
-                if msg.on_visible is not None:  # the receiver's own call at that instant
+            if msg.on_visible is not None:  # the receiver's own call at that instant
+                if path is None:
                     call_at(env, vis, msg.on_visible, msg)
-            else:
-                path.call_at(vis, (t_land, vis, "visibility", land), self._visible, msg)
-
-    def _visible(self, msg: Message) -> None:
-        if msg.on_visible is not None:
-            msg.on_visible(msg)
+                else:
+                    path.call_at(vis, (t_land, vis, "visibility", land), msg.on_visible, msg)
 
     # -- completions (sender side) ------------------------------------------
     def ack(self, msg: Message, t_arrive: float, sent: Rec | None = None) -> None:

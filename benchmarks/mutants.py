@@ -207,7 +207,7 @@ MUTANTS: tuple[Mutant, ...] = (
            "the GPU never waits for a full descriptor ring"),
     # -- NVLink --------------------------------------------------------------------------------
     Mutant("nvlink-port-not-shared", "sim/nvlink.py",
-           "start = max(now, free)", "start = now",
+           "start = free if queued else now", "start = now",
            "copies from one GPU overlap instead of sharing its port"),
     Mutant("tally-released-at-last-booking", "sim/engine.py",
            "        if t >= self.t:  # a tie: the later booking is the one that releases\n",

@@ -137,13 +137,14 @@ _FIRE = (_fire,)
 
 
 class _Call:
-    """A plain callback on SimPy's event queue: what ``env.timeout(d)`` with one
+    """A plain callback on SimPy's own event queue: what ``env.timeout(d)`` with one
     callback appended does, as one slotted object with no callback list.
 
     ``Environment.step`` needs of a queued event only ``callbacks`` (which it
-    sets to None) and ``_ok``. A packet in flight, a landing or a completion is
-    one of these; at EP256 some 70k are pending at once, and the lighter entry
-    costs less to keep and to pop (benchmarks/sim_speed.py).
+    sets to None) and ``_ok``. On a :class:`ModelEnvironment` a call is lighter still: its
+    queue entry holds the tuple ``(fn, args, rec)`` where the event goes (a *call entry*,
+    no object to build; a packet in flight, a landing or a completion is one, some 70k
+    pending at once at EP256), which the environment's ``step`` and :func:`run_events` run.
     """
 
     __slots__ = ("callbacks", "_ok", "_value", "fn", "args")
@@ -186,7 +187,7 @@ class ModelEnvironment(simpy.Environment):
     ``tests/test_engine.py`` compares whole runs event by event.
     """
 
-    BUCKET_NS = 500.0
+    BUCKET_NS = 50.0  # fewest instructions at EP32 of 10-500 (callgrind): a heap of tens
     path: CriticalPath | None = None  # no recorder (PathEnvironment's own): a plain lookup, no miss
 
     def __init__(self, initial_time: float = 0) -> None:
@@ -254,6 +255,12 @@ class ModelEnvironment(simpy.Environment):
     def step(self) -> None:
         if not self._queue:
             self.refill()
+        if self._queue and type(self._queue[0][3]) is tuple:  # a call entry (fn, args, rec)
+            self._now, _, _, (fn, args, rec) = heapq.heappop(self._queue)
+            if rec is not None:
+                self.path.cur = rec  # type: ignore[union-attr]
+            fn(*args)
+            return
         super().step()
 
 
@@ -327,7 +334,12 @@ def call_later(env: simpy.Environment, delay: float, fn, *args) -> None:
     results are the same bit for bit."""
     if delay < 0:
         raise ValueError(f"negative delay {delay}")
-    env.schedule(_Call(fn, args), NORMAL, delay)
+    try:
+        push = env.push  # type: ignore[attr-defined]
+    except AttributeError:  # SimPy's own environment
+        env.schedule(_Call(fn, args), NORMAL, delay)
+        return
+    push((env._now + delay, NORMAL, next(env._eid), (fn, args, None)))
 
 
 def call_at(env: simpy.Environment, t: float, fn, *args) -> None:
@@ -344,11 +356,12 @@ def call_at(env: simpy.Environment, t: float, fn, *args) -> None:
     now = env._now
     if t < now:
         raise ValueError(f"time {t} is before now ({now})")
-    entry = (t, NORMAL, next(env._eid), _Call(fn, args))
     try:
-        env.push(entry)  # type: ignore[attr-defined]
+        push = env.push  # type: ignore[attr-defined]
     except AttributeError:  # SimPy's own environment
-        heapq.heappush(env._queue, entry)
+        heapq.heappush(env._queue, (t, NORMAL, next(env._eid), _Call(fn, args)))
+        return
+    push((t, NORMAL, next(env._eid), (fn, args, None)))
 
 
 def run_events(env: simpy.Environment, limit: int = -1) -> int:
@@ -364,6 +377,7 @@ def run_events(env: simpy.Environment, limit: int = -1) -> int:
     queue = env._queue
     pop = heapq.heappop
     refill = getattr(env, "refill", None)  # a ModelEnvironment's later buckets
+    path = getattr(env, "path", None)  # a PathEnvironment's recorder
     n = 0
     call = _Call
     while n != limit:
@@ -371,7 +385,13 @@ def run_events(env: simpy.Environment, limit: int = -1) -> int:
             break
         env._now, _, _, event = pop(queue)
         n += 1
-        if type(event) is call:  # a plain callback: nothing else ever looks at it
+        if type(event) is tuple:  # a call entry: nothing else ever looks at it
+            fn, args, rec = event
+            if rec is not None:  # it runs as the segment it ends
+                path.cur = rec
+            fn(*args)
+            continue
+        if type(event) is call:  # a plain callback on SimPy's own environment
             event.fn(*event.args)
             continue
         callbacks, event.callbacks = event.callbacks, None
@@ -549,29 +569,6 @@ def _running(env: simpy.Environment) -> Rec | None:
     return path.cur if path is not None else None
 
 
-def _fire_path(call: _PathCall) -> None:
-    call.path.cur = call.rec
-    call.fn(*call.args)
-
-
-_FIRE_PATH = (_fire_path,)
-
-
-class _PathCall(_Call):
-    """A :class:`_Call` that runs as the segment it ends (NIC stage, flight, landing...)."""
-
-    __slots__ = ("path", "rec")
-
-    def __init__(self, fn, args: tuple, path: CriticalPath, rec: Rec) -> None:
-        self.callbacks = _FIRE_PATH
-        self._ok = True
-        self._value = None
-        self.fn = fn
-        self.args = args
-        self.path = path
-        self.rec = rec
-
-
 class CriticalPath:
     """Records, as the model runs, what every piece of simulated time waited on, so the
     critical path of the op is read from this one run (:func:`walk`).
@@ -607,7 +604,8 @@ class CriticalPath:
         """:func:`call_later` (the same queue slot), running ``fn`` as segment ``rec``."""
         if delay < 0:
             raise ValueError(f"negative delay {delay}")
-        self.env.schedule(_PathCall(fn, args, self, rec), NORMAL, delay)
+        env = self.env
+        env.push((env._now + delay, NORMAL, next(env._eid), (fn, args, rec)))
 
     def call_at(self, t: float, rec: Rec, fn, *args) -> None:
         """:func:`call_at` (the same queue slot), running ``fn`` as segment ``rec``."""
@@ -615,7 +613,7 @@ class CriticalPath:
         now = env._now
         if t < now:
             raise ValueError(f"time {t} is before now ({now})")
-        _push(env, (t, NORMAL, next(env._eid), _PathCall(fn, args, self, rec)))
+        env.push((t, NORMAL, next(env._eid), (fn, args, rec)))
 
 
 class _PathProcess(Process):

@@ -23,8 +23,6 @@ from lever.sim.engine import (
     Lock,
     Rec,
     Trace,
-    _Call,
-    _PathCall,
     call_at,
 )
 from lever.sim.params import NicParams, ReceiverParams
@@ -184,12 +182,9 @@ class Nic:
             base = bases[int((u.pop() if u else dr.uniform()) * paths) % paths]
             j = dr._j
             arrive = depart + (base + (j.pop() if j else dr.jitter())) * f_wire
-            if path is None:
-                push((arrive if arrive > now else now, NORMAL, next(eid),
-                      _Call(deliver, (msg, k, True))))
-            else:
-                push((arrive if arrive > now else now, NORMAL, next(eid),
-                      _PathCall(deliver, (msg, k, True), path, (depart, arrive, "wire", tx))))
+            # a call entry (engine.call_at's), run as the flight's segment when it is recorded
+            push((arrive if arrive > now else now, NORMAL, next(eid),
+                  (deliver, (msg, k, True), None if path is None else (depart, arrive, "wire", tx))))
 
     # -- ingress ----------------------------------------------------------
     def ingress(self, msg: Message, k: int, ack_ok: bool) -> None:

@@ -302,14 +302,20 @@ def _combine_rank(w: World, r: int, sh: _Shared):
     bar = Barrier(w, min(F, len(work)) or 1)
     sent_to: dict[int, int] = {s: 0 for s in remote}
 
+    rpn = sh.rpn
+    red_ns = g.reduce_ns_per_kib * kib  # a reduction's cost per partial row
+
     def forwarder(j: int):
         port = w.port(r, j % C)
         track = f"fwd{j}"
         for s, t in work[j::F]:
-            contrib = sum(1 for x in rt.dst_ranks[s][t] if w.node_of(x) == n)
+            contrib = 0  # the token's expert ranks on this node: one partial row each
+            for x in rt.dst_ranks[s][t]:
+                if x // rpn == n:
+                    contrib += 1
             # the poll that sees the partials, then their reduction: one wait of the warp
             yield from rcv.wait(PartialTag(s, t), contrib, track, total=True,
-                                then=("compute", g.reduce_ns_per_kib * kib * contrib))
+                                then=("compute", red_ns * contrib))
             seq = sent_to[s]  # claimed before posting: forward warps run concurrently
             sent_to[s] += 1
             yield from port.post(w.message(r, s, nbytes, CombineTag(n, s), seq=seq))

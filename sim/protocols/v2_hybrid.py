@@ -136,15 +136,18 @@ def _dispatch_rank(w: World, r: int, sh: _Shared):
         here = [[tuple(x for x in rt.dst_ranks[s][t] if x // rpn == n)
                  for t in sh.stream.get((s, c, n), ())] for s, c in pairs]
         wake = Counter(env)  # bumped whenever any polled tail moves
-        for s, c in pairs:
-            rcv.known[TailTag(s, c)].watch(wake)
-        while any(done[i] < want[i] for i in range(len(pairs))):
+        tags = [TailTag(s, c) for s, c in pairs]
+        known = [rcv.known[tag] for tag in tags]  # the words polled, looked up once
+        for k in known:
+            k.watch(wake)
+        left = sum(1 for i in range(len(pairs)) if done[i] < want[i])  # pairs not finished
+        while left:
             mark = wake.value
             progressed = False
-            for i, (s, c) in enumerate(pairs):
-                tag = TailTag(s, c)
-                avail = min(rcv.known[tag].value, want[i])
+            for i, (s, _c) in enumerate(pairs):
+                avail = min(known[i].value, want[i])
                 if avail > done[i]:
+                    tag = tags[i]
                     rcv.check(tag, avail)
                     # per destination GPU of this node, chunks of nvlink_chunk_tokens tokens
                     per_dst: dict[int, int] = {}
@@ -163,6 +166,8 @@ def _dispatch_rank(w: World, r: int, sh: _Shared):
                             if ev is not None:
                                 yield ev
                     done[i] = avail
+                    if avail == want[i]:
+                        left -= 1
                     progressed = True
             if not progressed:
                 t0 = env.now

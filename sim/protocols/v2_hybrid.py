@@ -71,13 +71,22 @@ class _Shared:
         # held[d]: the (source, token) pairs whose experts rank d hosts, by source then token
         # (the combine's expert side; one pass, not one scan of every token per rank)
         self.held: list[list[tuple[int, int]]] = [[] for _ in range(R)]
+        stream, held, expected = self.stream, self.held, self.expected_from
         for s in range(R):
+            ranks = rt.dst_ranks[s]
             for t, nodes in enumerate(rt.dst_nodes[s]):
+                c = t % C
                 for m in nodes:
-                    self.stream.setdefault((s, t % C, m), []).append(t)
-                for d in rt.dst_ranks[s][t]:
-                    self.expected_from[d][s] = self.expected_from[d].get(s, 0) + 1
-                    self.held[d].append((s, t))
+                    lst = stream.get((s, c, m))
+                    if lst is None:
+                        stream[(s, c, m)] = [t]
+                    else:
+                        lst.append(t)
+                st = (s, t)
+                for d in ranks[t]:
+                    e = expected[d]
+                    e[s] = e.get(s, 0) + 1
+                    held[d].append(st)
 
     def rank(self, node: int, local: int) -> int:
         return node * self.rpn + local

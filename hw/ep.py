@@ -69,6 +69,7 @@ ERR_NAMES = {
     9: "issuer read a CQE with bad status",
     10: "cross-GPU start barrier timed out",
     11: "NIC packet table overflow",
+    12: "stopped by the host: its bounded wait for the kernels ran out",
     13: "issuer timed out waiting for its doorbell turn on a shared QP",
     14: "issuer timed out waiting for the proxy (ring space or completions)",
 }
@@ -91,8 +92,12 @@ class EpError(RuntimeError):
 
 def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--nic", choices=["emulated", "efa"], default="emulated",
-                   help="emulated: the SRD NIC emulated on the GPU; efa: a real EFA device "
-                        "(device discovery only so far: see hw/efa/README.md)")
+                   help="emulated: the SRD NIC emulated on the GPU; efa: a real EFA device, one process "
+                        "per GPU under torchrun (hw/efa/README.md; not yet run on a device)")
+    p.add_argument("--efa-device", default="",
+                   help="--nic efa: the EFA device of this rank (default: the nearest to its GPU on PCIe)")
+    p.add_argument("--dist-timeout-s", type=float, default=300.0,
+                   help="--nic efa: timeout of the torch.distributed (gloo) exchanges and barriers")
     p.add_argument("--path", choices=["native", "proxy"], default="native")
     p.add_argument("--protocol", choices=["v1-ll", "v2-direct", "v2-hybrid"], default="v1-ll",
                    help="v1-ll: DeepEP low-latency; v2-hybrid / v2-direct: DeepEP V2 over emulated "
@@ -157,6 +162,23 @@ def scenario_overrides(ranks: int, faults: bool, extra: Mapping[str, Any],
     if faults:
         ov["platform.fabric.loss_prob"] = loss_prob
     return {**ov, **extra}
+
+
+def run_shape_overrides(num_sms: int, cq: str, nics_per_rank: int, scn) -> dict[str, Any]:
+    """What the command line changed about the run that the model must be told, so that the
+    record's ``sim`` link reproduces this run: the EP blocks per rank (``--num-sms``), a send
+    CQ in GPU memory (``--cq device``: credit reads are device loads), the emulated NICs per
+    rank (``--emu-set nics_per_rank``). A send queue in GPU memory (``--sq device``) changes
+    store and fence costs the model has one value each for: such a record says where its
+    queues were (``what.emulated_fabric``) and is not a calibration record."""
+    ov: dict[str, Any] = {}
+    if num_sms and num_sms != scn.design.num_sms:
+        ov["design.num_sms"] = num_sms
+    if cq == "device":
+        ov["platform.gpu.completion_counter_in_device_memory"] = True
+    if nics_per_rank != scn.platform.nic.nics_per_gpu:
+        ov["platform.nic.nics_per_gpu"] = nics_per_rank
+    return ov
 
 
 HW_VARIANTS = {
@@ -334,6 +356,9 @@ class Runner:
     EXACT = False
     """Inputs whose combine sums are exact in BF16 (reference.make_inputs): V2 runs use them."""
 
+    HOST_WAIT_GRACE_S = 5.0
+    """Seconds the host waits for queued kernels beyond their own bound (:meth:`sync`)."""
+
     def __init__(self, torch, ext, shape: Shape, ranks: int, gpus: int, scn, seed: int,
                  num_sms: int, timeout_ms: float, path: str = "native", proxy_threads: int = 0,
                  emu=None, sq: str = "host", cq: str = "host", faults: bool = False) -> None:
@@ -342,6 +367,7 @@ class Runner:
         self.t, self.ext, self.shape, self.R, self.G = torch, ext, shape, ranks, gpus
         self.emu = emu or emulated_nic.load()
         self.sq_host, self.cq_host, self.faults = sq == "host", cq == "host", faults
+        self.queued = 0  # ops launched since the last sync (bounds the host's wait)
         self.rpg = ranks // gpus
         d = scn.design
         self.nb = num_sms or d.num_sms
@@ -518,6 +544,7 @@ class Runner:
     def iteration(self, fd: dict, fc: dict, timed: bool) -> tuple[float, float] | None:
         t = self.t
         self.epoch += 1
+        self.queued = getattr(self, "queued", 0) + 2  # a dispatch and a combine on every GPU
         evs = None
         out = []
         for op, fl in ((0, fd), (1, fc)):
@@ -534,20 +561,61 @@ class Runner:
         return tuple(out)  # type: ignore[return-value]
 
     def sync(self) -> None:
+        """Wait for every GPU's queued kernels, bounded. An op kernel ends within twice the
+        run's timeout (its NIC blocks raise ERR_TIMEOUT_NIC then), so the host waits the
+        queued ops' bound plus ``HOST_WAIT_GRACE_S``; past it, it stops each stuck GPU's run
+        from the host (``abort_world``: ERR_ABORTED in the error words, unless the run had
+        an error of its own) and waits as long again. A kernel that still runs then ignores
+        the abort word somewhere, and the run fails with that said, instead of hanging."""
+        import time
+
+        per_op_s = 2 * self.timeout_ns / 1e9
+        grace = self.HOST_WAIT_GRACE_S
+        deadline = time.monotonic() + max(1, getattr(self, "queued", 0)) * per_op_s + grace
+        pending = list(range(self.G))
+        stopped = False
+        while pending:
+            pending = [g for g in pending if not self.streams[g].query()]
+            if not pending:
+                break
+            if time.monotonic() > deadline:
+                if stopped:
+                    g = pending[0]
+                    seen = ""
+                    if hasattr(self.ext, "peek_world"):  # what the stuck world says about itself
+                        pk = dict(self.ext.peek_world(self.handles[g]))
+                        st = dict(zip(STAT_NAMES, pk["stats"], strict=False))
+                        seen = (f"; error words {list(pk['err'])}, packets {st.get('packets')}, error CQEs "
+                                f"{st.get('error_cqes')}, drops {st.get('drops')}")
+                    raise EpError(f"GPU {g}: the kernels did not stop within {per_op_s + grace:.1f} s of "
+                                  f"the host's abort (a device wait that ignores the abort word){seen}")
+                for g in pending:
+                    self.ext.abort_world(self.handles[g], 12)
+                stopped = True
+                deadline = time.monotonic() + per_op_s + grace
+            time.sleep(0.0005)
         for g in range(self.G):
             self.t.cuda.synchronize(g)
+        self.queued = 0
 
     def check_errors(self) -> None:
-        if getattr(self, "path", "native") == "proxy":  # the root cause first: a receiver then times out
+        if getattr(self, "path", "native") == "proxy":  # the root cause first: a receiver may time out after
             pst = dict(self.ext.proxy_stats())
             if pst.get("bad_cqes"):
-                raise EpError(f"proxy read {pst['bad_cqes']} error CQE(s), the first "
-                              f"{cqe_status_name(int(pst['first_bad_status']))}")
+                raise EpError(f"proxy thread {pst.get('first_bad_thread', -1)} read an error CQE: "
+                              f"{cqe_status_name(int(pst['first_bad_status']))} on rank "
+                              f"{pst.get('first_bad_rank', -1)} QP {pst.get('first_bad_qp', -1)}, CQE "
+                              f"{pst.get('first_bad_cqe', -1)} ({pst['bad_cqes']} error CQEs in all)")
         for g, gb in enumerate(self.gbufs):
             e = gb["err"].cpu().tolist()
+            host = e[6] in (-1, 0xFFFFFFFF)  # raised by a host thread, not a block of the launch
             if e[0] == 9:  # an error CQE: name its status
-                raise EpError(f"GPU {g}: issuer read an error CQE: {cqe_status_name(e[5])} on rank {e[1]} "
-                              f"QP {e[2]}, CQE {e[3]} (block {e[6]}, warp {e[7]})")
+                who, where = (f"proxy thread {e[7]}", "") if host else ("issuer", f" (block {e[6]}, warp {e[7]})")
+                raise EpError(f"GPU {g}: {who} read an error CQE: {cqe_status_name(e[5])} on rank {e[1]} "
+                              f"QP {e[2]}, CQE {e[3]}{where}")
+            if e[0] == 12 and host:
+                raise EpError(f"GPU {g}: {ERR_NAMES[12]} ({2 * self.timeout_ns / 1e9:.1f} s per queued op "
+                              f"+ {self.HOST_WAIT_GRACE_S:.0f} s): the kernels stopped on the host's abort")
             if e[0]:
                 what = ERR_NAMES.get(e[0], f"error {e[0]}")
                 raise EpError(f"GPU {g}: {what}: rank {e[1]} (block {e[6]}, warp {e[7]}), "
@@ -594,31 +662,50 @@ class Runner:
 
     def gate_check(self) -> list[str]:
         """Compare every rank's outputs with the reference; returns failure strings (empty: pass)."""
+        fails = []
+        for r in range(self.R):
+            fails += self.gate_rank(r, self.bufs[r])
+        return fails
+
+    def gate_rank(self, r: int, b: dict) -> list[str]:
+        """Rank ``r``'s outputs (its buffers ``b``) against the reference: failure strings."""
         t, s = self.t, self.shape
         El, R, T, H = s.experts_per_rank, self.R, s.tokens, s.hidden
-        fails = []
-        for r in range(R):
-            b, lay = self.bufs[r], self.layouts[r]
-            counts = b["out_count"].view(El, R).cpu()
-            if not t.equal(counts, lay["counts"]):
-                fails.append(f"rank {r}: dispatch counts differ")
-                continue
-            src = b["out_src"].view(El, R, T).cpu()
-            valid = t.arange(T)[None, None, :] < counts[:, :, None]
-            if not t.equal(t.where(valid, src, -1), lay["src"]):
-                fails.append(f"rank {r}: dispatch source indices differ")
-            rx = b["recv_x"].view(El, R, T, DMSG).cpu()
-            xr, scr = ref.dispatch_payload(s, self.inputs, lay)
-            got_x = t.where(valid[..., None], rx[..., :H], 0)
-            got_s = t.where(valid[..., None], rx[..., H:H + 4 * s.scales].contiguous().view(t.float32), 0)
-            if not t.equal(got_x, xr):
-                fails.append(f"rank {r}: dispatch FP8 payload differs")
-            if not t.equal(got_s, scr):
-                fails.append(f"rank {r}: dispatch scales differ")
-            if not t.equal(b["comb_out"].cpu(), self.ref_comb[r]):
-                n = int((b["comb_out"].cpu() != self.ref_comb[r]).sum())
-                fails.append(f"rank {r}: combine output differs in {n} elements")
+        fails: list[str] = []
+        lay = self.layouts[r]
+        counts = b["out_count"].view(El, R).cpu()
+        if not t.equal(counts, lay["counts"]):
+            fails.append(f"rank {r}: dispatch counts differ")
+            return fails
+        src = b["out_src"].view(El, R, T).cpu()
+        valid = t.arange(T)[None, None, :] < counts[:, :, None]
+        if not t.equal(t.where(valid, src, -1), lay["src"]):
+            fails.append(f"rank {r}: dispatch source indices differ")
+        rx = b["recv_x"].view(El, R, T, DMSG).cpu()
+        xr, scr = ref.dispatch_payload(s, self.inputs, lay)
+        got_x = t.where(valid[..., None], rx[..., :H], 0)
+        got_s = t.where(valid[..., None], rx[..., H:H + 4 * s.scales].contiguous().view(t.float32), 0)
+        if not t.equal(got_x, xr):
+            fails.append(f"rank {r}: dispatch FP8 payload differs")
+        if not t.equal(got_s, scr):
+            fails.append(f"rank {r}: dispatch scales differ")
+        if not t.equal(b["comb_out"].cpu(), self.ref_comb[r]):
+            n = int((b["comb_out"].cpu() != self.ref_comb[r]).sum())
+            fails.append(f"rank {r}: combine output differs in {n} elements")
         return fails
+
+    def op_latencies_us(self, evs: list) -> dict[str, list[float]]:
+        """Per timed iteration and op, the time from the start barrier to the op's end (us): the
+        slowest GPU's, as every rank has finished an op only when the slowest has."""
+        lat: dict[str, list[float]] = {"dispatch": [], "combine": []}
+        for it in evs:
+            for op_i, op in enumerate(("dispatch", "combine")):
+                lat[op].append(max(a.elapsed_time(b) for a, b in it[op_i]) * 1000.0)
+        return lat
+
+    def layout_note(self, proxy: bool) -> dict[str, int]:
+        """The NIC layout rank 0's QP 0 was posted through (for the record's notes)."""
+        return dict(self.ext.nic_layout(0, 0, proxy))
 
     def read_profile(self) -> list[dict]:
         rows = []
@@ -713,10 +800,7 @@ def _run_variant(runner: Runner, scn, args, levers: list[str], sets: Mapping[str
     fails = runner.gate_check()  # the last timed iteration's outputs too
     if fails:
         raise EpError("gate failed on the last timed iteration: " + "; ".join(fails))
-    lat = {"dispatch": [], "combine": []}
-    for it in evs:
-        for op_i, op in enumerate(("dispatch", "combine")):
-            lat[op].append(max(a.elapsed_time(b) for a, b in it[op_i]) * 1000.0)
+    lat = runner.op_latencies_us(evs)
     n_it = args.iters
     metrics: dict[str, dict] = {}
     for k in ("packets", "retransmits", "wqes", "doorbells", "fences", "cqes", "rx_cqes", "credit_polls",
@@ -746,13 +830,14 @@ def _run_variant(runner: Runner, scn, args, levers: list[str], sets: Mapping[str
         rows = runner.read_profile()
         metrics.update(post_chain_metrics(rows))
         attribution, samples = {}, 0
-        for op_i, op in enumerate(("dispatch", "combine")):
+        plat = runner.op_latencies_us(pevs)
+        for op in ("dispatch", "combine"):
             busy, put, n = prof_attribution(rows, op, args.profile)
             attribution[op] = busy
             samples += n
             for cat, v in put.items():
                 metrics[f"{op}_putpath_{cat}_ratio"] = {"median": v}
-            pl = sorted(max(a.elapsed_time(b) for a, b in it[op_i]) * 1000.0 for it in pevs)
+            pl = sorted(plat[op])
             metrics[f"{op}_profiled_us"] = {"median": pl[len(pl) // 2], "n": len(pl)}
             metrics[f"{op}_profiler_overhead_ratio"] = {
                 "median": round(max(0.0, pl[len(pl) // 2] / summarize(lat[op])["median"] - 1.0), 4)}
@@ -770,7 +855,7 @@ def _run_variant(runner: Runner, scn, args, levers: list[str], sets: Mapping[str
                     f"send CQ in {'pinned host' if runner.cq_host else 'GPU'} memory; "
                     f"flags dispatch={json.dumps(fd)} combine={json.dumps(fc)}; NIC layout the kernels "
                     f"posted through (rank 0, QP 0; hw/ep/emu_nic.h): "
-                    f"{json.dumps(dict(runner.ext.nic_layout(0, 0, args.path == 'proxy')))}"}
+                    f"{json.dumps(runner.layout_note(args.path == 'proxy'))}"}
     return build_record(rid=rid, path=args.path, ranks=runner.R, gpus=runner.G, levers=levers, sets=sets, hidden=runner.shape.hidden,
                         scn=scn, lat=lat, gate=gate, attribution=attribution, samples=samples,
                         metrics=metrics, how=how, platform_info=platform_info,
@@ -845,14 +930,14 @@ def main(args: argparse.Namespace) -> int:
     from lever.calibration.records import RecordError, dump_record, parse_record
     from lever.hw.device import require_cuda
 
+    if args.nic == "efa":  # one rank per process over a real device: hw/efa/ep_run.py
+        from lever.hw.efa.ep_run import main_efa
+
+        return main_efa(args)
     if getattr(args, "protocol", "v1-ll") != "v1-ll":
         from lever.hw.ep_v2 import main_v2
 
         return main_v2(args)
-    if args.nic == "efa":
-        from lever.hw.efa.run import require_efa_run
-
-        require_efa_run(f"lever hw ep --path {args.path}")
     torch = require_cuda()
     args.provenance = run_provenance(args.allow_dirty)
     if args.iters < 1 or args.warmup < 0:
@@ -883,6 +968,7 @@ def main(args: argparse.Namespace) -> int:
             sets = scenario_overrides(args.ranks, args.faults, extra, args.path, loss)
             if args.path == "proxy":  # the host threads that ran: the model's proxy.threads
                 sets["platform.proxy.threads"] = runner.proxy_threads
+            sets.update(run_shape_overrides(args.num_sms, cq, emu.nics_per_rank, base))
             tag = "-".join(levers) if levers else "baseline"
             rid = f"{args.id_prefix}{args.ranks}-{args.path}{place}-{tag}{'-faults' if args.faults else ''}"
             try:

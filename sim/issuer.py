@@ -22,7 +22,8 @@ from __future__ import annotations
 from collections.abc import Generator
 from typing import TYPE_CHECKING, Any, Protocol
 
-from lever.sim.engine import Counter, call_at, hold, hold_at
+from lever.sim.engine import Counter, _running, call_at, hold, hold_at
+from simpy.events import Event
 
 if TYPE_CHECKING:
     from lever.sim.context import Context
@@ -125,24 +126,99 @@ class HostReadPath:
     128 warps; a warp reading 32 lines per poll does from 32 warps on (1.31 us at 16 warps,
     5.21 us at 128: about 1.27 ns per line)."""
 
-    __slots__ = ("free",)
+    __slots__ = ("free", "reads_until")
 
     def __init__(self) -> None:
         self.free = 0.0
+        self.reads_until = 0.0  # when the last read issued so far is back
 
     def read(self, now: float, lines_ns: float, round_trip_ns: float) -> float:
         """The time from ``now`` until a read of ``lines_ns`` worth of lines is back."""
         start = self.free if self.free > now else now
         self.free = start + lines_ns
         end = self.free
-        return round_trip_ns if now + round_trip_ns >= end else end - now
+        dt = round_trip_ns if now + round_trip_ns >= end else end - now
+        if now + dt > self.reads_until:
+            self.reads_until = now + dt
+        return dt
+
+    def fence_ns(self, start: float, fence_ns: float) -> float:
+        """A system fence issued at ``start``: its own cost, or until every host read in
+        flight is back when that is later (``gpu.fence_waits_host_reads``)."""
+        wait = self.reads_until - start
+        return wait if wait > fence_ns else fence_ns
+
+
+class CqReadQueue:
+    """The polls of one CQ in host memory: every warp sharing the QP reads the same CQE
+    lines from the same consumer index, and reads of the same lines are served one after
+    another, ``nic.cq_shared_read_ns`` apart ("free at" arithmetic: no event). Measured on an
+    H200: W warps reading the same 32 host lines pay about 155 ns more per extra warp
+    (h200-primitives-host-read host_read_shared_w*); on the testbed, whose CQ lines the GPU
+    itself writes, a poll waits for the whole round trip of the one before (the credit read
+    grows 3.4 -> 6.4 -> 20.4 us at 2.7 -> 5.3 -> 10.7 warps per CQ, independent of the warps
+    per GPU: calibration/data/testbed/credit-diag)."""
+
+    __slots__ = ("free",)
+
+    def __init__(self) -> None:
+        self.free = 0.0
+
+    def start(self, now: float, interval_ns: float) -> float:
+        """When a poll issued at ``now`` is served; the next poll of this CQ is served
+        ``interval_ns`` later at the earliest."""
+        start = self.free if self.free > now else now
+        self.free = start + interval_ns
+        return start
+
+
+class SlotTurn:
+    """The doorbell turn of a shared QP, in slot order (``QpIssuer::turn`` in hw/ep, the
+    ready-head of DeepEP's IBGDA submit, GIN's EFA-GDA post path): a warp reserves its slots
+    (takes a ticket) before its credit check and WQE stores, and rings only when every group
+    reserved before it has rung. A warp slowed between its reservation and its doorbell (a
+    credit poll waiting its turn on the CQ, a fence) holds up every later group on the QP,
+    though their own stores are done: doorbells of a QP ring one group at a time, in the
+    order of reservation, not of readiness."""
+
+    __slots__ = ("env", "next", "serving", "_waiting", "released")
+
+    def __init__(self, env) -> None:
+        self.env = env
+        self.next = 0       # the next ticket (post group) to hand out
+        self.serving = 0    # the ticket whose doorbell may ring now
+        self._waiting: dict[int, Event] = {}
+        self.released = None  # the last ringer's segment when it passed the turn
+
+    def take(self) -> int:
+        t = self.next
+        self.next = t + 1
+        return t
+
+    def wait(self, ticket: int) -> Event | None:
+        """None when ``ticket`` may ring now (no event), else the event granting it."""
+        if self.serving == ticket:
+            return None
+        ev = Event(self.env)
+        self._waiting[ticket] = ev
+        return ev
+
+    def passed(self, ticket: int) -> None:
+        """``ticket`` rang: the next group's warp, if already waiting, rings now."""
+        self.serving = ticket + 1
+        self.released = _running(self.env)
+        ev = self._waiting.pop(ticket + 1, None)
+        if ev is not None:
+            ev.rec = self.released  # its wait was released by this doorbell
+            ev.succeed()
 
 
 class NativePort(WarpPort):
     """One warp's view of its QP: post, ring, poll completions."""
 
     def __init__(self, ctx: Context, rank: int, warp: int, qp: QueuePair, lazy: bool,
-                 host: HostReadPath | None = None) -> None:
+                 host: HostReadPath | None = None, cq: CqReadQueue | None = None,
+                 turn: SlotTurn | None = None) -> None:
         super().__init__(ctx, rank, warp)
         self.qp = qp
         self.shared = qp.owners > 1 and ctx.design.qp_ownership == "shared-lock"
@@ -159,6 +235,11 @@ class NativePort(WarpPort):
         # a poll of a CQ in host memory queues on the GPU's read path with every other warp's
         self.host = host if (not in_device and g.host_read_line_ns > 0) else None
         self.poll_lines_ns = g.credit_read_lines * g.host_read_line_ns
+        self.cqes_per_read = g.credit_read_lines  # CQEs one poll reads (one per lane)
+        # polls of this QP's CQ by the warps sharing it are served one after another
+        self.cq = cq if (not in_device and nic.cq_shared_read_ns > 0) else None
+        self.cq_interval_ns = nic.cq_shared_read_ns
+        self.fence_host = self.host if g.fence_waits_host_reads else None
         self.inline_bytes = nic.inline_bytes
         self.wqe_room = max(0, 64 - nic.wqe_meta_bytes)  # inline bytes beside the descriptor
         # fixed for the run: what post() would look up per put
@@ -167,6 +248,13 @@ class NativePort(WarpPort):
         self._agg = d.deferred_doorbell_aggregation
         self._agg_limit = min(d.deferred_doorbell_aggregation * d.doorbell_batch, nic.max_batch)
         self._limit = min(max(d.doorbell_batch, d.put_many_span), nic.max_batch)
+        # doorbells of a shared QP in slot order (deferred aggregation hands its shared batch
+        # to whichever warp fills it: a FIFO turn, qp.lock)
+        # under aggregation with an every-post turn (hw/ep) each warp posts its own groups in
+        # slot order and the pool rings inside the turn of the group that fills it
+        self._agg_turn = self._agg > 1 and d.aggregation_turn == "every-post"
+        self.turn = turn if (self.shared and ctx.ledger.on("lock") and (self._agg <= 1 or self._agg_turn)) else None
+        self._ticket = -1  # the ticket of this warp's open post group
 
     # -- posting ----------------------------------------------------------------
     def post(self, msg: Message, limit: int | None = None):
@@ -187,6 +275,12 @@ class NativePort(WarpPort):
         span = d.put_many_span
         costs: list[tuple[str, float, int]] = []
         need = 0
+        if limit is None:
+            limit = self._limit
+        if self.turn is not None and self._ticket < 0 and (
+                self._span_left == 0 if span > 1 else len(self.pending) + 1 >= limit):
+            # the group's slots are reserved now, before its credit check (the kernel's order)
+            self._ticket = self.turn.take()
         if span > 1:
             # put_many: one credit check for the whole span, when its slots are reserved
             if self._span_left == 0 and self._credit:
@@ -212,14 +306,12 @@ class NativePort(WarpPort):
         costs.append(("wqe", g.wqe_store_ns * blocks, blocks))
         qp.posted += 1
         self.posted += 1
-        if self._agg > 1:
+        if self._agg > 1 and self.turn is None:
             qp.pending.append(msg)
             batch = qp.pending if len(qp.pending) >= self._agg_limit else None
         else:
             self.pending.append(msg)
             # a span is one post group: written, fenced and rung once (as GIN's put path does)
-            if limit is None:
-                limit = self._limit
             batch = self.pending if len(self.pending) >= limit else None
         if batch is None:
             ev = self._hold_all(costs)
@@ -235,17 +327,77 @@ class NativePort(WarpPort):
             return 1
         return 1 + -(-(nbytes - self.wqe_room) // 64)
 
-    def _ring(self, batch: list[Message], costs: list | None = None):
+    def _ring(self, batch: list[Message], costs: list | None = None, final: bool = False):
         """Fence after the WQE stores, wait for the doorbell turn on a shared QP,
-        ring (the producer index), fence: the NIC sees the batch."""
+        ring (the producer index), fence: the NIC sees the batch. ``final``: the warp's last
+        group, which rings the QP's aggregation pool whatever its size."""
         w, g, d = self.ctx, self.ctx.platform.gpu, self.ctx.design
         led = w.ledger
         costs = costs if costs is not None else []
+        own = batch is self.pending  # this warp's group (else the QP's deferred batch)
         msgs = list(batch)
         batch.clear()
         nf = d.fences_per_doorbell
-        if nf:
-            costs.append(("fence", g.fence_ns, 1))
+        agg_turn = self._agg_turn and self.turn is not None
+        if agg_turn:  # a GPU-scope fence before the hand-off; the system fence is the ringer's
+            costs.append(("fence", g.fence_gpu_ns, 1))
+        elif nf:
+            f = g.fence_ns
+            if self.fence_host is not None:
+                # the fence's flush is ordered behind the host reads in flight when it issues:
+                # known only then (reads other warps issue meanwhile count), so the costs
+                # before it are paid first
+                ev = self._hold_all(costs)
+                if ev is not None:
+                    yield ev
+                costs = []
+                f = self.fence_host.fence_ns(self.env._now, f)
+            costs.append(("fence", f, 1))
+        turn = self.turn
+        if turn is not None and own:
+            ev = self._hold_all(costs)
+            if ev is not None:
+                yield ev
+            costs = []
+            ticket = self._ticket
+            if ticket < 0:  # a partial group rung at the end: reserved now
+                ticket = turn.take()
+            self._ticket = -1
+            ev = turn.wait(ticket)
+            if ev is None:  # its turn already: continue on the last ringer's chain if later
+                path = led.path
+                rel = turn.released
+                if path is not None and rel is not None and rel[1] > path.cur[1]:
+                    path.cur = rel
+            else:
+                yield from self._wait("lock", ev)
+            costs.append(("lock", g.atomic_ns, 1))
+            if agg_turn:
+                pool = self.qp.pending
+                pool.extend(msgs)
+                if not pool or not (final or len(pool) >= self._agg_limit):
+                    ev = self._hold_all(costs)  # hand the turn on without ringing
+                    if ev is not None:
+                        yield ev
+                    turn.passed(ticket)
+                    return
+                msgs = list(pool)
+                pool.clear()
+                if nf:  # the ringer's system fence covers every WQE of the pool, in the turn
+                    ev = self._hold_all(costs)
+                    if ev is not None:
+                        yield ev
+                    costs = []
+                    f = g.fence_ns
+                    if self.fence_host is not None:
+                        f = self.fence_host.fence_ns(self.env._now, f)
+                    costs.append(("fence", f, 1))
+            costs.append(("doorbell", g.doorbell_ns, 1))
+            led.counters["doorbells"] += 1
+            tail = [("fence", g.fence_ns * (nf - 1), nf - 1)] if nf > 1 else []
+            yield from self._pay_ringing(costs, tail, msgs)
+            turn.passed(ticket)  # after the fence that orders the doorbell before the turn word
+            return
         locked = self.shared and led.on("lock")
         if locked:
             ev = self._hold_all(costs)
@@ -339,6 +491,10 @@ class NativePort(WarpPort):
 
     def finish(self):
         """End of this warp's puts: ring what is still un-rung (own or the QP's)."""
+        if self._agg_turn and self.turn is not None:
+            if self.pending or self.qp.pending:  # the last group rings the pool, in its turn
+                yield from self._ring(self.pending, final=True)
+            return
         if self.pending:
             yield from self._ring(self.pending)
         if self.qp.pending:
@@ -346,15 +502,32 @@ class NativePort(WarpPort):
 
     def _credit_read(self) -> float:
         """The completion poll before a post: the unscaled time of its reads (a completion
-        counter is one read; a CQ is one read plus one per CQE it consumes). The CQEs it
-        consumes are those written by now."""
+        counter is one read; a CQ is read until a read finds no new CQE: one read, plus one
+        per ``gpu.credit_read_lines`` CQEs it consumes). The CQEs it consumes are those
+        written by now. Polls of a shared host-memory CQ wait their turn (``CqReadQueue``)."""
         qp = self.qp
         new = qp.completions.value - qp.consumed
         qp.consumed = qp.completions.value
-        reads = 1 if self.counter else 1 + new
-        if self.host is not None:
-            return self.host.read(self.env._now, reads * self.poll_lines_ns, self.counter_read_ns * reads)
-        return self.counter_read_ns * reads
+        reads = 1 if self.counter else 1 + -(-new // self.cqes_per_read)
+        return self._read_cq(reads)
+
+    def _read_cq(self, reads: int) -> float:
+        """``reads`` dependent reads of the completion counter or CQ, from now: the unscaled
+        time until the last is back (its turn among the CQ's other pollers, its lines'
+        turn on the GPU's host-read path, its round trip)."""
+        now = self.env._now
+        if self.cq is None:
+            if self.host is not None:
+                return self.host.read(now, reads * self.poll_lines_ns, self.counter_read_ns * reads)
+            return self.counter_read_ns * reads
+        t = now
+        for _ in range(reads):
+            t = self.cq.start(t, self.cq_interval_ns) + self.counter_read_ns
+        # reads waiting for the CQ's lines are in flight (fences wait for them) but do not
+        # hold the GPU's line queue, whose ns per line is small against the CQ's turn
+        if self.host is not None and t > self.host.reads_until:
+            self.host.reads_until = t
+        return t - now
 
     def _room(self, need: int) -> bool:
         """Whether the send queue has room for ``need`` more WQEs by a margin no read can
@@ -388,5 +561,5 @@ class NativePort(WarpPort):
         yield from self.finish()
         if self.done.value < self.posted:
             yield from self._wait(cat, self.done.reach(self.posted))
-        yield from self._pay(cat, self.counter_read_ns)
+        yield from self._pay(cat, self._read_cq(1) if self.cq is not None else self.counter_read_ns)
         self.qp.consumed = self.qp.completions.value

@@ -27,7 +27,7 @@ from lever.sim.engine import (
 )
 from lever.sim.errors import UserError
 from lever.sim.fabric import Draws, Fabric
-from lever.sim.issuer import HostReadPath, NativePort, Port
+from lever.sim.issuer import CqReadQueue, HostReadPath, NativePort, Port, SlotTurn
 from lever.sim.message import Message, Messages
 from lever.sim.nic import Nic, QueuePair
 from lever.sim.nvlink import Nvlink
@@ -120,6 +120,8 @@ class World:
         self.counts_on_notify_qp = d.protocol == "v1-ll" and d.notify_qp_reserved
         self._ports: dict[tuple, Port] = {}
         self._host_reads: dict[int, HostReadPath] = {}
+        self._cq_reads: dict[int, CqReadQueue] = {}
+        self._turns: dict[int, SlotTurn] = {}
         for r in range(R):
             for c in range(self.channels):
                 self.qp_of(r, c).owners += 1
@@ -156,13 +158,28 @@ class World:
             h = self._host_reads[rank] = HostReadPath()
         return h
 
+    def cq_reads(self, qp: QueuePair) -> CqReadQueue:
+        """The polls of one QP's send CQ, shared by every warp posting on the QP."""
+        q = self._cq_reads.get(id(qp))
+        if q is None:
+            q = self._cq_reads[id(qp)] = CqReadQueue()
+        return q
+
+    def turn(self, qp: QueuePair) -> SlotTurn:
+        """The slot-order doorbell turn of one QP, shared by every warp posting on it."""
+        t = self._turns.get(id(qp))
+        if t is None:
+            t = self._turns[id(qp)] = SlotTurn(self.env)
+        return t
+
     def port(self, rank: int, channel: int) -> Port:
         key = (rank, channel)
         p = self._ports.get(key)
         if p is None:
             if self.design.path == "native":
-                p = NativePort(self.ctx, rank, channel, self.qp_of(rank, channel), self.lazy(),
-                               self.host_read(rank))
+                qp = self.qp_of(rank, channel)
+                p = NativePort(self.ctx, rank, channel, qp, self.lazy(), self.host_read(rank),
+                               self.cq_reads(qp), self.turn(qp))
             else:
                 p = self._proxy_port(rank, channel, self.data_qps[channel % len(self.data_qps)])
             self._ports[key] = p
@@ -178,7 +195,8 @@ class World:
         if p is None:
             if self.design.path == "native":
                 p = NativePort(self.ctx, rank, channel, self.qps[rank][0], self.lazy(),
-                               self.host_read(rank))
+                               self.host_read(rank), self.cq_reads(self.qps[rank][0]),
+                               self.turn(self.qps[rank][0]))
             else:
                 p = self._proxy_port(rank, channel, 0)
             self._ports[key] = p

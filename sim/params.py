@@ -68,6 +68,13 @@ class GpuParams(Strict):
     host_read_line_ns: float = Field(
         0.0, ge=0, description="the GPU's read path to host memory: ns per line requested (reads "
         "of many warps at once queue on it; 0: they never queue)")
+    fence_gpu_ns: float = Field(
+        250.0, ge=0, description="a GPU-scope fence (__threadfence) after WQE stores: orders them "
+        "before a hand-off to another warp of the GPU, not before the NIC sees them")
+    fence_waits_host_reads: bool = Field(
+        False, description="a system fence completes only once the host-memory reads this GPU "
+        "has in flight when it issues are back (the fence's flush is ordered behind them), so "
+        "fences slow down as credit polls of a host-memory CQ do")
     credit_read_lines: int = Field(
         1, ge=1, description="lines one credit poll of a host-memory CQ requests at once (a "
         "warp reading 32 CQEs, one per lane: 32)")
@@ -93,6 +100,10 @@ class NicParams(Strict):
     wqe_meta_bytes: int = Field(
         32, ge=0, description="WQE descriptor before any inline data (EFA: efa_io_tx_meta_desc); "
         "a WQE is 64 B blocks: one, or more when inline data does not fit beside the descriptor")
+    cq_shared_read_ns: float = Field(
+        0.0, ge=0, description="polls of one host-memory CQ by several warps are served one "
+        "after another, this far apart: each poll of the CQ waits until the one before it has "
+        "been served (0: polls of one CQ overlap). Only where the GPU reads the CQ over PCIe")
     hw_counters: bool = Field(
         False, description="the device has completion counters (EFA on p5en and newer): a local "
         "completion counter and a remote-write counter that ticks once per inbound write")
@@ -396,6 +407,11 @@ class Design(Strict):
     deferred_doorbell_aggregation: int = Field(
         1, ge=1, description="aggregate doorbells (and fences) across this many warps"
     )
+    aggregation_turn: Literal["ringer", "every-post"] = Field(
+        "ringer", description="deferred doorbell aggregation: only the warp that rings the QP's "
+        "pool takes the doorbell turn (ringer), or every post group waits for the turn in slot "
+        "order after a GPU-scope fence, and the ringer's system fence and doorbell are paid "
+        "inside the turn (every-post: hw/ep's kernels)")
     fences_per_doorbell: int = Field(
         2, ge=0, description="system fences per doorbell: after the WQE stores and after the doorbell"
     )

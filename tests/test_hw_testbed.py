@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
+import subprocess
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -21,6 +23,7 @@ from lever.sim.errors import UserError
 
 ROOT = Path(__file__).resolve().parents[1]
 BED = DATA_DIR / "testbed"
+CXX = shutil.which("g++") or shutil.which("c++")
 
 
 def test_emulator_file_loads_with_units_and_sources():
@@ -94,11 +97,79 @@ def test_an_error_cqe_is_named():
     with pytest.raises(EpError) as e:
         Runner.check_errors(fake)
     msg = str(e.value)
-    assert "error CQE" in msg and "EFA_IO_COMP_STATUS_LOCAL_ERROR_UNRESP_REMOTE" in msg and "QP 3" in msg
+    assert "issuer read an error CQE" in msg and "EFA_IO_COMP_STATUS_LOCAL_ERROR_UNRESP_REMOTE" in msg
+    assert "QP 3" in msg and "(block 5, warp 2)" in msg
+    # the proxy's count names the first error CQE (before any receiver's timeout)
+    stats = {"bad_cqes": 4, "first_bad_status": 13, "first_bad_rank": 1, "first_bad_qp": 8,
+             "first_bad_cqe": 0, "first_bad_thread": 0}
     proxy = SimpleNamespace(gbufs=[{"err": Words([1, 0, 0, 0, 0, 0, 0, 0])}], path="proxy",
-                            ext=SimpleNamespace(proxy_stats=lambda: {"bad_cqes": 4, "first_bad_status": 13}))
-    with pytest.raises(EpError, match="proxy read 4 error CQE.*UNRESP_REMOTE"):  # before the receiver's timeout
+                            ext=SimpleNamespace(proxy_stats=lambda: stats))
+    with pytest.raises(EpError, match=r"proxy thread 0 read an error CQE: status 13 \(EFA_IO_COMP_STATUS_LOCAL_"
+                                      r"ERROR_UNRESP_REMOTE.* on rank 1 QP 8, CQE 0 \(4 error CQEs in all\)"):
         Runner.check_errors(proxy)
+    # the words a proxy thread wrote into the GPU's error record (block ~0: a host thread)
+    host = SimpleNamespace(gbufs=[{"err": Words([9, 1, 8, 0, 0, 13, -1, 3])}], path="native")
+    with pytest.raises(EpError) as e:
+        Runner.check_errors(host)
+    assert "proxy thread 3 read an error CQE: status 13" in str(e.value) and "block" not in str(e.value)
+    stopped = SimpleNamespace(gbufs=[{"err": Words([12, -1, 0, 0, 0, 0, -1, -1])}], path="native",
+                              timeout_ns=200_000_000, HOST_WAIT_GRACE_S=5.0)
+    with pytest.raises(EpError, match="stopped by the host: its bounded wait"):
+        Runner.check_errors(stopped)
+
+
+@pytest.mark.skipif(CXX is None, reason="no C++ compiler")
+def test_proxy_pass_posts_in_order_and_stops_the_run_on_an_error_cqe(tmp_path):
+    """hw/ep/proxy_host.h, the host thread's work on one ring, driven over ordinary memory:
+    descriptors become v59 WQEs and one doorbell, completions are counted and written back,
+    and the first error CQE of a ring (status 13) reaches the sink that stops the run (the
+    binding writes it into the GPU's error words), once; later ones are only counted."""
+    exe = tmp_path / "proxy_host_check"
+    r = subprocess.run([CXX, "-std=c++17", "-O1", "-Wall", "-Werror", f"-I{ROOT / 'hw' / 'ep'}",
+                        str(ROOT / "tests" / "data" / "ep" / "proxy_host_check.cpp"), "-o", str(exe)],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr[-3000:]
+    out = subprocess.run([str(exe)], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    rows = {ln.split(" ", 1)[0]: ln.split(" ", 1)[1] for ln in out.stdout.splitlines()}
+    assert rows["posted"] == "3 doorbell 3 cons 3"
+    # WQE 1: slot 1, rank 1's AH (0x100 + 1), its receive QP 1 (0x4000 + 1 * 2 + 1)
+    assert rows["wqe1"] == "req_id 1 ah 257 dest_qp 16387 length 64 remote 0x90040"
+    assert rows["again"] == "0"
+    assert rows["completed"] == "2 done 2 bad 1 sink 1"
+    assert rows["error"] == "rank 0 qp 3 thread 1 cqe 1 status 13"
+    assert rows["first"] == "status 13 rank 0 qp 3 cqe 1 thread 1"
+    assert rows["later"] == "1 done 3 bad 2 sink 1"
+
+
+class _Stream:
+    def __init__(self, done_after_abort: bool, ext):
+        self.done_after_abort, self.ext = done_after_abort, ext
+
+    def query(self):
+        return self.done_after_abort and bool(self.ext.aborts)
+
+
+def _stuck_runner(done_after_abort: bool):
+    ext = SimpleNamespace(aborts=[])
+    ext.abort_world = lambda h, code: ext.aborts.append((h, code)) or True
+    torch = SimpleNamespace(cuda=SimpleNamespace(synchronize=lambda g: None))
+    return SimpleNamespace(G=1, t=torch, ext=ext, handles=[7], streams=[_Stream(done_after_abort, ext)],
+                           timeout_ns=1_000_000, HOST_WAIT_GRACE_S=0.05, queued=2), ext
+
+
+def test_the_host_wait_is_bounded_and_stops_a_stuck_run():
+    """The host never waits on a kernel forever: past the queued ops' bound it writes the
+    abort into the world's error words, and if the kernels still run it fails, saying so."""
+    from lever.hw.ep import EpError, Runner
+
+    fake, ext = _stuck_runner(done_after_abort=True)
+    Runner.sync(fake)
+    assert ext.aborts == [(7, 12)] and fake.queued == 0
+    fake, ext = _stuck_runner(done_after_abort=False)
+    with pytest.raises(EpError, match="did not stop .* of the host's abort"):
+        Runner.sync(fake)
+    assert ext.aborts == [(7, 12)]
 
 
 def test_post_chain_metrics_from_profiler_rows():
@@ -170,9 +241,13 @@ def test_testbed_records_pass_their_gate_and_say_where_the_queues_were():
     dev = load_record(BED / "emu-bed-ep2-native-sqdev-cqdev-baseline.json")
     assert dev.gate.passed and dev.what.emulated_fabric["sq"] == "device" and dev.what.emulated_fabric["cq"] == "device"
     assert dev.latency_us["dispatch"].median < base.latency_us["dispatch"].median  # PCIe costs the issuer
-    # one build produced every shipped testbed record
-    assert len({r.provenance.git_rev for r in recs.values()}) == 1
-    assert len({r.provenance.kernel_sha256 for r in recs.values()}) == 1
+    # one build produced every shipped testbed record of a campaign: the levers' and the
+    # credit diagnostics' (emu-bed-diag-*, a later build whose put rows count CQ reads)
+    for diag in (False, True):
+        camp = [r for k, r in recs.items() if k.startswith("emu-bed-diag-") == diag]
+        assert camp
+        assert len({r.provenance.git_rev for r in camp}) == 1
+        assert len({r.provenance.kernel_sha256 for r in camp}) == 1
 
 
 def test_faulted_testbed_runs_dropped_resent_and_discarded_and_still_passed():
@@ -207,11 +282,40 @@ def test_committed_unsafe_ordered_outcome_failed_its_gate():
 
 def test_committed_exhausted_retries_outcome_names_the_error_cqe():
     """Every packet and ACK dropped (--emu-set loss_prob=1): the run failed with the error CQE
-    named. (The proxy path's run of the same step timed out instead: docs/testbed.md.)"""
+    named. (The proxy path's run: the next test.)"""
     d = _outcome("retries-exhausted-native-outcome.json")
     assert d["path"] == "native" and d["exit_code"] == 1 and d["emulated_nic"]["loss_prob_used"] == 1.0
     (v,) = d["variants"]
     assert v["passed"] is False and "error CQE" in v["error"]
     assert "EFA_IO_COMP_STATUS_LOCAL_ERROR_UNRESP_REMOTE" in v["error"]
-    recs = _bed_records()
-    assert d["provenance"]["git_rev"] == recs["emu-bed-ep2-native-baseline"].provenance.git_rev
+    # measured with the proxy's twin (the build that bounds every wait), from a clean commit
+    assert re.fullmatch(r"[0-9a-f]{40}", d["provenance"]["git_rev"])
+
+
+def test_a_record_tells_the_model_what_the_command_line_changed():
+    """--num-sms, --cq device and the emulated NICs per rank change the run; the record's sim
+    link says so, so that calibrating on it simulates the run that was measured."""
+    from lever.hw.ep import load_scenario, run_shape_overrides
+
+    scn = load_scenario(2, False, {}, [], "native", 0.0)
+    assert run_shape_overrides(0, "host", scn.platform.nic.nics_per_gpu, scn) == {}
+    ov = run_shape_overrides(6, "device", 1, scn)
+    assert ov == {"design.num_sms": 6, "platform.gpu.completion_counter_in_device_memory": True,
+                  "platform.nic.nics_per_gpu": 1}
+    from lever.sim import scenario
+
+    moved = scenario.load("platforms/emulated-nvlink", {**ov, "workload.ep_ranks": 2})
+    assert moved.design.num_sms == 6 and moved.platform.nic.nics_per_gpu == 1
+
+
+def test_committed_exhausted_retries_proxy_outcome_names_the_error_cqe():
+    """The proxy path with every packet dropped fails as the native one does, with the error
+    CQE a host thread read named, instead of hanging (docs/testbed.md, Bounded waits): the
+    outcome of hw/run_testbed_on_device.sh exhaust."""
+    d = _outcome("retries-exhausted-proxy-outcome.json")
+    assert d["path"] == "proxy" and d["exit_code"] == 1 and d["emulated_nic"]["loss_prob_used"] == 1.0
+    (v,) = d["variants"]
+    assert v["passed"] is False and "read an error CQE: status 13" in v["error"]
+    assert "EFA_IO_COMP_STATUS_LOCAL_ERROR_UNRESP_REMOTE" in v["error"]
+    native = _outcome("retries-exhausted-native-outcome.json")
+    assert native["provenance"]["git_rev"] == d["provenance"]["git_rev"]

@@ -312,3 +312,172 @@ def test_many_warps_polling_a_host_memory_cq_queue_on_the_read_path():
     a = simulate_op(scenario.load(NATIVE, {**dev, "platform.gpu.host_read_line_ns": 0.0}), "dispatch", 0)
     b = simulate_op(scenario.load(NATIVE, {**dev, "platform.gpu.host_read_line_ns": 20.0}), "dispatch", 0)
     assert a.latency_us == b.latency_us
+
+
+# -- polls of one CQ, and the doorbell turn in slot order -------------------------------------
+
+def test_polls_of_one_cq_are_served_one_after_another():
+    from lever.sim.issuer import CqReadQueue
+
+    q = CqReadQueue()
+    starts = [q.start(0.0, 1150.0) for _ in range(4)]
+    assert starts == [0.0, 1150.0, 2300.0, 3450.0]
+    assert q.start(10_000.0, 1150.0) == 10_000.0  # the CQ idle by then: served at once
+
+
+def _credit_world(sets: dict) -> World:
+    return _world(scenario.load(NATIVE, {**EP2, **QUIET, "design.protocol": "v1-ll",
+                                         "design.forward_warps_per_sm": 0,
+                                         "platform.gpu.completion_counter_in_device_memory": False,
+                                         "platform.gpu.host_read_line_ns": 0.0, **sets}))
+
+
+@pytest.mark.parametrize("lines", [1, 32])
+def test_a_credit_poll_reads_until_a_read_finds_no_new_cqe(lines):
+    """40 CQEs written since the last poll: a poll reading one CQE at a time reads 41 times,
+    one reading 32 at once (hw/ep cq_poll) reads 3 times (32, 8, then none new)."""
+    w = _credit_world({"platform.gpu.credit_read_lines": lines, "platform.nic.cq_shared_read_ns": 0.0})
+    port = w.port(0, 0)
+    port.qp.completions.value = 40
+    reads = 1 + -(-40 // lines)
+    assert port._credit_read() == pytest.approx(reads * w.platform.gpu.pcie_read_ns)
+    assert port._credit_read() == pytest.approx(w.platform.gpu.pcie_read_ns)  # none new
+
+
+def test_warps_polling_one_host_cq_at_once_wait_their_turn():
+    """Warps sharing a QP poll its CQ in host memory at the same instant: with
+    nic.cq_shared_read_ns the k-th waits k intervals before its read; a warp on another QP
+    does not wait; with the CQ in device memory nobody does."""
+    w = _credit_world({"platform.nic.cq_shared_read_ns": 1000.0})
+    rtt = w.platform.gpu.pcie_read_ns
+    shared = [p for p in (w.port(0, c) for c in range(w.channels)) if p.qp is w.port(0, 0).qp]
+    assert len(shared) >= 2
+    assert [p._credit_read() for p in shared[:2]] == pytest.approx([rtt, 1000.0 + rtt])
+    other = next(p for p in (w.port(0, c) for c in range(w.channels)) if p.qp is not w.port(0, 0).qp)
+    assert other._credit_read() == pytest.approx(rtt)
+    dev = _credit_world({"platform.nic.cq_shared_read_ns": 1000.0,
+                         "platform.gpu.completion_counter_in_device_memory": True})
+    ports = [dev.port(0, c) for c in range(dev.channels)]
+    same = [p for p in ports if p.qp is ports[0].qp][:2]
+    assert [p._credit_read() for p in same] == pytest.approx([dev.platform.gpu.device_load_ns] * 2)
+
+
+def test_slot_turn_grants_tickets_in_order():
+    from lever.sim.issuer import SlotTurn
+
+    env = simpy.Environment()
+    t = SlotTurn(env)
+    a, b, c = t.take(), t.take(), t.take()
+    assert t.wait(a) is None  # first reserved: its turn at once
+    ev_c, ev_b = t.wait(c), t.wait(b)
+    assert ev_c is not None and ev_b is not None
+    t.passed(a)
+    assert ev_b.triggered and not ev_c.triggered  # b rings before c, whoever was ready first
+    t.passed(b)
+    assert ev_c.triggered
+
+
+def test_doorbells_of_a_shared_qp_ring_in_the_order_slots_were_reserved():
+    """A warp reserves its slots before its credit poll; a poll reads once per CQE written
+    since the last poll (one CQE per read), so the first of two warps polling reads the CQEs
+    and the second finds none and gets ready first. The doorbells still ring in reservation
+    order (a turn taken when ready would let the second overtake)."""
+    from lever.sim import issuer, nic
+
+    scn = scenario.load(NATIVE, {**EP2, **QUIET, "design.protocol": "v1-ll",
+                                 "design.forward_warps_per_sm": 0, "workload.tokens_per_rank": 32,
+                                 "design.qps_per_call": 2,
+                                 "platform.gpu.completion_counter_in_device_memory": False,
+                                 "platform.gpu.credit_read_lines": 1,
+                                 "platform.nic.cq_shared_read_ns": 0.0})
+    posted: dict[int, list[int]] = {}
+    rung: dict[int, list[int]] = {}
+    orig_post, orig_db = issuer.NativePort.post, nic.Nic.doorbell
+
+    def post(self, msg, limit=None):
+        if self.turn is not None or self.shared:
+            posted.setdefault(id(self.qp), []).append(id(msg))
+        return orig_post(self, msg, limit)
+
+    def doorbell(self, msgs):
+        for m in msgs:
+            rung.setdefault(id(m.qp), []).append(id(m))
+        return orig_db(self, msgs)
+
+    mp = pytest.MonkeyPatch()
+    mp.setattr(issuer.NativePort, "post", post)
+    mp.setattr(nic.Nic, "doorbell", doorbell)
+    try:
+        res = simulate_op(scn, "dispatch", 0)
+    finally:
+        mp.undo()
+    assert res.latency_us and sum(len(v) for v in posted.values()) > 50
+    for k, order in posted.items():
+        assert rung[k] == order
+    assert res.ledger.busy["lock"] > 0  # someone was ready before its turn
+
+
+def test_a_fence_waits_for_the_host_reads_in_flight():
+    from lever.sim.issuer import HostReadPath
+
+    h = HostReadPath()
+    assert h.fence_ns(0.0, 500.0) == 500.0  # nothing in flight: its own cost
+    h.read(0.0, 40.0, 1000.0)
+    assert h.fence_ns(100.0, 500.0) == pytest.approx(900.0)  # the read is back at 1000
+    assert h.fence_ns(2000.0, 500.0) == 500.0
+
+
+@pytest.mark.parametrize("in_device", [False, True])
+def test_fences_slow_down_as_credit_polls_of_a_host_cq_do(in_device):
+    """Warps sharing a QP poll its host-memory CQ one after another: a fence issued while
+    those reads are in flight waits for them (gpu.fence_waits_host_reads), so dispatch's
+    fence time grows; with the CQ in GPU memory there are no such reads and nothing moves."""
+    sets = {**EP2, **QUIET, "design.protocol": "v1-ll", "design.forward_warps_per_sm": 0,
+            "workload.tokens_per_rank": 32, "design.qps_per_call": 2,
+            "platform.gpu.completion_counter_in_device_memory": in_device,
+            "platform.gpu.credit_read_lines": 32, "platform.nic.cq_shared_read_ns": 1150.0}
+    off = simulate_op(scenario.load(NATIVE, {**sets, "platform.gpu.fence_waits_host_reads": False}), "dispatch", 0)
+    on = simulate_op(scenario.load(NATIVE, {**sets, "platform.gpu.fence_waits_host_reads": True}), "dispatch", 0)
+    if in_device:
+        assert on.latency_us == off.latency_us
+    else:
+        assert on.ledger.busy["fence"] > 2 * off.ledger.busy["fence"]
+        assert max(on.latency_us) > max(off.latency_us)
+
+
+def test_every_post_turn_under_aggregation_passes_the_turn_per_group_and_rings_the_pool():
+    """Deferred aggregation as hw/ep runs it (design.aggregation_turn = "every-post"): every
+    post group waits for the QP's turn in slot order, the group that fills the pool to
+    nic.max_batch rings it (its system fence inside the turn), the others hand the turn on;
+    with "ringer" only the filling warp takes a (FIFO) turn and no slot turn is used."""
+    from lever.sim import issuer, nic
+
+    sets = {**EP2, **QUIET, "design.protocol": "v1-ll", "design.forward_warps_per_sm": 0,
+            "workload.tokens_per_rank": 32, "design.qps_per_call": 2,
+            "design.deferred_doorbell_aggregation": 16}
+    counts = {"take": 0, "db": 0, "wqes": 0}
+    orig_take, orig_db = issuer.SlotTurn.take, nic.Nic.doorbell
+
+    def take(self):
+        counts["take"] += 1
+        return orig_take(self)
+
+    def doorbell(self, msgs):
+        counts["db"] += 1
+        counts["wqes"] += len(msgs)
+        return orig_db(self, msgs)
+
+    mp = pytest.MonkeyPatch()
+    mp.setattr(issuer.SlotTurn, "take", take)
+    mp.setattr(nic.Nic, "doorbell", doorbell)
+    try:
+        every = simulate_op(scenario.load(NATIVE, {**sets, "design.aggregation_turn": "every-post"}), "dispatch", 0)
+        seen = dict(counts)
+        counts.update(take=0, db=0, wqes=0)
+        ringer = simulate_op(scenario.load(NATIVE, {**sets, "design.aggregation_turn": "ringer"}), "dispatch", 0)
+    finally:
+        mp.undo()
+    assert every.latency_us and ringer.latency_us
+    assert seen["db"] > 0 and seen["take"] >= 4 * seen["db"]  # most groups hand the turn on
+    assert seen["wqes"] / seen["db"] > 4  # the pool rings many groups' WQEs at once
+    assert counts["take"] == 0 and counts["db"] > 0

@@ -12,17 +12,16 @@
 
 #include <atomic>
 #include <chrono>
-#if defined(__x86_64__)
-#include <immintrin.h>
-#endif
 #include <cstring>
 #include <map>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include "efa_emu.cuh"
+#include "proxy_host.h"
 
 namespace py = pybind11;
 using IntMap = std::map<std::string, int64_t>;
@@ -34,6 +33,8 @@ static std::vector<emu::World> g_worlds;
 struct HostNic {
   std::vector<lever_efa_nic_layout> send, psend;  // [NQ_MAX] per rank
   std::vector<lever_efa_nic_layout> fsend, fpsend;  // what the NIC fetches from (mirrors of host SQs)
+  int gpu = 0;              // the GPU whose world holds the rank
+  unsigned* err = nullptr;  // that world's error words (a host thread stops the run there)
 };
 static std::map<int, HostNic> g_host_nic;            // by rank
 static std::vector<lever_efa_peer> g_host_peers;     // [num_ranks][n_rxcq]
@@ -204,6 +205,8 @@ static int make_world(int gpu, const IntMap& c, const FloatMap& fab, const std::
   for (size_t li = 0; li < locals.size(); ++li) {
     const int rank = (int)need(locals[li], "rank");
     HostNic& hn = g_host_nic[rank];
+    hn.gpu = gpu;
+    hn.err = w.err;
     hn.send = layouts_of(send_l[li].cast<py::bytes>(), NQ, "send");
     const std::string pb = psend_l[li].cast<py::bytes>();
     hn.psend = pb.empty() ? std::vector<lever_efa_nic_layout>{} : layouts_of(py::bytes(pb), NQ, "psend");
@@ -344,97 +347,107 @@ static std::string err_string(int e) { return cudaGetErrorString((cudaError_t)e)
 // ------------------------------------------------------------------ proxy
 // The CPU proxy: host threads poll the descriptor rings the GPU warps fill in
 // pinned host memory, build the 64-byte EFA WQE for each descriptor in the
-// proxy's send queue (pinned, mapped: the emulated NIC reads it over PCIe), ring
-// the doorbell once per drained batch, poll the proxy CQ the NIC writes, and
-// write back the consumer index (ring space) and the completions counted, which
-// the GPU polls. Descriptors are consumed strictly in ring order.
-struct ProxyRing {
-  emu::ProxyDesc* ring;
-  volatile unsigned long long* cons;   // pstate[qp*16 + 0]
-  volatile unsigned long long* done;   // pstate[qp*16 + 8]
-  lever_efa_nic_layout lay;            // the proxy QP, as the NIC published it (host addresses)
-  const lever_efa_peer* peers;         // host copy of the peer table
-  int n_rx;
-  int rank, qp, ring_depth, sq_depth;
-  unsigned long long c = 0, posted = 0, cq_ci = 0;
+// proxy's send queue (pinned, write-combined: the emulated NIC mirrors it over
+// PCIe), ring the doorbell once per drained batch, poll the proxy CQ the NIC writes,
+// and write back the consumer index (ring space) and the completions counted, which
+// the GPU polls. Descriptors are consumed strictly in ring order. The work of one
+// pass is hw/ep/proxy_host.h (plain C++, driven without a GPU by the CPU tests); an
+// error CQE stops the GPU's kernels through gpu_abort below.
+// one ring with the sink that stops its rank's GPU
+struct RingRun {
+  proxy_host::Ring ring;
+  proxy_host::Sink sink;
 };
-struct ProxyStats {
-  std::atomic<unsigned long long> descs{0}, batches{0}, post_ns{0}, cqes{0}, bad{0};
-  std::atomic<unsigned long long> first_bad_status{0};  // status + 1 of the first error CQE
-};
-
-// Stores to write-combined memory may sit in the CPU's combining buffers and pass each
-// other; an sfence drains them in order (what rdma-core's mmio_flush_writes does on x86).
-static inline void wc_flush() {
-#if defined(__x86_64__)
-  _mm_sfence();
-#else
-  std::atomic_thread_fence(std::memory_order_seq_cst);
-#endif
-}
-static std::vector<std::unique_ptr<ProxyRing>> g_rings;
+static std::vector<std::unique_ptr<RingRun>> g_rings;
 static std::vector<std::thread> g_threads;
 static std::atomic<int> g_stop{0};
-static ProxyStats g_pstats;
+static proxy_host::Stats g_pstats;
 
-static void proxy_loop(std::vector<ProxyRing*> rings) {
+// Where a host thread stops a GPU's run: the world's error words, written from the host
+// through a stream of its own (a copy engine runs beside the kernels).
+struct GpuAbort {
+  int gpu = 0;
+  unsigned* err = nullptr;  // the world's err[ERR_WORDS] (device memory)
+  cudaStream_t stream = nullptr;
+  std::mutex m;
+};
+static std::map<int, std::unique_ptr<GpuAbort>> g_aborts;  // by GPU
+
+// Write one error record into a GPU's error words unless the GPU (or another host thread)
+// stopped the run already: words 1..7 first, the code last, so a kernel that sees the code
+// finds the rest (what raise_err's first-error-wins CAS does on the device). The read and
+// the write are two copies, so a device error raised between them is overwritten: the host's
+// record names the earlier cause in the case this exists for (an error CQE, before any
+// receiver's timeout). Returns whether it wrote.
+static bool write_err_words(GpuAbort& a, const unsigned (&words)[emu::ERR_WORDS]) {
+  std::lock_guard<std::mutex> g(a.m);
+  cudaSetDevice(a.gpu);
+  unsigned cur = 0;
+  if (cudaMemcpyAsync(&cur, a.err, sizeof cur, cudaMemcpyDeviceToHost, a.stream) != cudaSuccess ||
+      cudaStreamSynchronize(a.stream) != cudaSuccess || cur != 0u)
+    return false;
+  cudaMemcpyAsync(a.err + 1, words + 1, sizeof(unsigned) * (emu::ERR_WORDS - 1), cudaMemcpyHostToDevice,
+                  a.stream);
+  cudaMemcpyAsync(a.err, words, sizeof(unsigned), cudaMemcpyHostToDevice, a.stream);
+  return cudaStreamSynchronize(a.stream) == cudaSuccess;
+}
+// The sink of the proxy threads: an error CQE stops the run as the native issuer's does
+// (ERR_BAD_CQE with rank, QP, CQE index and status; block word ~0: a host thread, warp word:
+// which one).
+static void gpu_abort(void* ctx, const proxy_host::ErrorCqe& e) {
+  const unsigned words[emu::ERR_WORDS] = {emu::ERR_BAD_CQE, (unsigned)e.rank, (unsigned)e.qp, (unsigned)e.ci,
+                                          0u, e.status, 0xffffffffu, (unsigned)e.thread};
+  write_err_words(*static_cast<GpuAbort*>(ctx), words);
+}
+static GpuAbort& abort_of(int gpu, unsigned* err) {
+  auto& a = g_aborts[gpu];
+  if (!a) {
+    a = std::make_unique<GpuAbort>();
+    a->gpu = gpu;
+    cudaSetDevice(gpu);
+    if (cudaStreamCreateWithFlags(&a->stream, cudaStreamNonBlocking) != cudaSuccess)
+      throw std::runtime_error("cudaStreamCreateWithFlags failed");
+  }
+  a->err = err;
+  return *a;
+}
+// The host's own stop of a world's run (its wait ran out): ERR_ABORTED, unless the run
+// already stopped with an error of its own. Returns whether it wrote.
+static bool abort_world(int h, int code) {
+  const emu::World& w = g_worlds.at((size_t)h);
+  const unsigned words[emu::ERR_WORDS] = {(unsigned)code, 0xffffffffu, 0u, 0u, 0u, 0u, 0xffffffffu, 0xffffffffu};
+  return write_err_words(abort_of(w.gpu, w.err), words);
+}
+
+// A running world's error words and statistics, read from the host through a stream of its
+// own while its kernels may still run (what a stuck run's report says).
+static std::map<std::string, std::vector<int64_t>> peek_world(int h) {
+  const emu::World& w = g_worlds.at((size_t)h);
+  GpuAbort& a = abort_of(w.gpu, w.err);
+  std::lock_guard<std::mutex> g(a.m);
+  cudaSetDevice(w.gpu);
+  unsigned err[emu::ERR_WORDS] = {};
+  unsigned long long st[emu::ST_NUM] = {};
+  cudaMemcpyAsync(err, w.err, sizeof err, cudaMemcpyDeviceToHost, a.stream);
+  cudaMemcpyAsync(st, w.stats, sizeof st, cudaMemcpyDeviceToHost, a.stream);
+  cudaStreamSynchronize(a.stream);
+  return {{"err", std::vector<int64_t>(err, err + emu::ERR_WORDS)},
+          {"stats", std::vector<int64_t>(st, st + emu::ST_NUM)}};
+}
+
+static void proxy_loop(std::vector<RingRun*> rings) {
   using clk = std::chrono::steady_clock;
   while (!g_stop.load(std::memory_order_relaxed)) {
-    for (ProxyRing* r : rings) {
-      // 1. descriptors, in order
-      unsigned long long n = 0;
-      auto t0 = clk::now();
-      while (true) {
-        volatile emu::ProxyDesc* d = r->ring + (r->c % (unsigned long long)r->ring_depth);
-        if (d->seq != r->c + 1) break;
-        std::atomic_thread_fence(std::memory_order_acquire);
-        const unsigned long long laddr = d->local_addr, raddr = d->remote_addr;
-        const unsigned len = d->len, imm = d->imm;
-        const unsigned dest = d->dest_rank, dqp = d->dest_qp, has_imm = d->has_imm;
-        if (r->posted - r->cq_ci >= (unsigned long long)r->sq_depth) break;  // NIC SQ full: wait for CQEs
-        const unsigned idx = (unsigned)r->posted;
-        unsigned long long* w = reinterpret_cast<unsigned long long*>(
-            static_cast<uintptr_t>(r->lay.sq_buffer + (uint64_t)lever_efa_slot(idx, r->lay.sq_num_entries) *
-                                                          r->lay.sq_entry_size));
-        const lever_efa_peer* peer = r->peers + (size_t)dest * r->n_rx + dqp;
-        const lever_efa_write wr = {laddr, raddr, len, imm, has_imm};
-        for (int k = 0; k < 8; ++k) w[k] = lever_efa_write_wqe_word(&r->lay, peer, &wr, idx, k);
-        ++r->posted;
-        ++r->c;
-        ++n;
-      }
+    for (RingRun* r : rings) {
+      const auto t0 = clk::now();
+      const unsigned long long n = proxy_host::post(r->ring);
       if (n) {
-        wc_flush();  // the WQEs (write-combined, like an LLQ BAR) before the doorbell
-        *reinterpret_cast<volatile unsigned*>(static_cast<uintptr_t>(r->lay.sq_doorbell)) =
-            lever_efa_sq_doorbell_value((unsigned)r->posted);  // doorbell: producer counter
-        wc_flush();  // and the doorbell out of the write-combining buffer now
-        *r->cons = r->c;                                     // ring space back to the GPU
         g_pstats.descs += n;
         g_pstats.batches += 1;
         g_pstats.post_ns += (unsigned long long)std::chrono::duration_cast<std::chrono::nanoseconds>(clk::now() - t0).count();
       }
-      // 2. completions (the NIC's CQEs may come out of WQE order: counted)
-      unsigned long long m = 0;
-      while (true) {
-        const unsigned ci = (unsigned)r->cq_ci;
-        volatile emu::efa_io_tx_cdesc* q = reinterpret_cast<volatile emu::efa_io_tx_cdesc*>(
-            static_cast<uintptr_t>(r->lay.cq_buffer + (uint64_t)lever_efa_slot(ci, r->lay.cq_num_entries) *
-                                                          r->lay.cq_entry_size));
-        const unsigned flags = q->common.flags;
-        if (!lever_efa_cqe_is_new(&r->lay, flags, ci)) break;
-        if (q->common.status != 0) {  // an error CQE: counted, its status kept for the report
-          unsigned long long none = 0;
-          g_pstats.first_bad_status.compare_exchange_strong(none, (unsigned long long)q->common.status + 1ull);
-          g_pstats.bad += 1;
-        }
-        ++r->cq_ci;
-        ++m;
-      }
-      if (m) {
-        std::atomic_thread_fence(std::memory_order_release);
-        *r->done = r->cq_ci;
-        g_pstats.cqes += m;
-      }
+      const unsigned long long m = proxy_host::complete(r->ring, g_pstats, r->sink);
+      if (m) g_pstats.cqes += m;
     }
   }
 }
@@ -463,6 +476,10 @@ static std::map<std::string, int64_t> proxy_stats() {
                                         {"cqes", (int64_t)g_pstats.cqes.load()},
                                         {"bad_cqes", (int64_t)g_pstats.bad.load()},
                                         {"first_bad_status", (int64_t)g_pstats.first_bad_status.load() - 1},
+                                        {"first_bad_rank", (int64_t)g_pstats.first_rank.load()},
+                                        {"first_bad_qp", (int64_t)g_pstats.first_qp.load()},
+                                        {"first_bad_cqe", (int64_t)g_pstats.first_ci.load()},
+                                        {"first_bad_thread", (int64_t)g_pstats.first_thread.load()},
                                         {"threads", (int64_t)g_threads.size()}};
   return out;
 }
@@ -479,34 +496,38 @@ static std::map<std::string, int64_t> proxy_stop() {
 static int proxy_start(const std::vector<IntMap>& ranks, int num_qps, int ring_depth, int sq_depth, int threads) {
   if (!g_threads.empty()) proxy_stop();
   g_stop = 0;
-  g_pstats.descs = 0; g_pstats.batches = 0; g_pstats.post_ns = 0; g_pstats.cqes = 0; g_pstats.bad = 0;
-  g_pstats.first_bad_status = 0;
+  g_pstats.reset();
+  if (threads < 1) threads = 1;
+  size_t i = 0;
   for (const IntMap& m : ranks) {
     auto* pring = ptr<emu::ProxyDesc>(m, "pring");
     auto* pstate = ptr<unsigned long long>(m, "pstate");
     const int rank = (int)need(m, "rank");
     auto it = g_host_nic.find(rank);
-    if (it == g_host_nic.end() || (int)it->second.psend.size() < num_qps)
+    if (it == g_host_nic.end() || (int)it->second.psend.size() < num_qps || !it->second.err)
       throw std::runtime_error("proxy_start: no proxy QP layouts for rank " + std::to_string(rank) +
                                " (make_world first, with psq/pcq/pdb)");
-    for (int q = 0; q < num_qps; ++q) {
-      auto r = std::make_unique<ProxyRing>();
-      r->ring = pring + (size_t)q * ring_depth;
-      r->cons = pstate + (size_t)q * 16;
-      r->done = pstate + (size_t)q * 16 + 8;
-      r->lay = it->second.psend[(size_t)q];
-      r->peers = g_host_peers.data();
-      r->n_rx = g_n_rx;
-      r->rank = rank;
-      r->qp = q;
-      r->ring_depth = ring_depth;
-      r->sq_depth = sq_depth;
+    GpuAbort& stop = abort_of(it->second.gpu, it->second.err);
+    for (int q = 0; q < num_qps; ++q, ++i) {
+      auto r = std::make_unique<RingRun>();
+      proxy_host::Ring& g = r->ring;
+      g.ring = pring + (size_t)q * ring_depth;
+      g.cons = pstate + (size_t)q * 16;
+      g.done = pstate + (size_t)q * 16 + 8;
+      g.lay = it->second.psend[(size_t)q];
+      g.peers = g_host_peers.data();
+      g.n_rx = g_n_rx;
+      g.rank = rank;
+      g.qp = q;
+      g.ring_depth = ring_depth;
+      g.sq_depth = sq_depth;
+      g.thread = (int)(i % (size_t)threads);
+      r->sink = proxy_host::Sink{gpu_abort, &stop};
       g_rings.push_back(std::move(r));
     }
   }
-  if (threads < 1) threads = 1;
-  std::vector<std::vector<ProxyRing*>> parts((size_t)threads);
-  for (size_t i = 0; i < g_rings.size(); ++i) parts[i % (size_t)threads].push_back(g_rings[i].get());
+  std::vector<std::vector<RingRun*>> parts((size_t)threads);
+  for (auto& r : g_rings) parts[(size_t)r->ring.thread].push_back(r.get());
   for (auto& p : parts)
     if (!p.empty()) g_threads.emplace_back(proxy_loop, p);
   return (int)g_threads.size();
@@ -531,4 +552,6 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("layout_sizes", &layout_sizes);
   m.def("nic_layout", &nic_layout);
   m.def("err_string", &err_string);
+  m.def("abort_world", &abort_world);
+  m.def("peek_world", &peek_world);
 }

@@ -84,11 +84,13 @@ enum ErrCode : uint32_t {
   ERR_BAD_CQE = 9,              // issuer read a CQE with bad status
   ERR_TIMEOUT_WORLD = 10,       // cross-GPU start barrier
   ERR_NIC_TABLE = 11,           // NIC in-flight table overflow (should not happen)
-  ERR_ABORTED = 12,
+  ERR_ABORTED = 12,             // stopped by the host (its bounded wait for the kernels ran out)
   ERR_TIMEOUT_TURN = 13,        // issuer waited for its doorbell turn on a shared QP
   ERR_TIMEOUT_PROXY = 14,       // issuer waited for proxy ring space / proxy completions
 };
-// err record: [0] code, [1] rank, [2] expert/qp, [3] counter seen, [4] expected, [5] aux
+// err record: [0] code, [1] rank, [2] expert/qp, [3] counter seen, [4] expected, [5] aux,
+// [6] block, [7] warp of the cooperative launch; block ~0: a host thread raised it (a proxy
+// thread that read an error CQE, warp = its index; or the host's bounded wait)
 constexpr int ERR_WORDS = 8;
 
 // ---- stats (per GPU, u64) -------------------------------------------------

@@ -115,6 +115,15 @@ __device__ __forceinline__ bool aborted(const World& w) { return ld_vol32(&w.err
 __device__ __forceinline__ bool timed_out(const World& w, unsigned long long t0) {
   return (long long)(gtime() - t0) > w.timeout_ns || aborted(w);
 }
+// The same decisions taken once for the whole warp (lane 0's view): a warp whose lanes
+// disagreed would leave some lanes in a full-mask shuffle or vote that the others never
+// reach (a hang, not a bounded wait).
+__device__ __forceinline__ bool warp_aborted(const World& w) {
+  return __any_sync(0xffffffffu, aborted(w));
+}
+__device__ __forceinline__ bool warp_timed_out(const World& w, unsigned long long t0) {
+  return __shfl_sync(0xffffffffu, (int)timed_out(w, t0), 0) != 0;
+}
 
 // counter-based hash RNG (splitmix64): deterministic per (seed, key, n)
 __device__ __forceinline__ unsigned long long mix64(unsigned long long z) {
@@ -202,7 +211,7 @@ __device__ bool rank_barrier(const World& w, const RankLocal& L, int& nbar, int 
     }
   }
   ep_sync(w);
-  return !aborted(w);
+  return !warp_aborted(w);
 }
 
 // ---------------------------------------------------------------- profiler
@@ -860,7 +869,7 @@ __device__ void dispatch_rank(const World& w, const EpFlags& f, const EpCtx& e, 
             if (imm >> 31) expect = (int)(imm & 0xffffu);
             else ++got;
           }
-        } else if (timed_out(w, t0)) {
+        } else if (warp_timed_out(w, t0)) {
           int bad = __ffs(__ballot_sync(0xffffffffu, !done)) - 1;
           int g2 = __shfl_sync(0xffffffffu, got, bad < 0 ? 0 : bad);
           int e2 = __shfl_sync(0xffffffffu, expect, bad < 0 ? 0 : bad);
@@ -884,7 +893,9 @@ __device__ void dispatch_rank(const World& w, const EpFlags& f, const EpCtx& e, 
         }
         cnt_lane = (int)(v & 0xffffffffu);
       }
-      if (aborted(w)) return;
+      // every lane leaves together: lanes >= R skipped the wait, and must not go on to the
+      // shuffles below while the lanes that timed out return
+      if (warp_aborted(w)) return;
     }
     ph.end(w, L, PH_POLL, 0, e.rank, wg);
     ph.begin(prof);
@@ -1014,7 +1025,7 @@ __device__ void combine_rank(const World& w, const EpFlags& f, const EpCtx& e, P
       if (lever_efa_cqe_is_new(rq, fl, head)) {
         ++head;
         ++got;
-      } else if (timed_out(w, t0)) {
+      } else if (warp_timed_out(w, t0)) {
         if (lane == 0) raise_err(w, ERR_TIMEOUT_RX_CQ, e.rank, -1 - e.c, got, expect, 1);
         return;
       }
@@ -1033,7 +1044,7 @@ __device__ void combine_rank(const World& w, const EpFlags& f, const EpCtx& e, P
     }
   }
   __syncwarp();  // lanes >= R must not read data before lanes < R saw every flag
-  if (aborted(w)) return;
+  if (warp_aborted(w)) return;
   ph.end(w, L, PH_POLL, 1, e.rank, wg);
   ph.begin(prof);
   unsigned long long bad = 0;
@@ -1682,16 +1693,18 @@ __device__ void nic_warp(const World& w, const EpFlags& f, int lr, int nic, int 
       __syncwarp();
       continue;
     }
-    // 3. idle: exit when every EP block on this GPU is done and nothing is in flight
-    bool idle = false;
-    if (lane == 0) idle = ld_acq32(w.ep_done) >= total_ep_blocks && ldvi(&S.inflight) == 0;
-    idle = __shfl_sync(0xffffffffu, idle, 0);
-    if (idle) break;
-    if (aborted(w)) break;
-    if ((long long)(gtime() - t_start) > 2 * w.timeout_ns) {
-      if (lane == 0) raise_err(w, ERR_TIMEOUT_NIC, L.rank, nic, ldvi(&S.inflight), 0, wib);
-      break;
+    // 3. idle: exit when every EP block on this GPU is done and nothing is in flight (one
+    //    decision for the whole warp)
+    bool idle = false, stop = false;
+    if (lane == 0) {
+      idle = ld_acq32(w.ep_done) >= total_ep_blocks && ldvi(&S.inflight) == 0;
+      stop = aborted(w);
+      if (!idle && !stop && (long long)(gtime() - t_start) > 2 * w.timeout_ns) {
+        raise_err(w, ERR_TIMEOUT_NIC, L.rank, nic, ldvi(&S.inflight), 0, wib);
+        stop = true;
+      }
     }
+    if (__shfl_sync(0xffffffffu, (int)(idle || stop), 0)) break;
   }
   // per-lane counters (each lane handled its own entries): warp sums
   unsigned long long* cs[11] = {&c.n_pkt, &c.n_retx, &c.n_cqe, &c.n_rx, &c.n_reord, &c.n_late,

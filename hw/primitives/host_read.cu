@@ -8,6 +8,9 @@
 //   host_read_warp32_w{W}_ns the same, but every step all 32 lanes load one line each (a
 //                            warp reading 32 CQEs at once, as hw/ep's cq_poll does); lane 0's
 //                            value is the next index, the others' feed a checksum
+//   host_read_shared_w{W}_ns the 32-lane step, but all W warps chase the same cycle: they
+//                            read the same lines at the same time, as the warps sharing a QP
+//                            poll its CQ (the same 32 CQEs from the same consumer index)
 // A sample is one warp's wall time (%globaltimer) for a batch of steps / steps, after
 // warm-up; samples of all warps are pooled. All warps start together (an arrival barrier).
 //
@@ -24,11 +27,11 @@ namespace {
 constexpr int kLineWords = 16;   // one index per 128-byte line
 constexpr size_t kLines = 256;   // lines per warp (32 KiB of host memory each)
 
-__global__ void host_read_kernel(const uint64_t* base, int lanes, int per_sample, int warmup,
-                                 int reps, unsigned* arrive, unsigned long long* ns,
+__global__ void host_read_kernel(const uint64_t* base, int lanes, int shared, int per_sample,
+                                 int warmup, int reps, unsigned* arrive, unsigned long long* ns,
                                  uint64_t* end_idx, uint64_t* sums, Status* st) {
   const unsigned w = blockIdx.x, W = gridDim.x, lane = threadIdx.x;
-  const uint64_t* mine = base + size_t(w) * kLines * kLineWords;
+  const uint64_t* mine = base + (shared ? size_t(0) : size_t(w) * kLines * kLineWords);
   if (lane == 0) atomicAdd(arrive, 1u);
   if (lane == 0 &&
       !spin_until(st, 60, [&] { return *reinterpret_cast<volatile unsigned*>(arrive) >= W; }))
@@ -66,7 +69,7 @@ std::vector<uint64_t> cycle(uint32_t seed) {
   return next;
 }
 
-std::vector<double> one(int W, int lanes, int reps, const std::string& what) {
+std::vector<double> one(int W, int lanes, bool shared, int reps, const std::string& what) {
   const int per = 16, warmup = 4;
   auto next = cycle(7);
   HostBuf<uint64_t> buf(size_t(W) * kLines * kLineWords);
@@ -77,8 +80,8 @@ std::vector<double> one(int W, int lanes, int reps, const std::string& what) {
   DevBuf<uint64_t> end_idx(W), sums(W);
   HostBuf<Status> st(1);
   PRIM_CHECK(cudaMemset(arrive.p, 0, sizeof(unsigned)));
-  host_read_kernel<<<W, 32>>>(buf.p, lanes, per, warmup, reps, arrive.p, ns.p, end_idx.p, sums.p,
-                              st.p);
+  host_read_kernel<<<W, 32>>>(buf.p, lanes, shared ? 1 : 0, per, warmup, reps, arrive.p, ns.p,
+                              end_idx.p, sums.p, st.p);
   finish(0, st.p, what);
   // host replay: lane 0's chain, and the other lanes' lines summed at every step
   uint64_t idx = 0, sum = 0;
@@ -109,11 +112,16 @@ Result run_host_read(int device, int reps) {
     for (int lanes : {1, 32}) {
       std::string name = std::string(lanes == 1 ? "host_read_w" : "host_read_warp32_w") +
                          std::to_string(W) + "_ns";
-      res.first[name] = one(W, lanes, reps, name);
+      res.first[name] = one(W, lanes, false, reps, name);
     }
   }
+  for (int W : {1, 2, 4, 8, 12, 16, 24, 32}) {
+    if (W > sms) continue;
+    const std::string name = "host_read_shared_w" + std::to_string(W) + "_ns";
+    res.first[name] = one(W, 32, true, reps, name);
+  }
   res.second.push_back("host_read: every warp's chase ended on the host-computed line, 32-lane "
-                       "checksums equal the host's");
+                       "checksums equal the host's (also when all warps read the same lines)");
   return res;
 }
 

@@ -42,7 +42,8 @@ class Counter:
         # both made on first use: most counters (one per tag per rank) never get a waiter
         self._waiters: list[tuple[int, int, simpy.Event]] | None = None
         self._seq = 0
-        self.watchers: list[Counter] | None = None  # bumped on every change (a poller of many words)
+        # bumped on every change (a poller of many words): Counters, or anything with add(n)
+        self.watchers: list[Any] | None = None
 
     def add(self, n: int = 1) -> None:
         self.value += n
@@ -69,8 +70,8 @@ class Counter:
             heapq.heappush(self._waiters, (n, self._seq, ev))
         return ev
 
-    def watch(self, other: Counter) -> None:
-        """Bump ``other`` by one on every change of this counter."""
+    def watch(self, other: Any) -> None:
+        """Bump ``other`` by one (``other.add(1)``) on every change of this counter."""
         if self.watchers is None:
             self.watchers = []
         self.watchers.append(other)

@@ -342,17 +342,7 @@ class NativePort(WarpPort):
         if agg_turn:  # a GPU-scope fence before the hand-off; the system fence is the ringer's
             costs.append(("fence", g.fence_gpu_ns, 1))
         elif nf:
-            f = g.fence_ns
-            if self.fence_host is not None:
-                # the fence's flush is ordered behind the host reads in flight when it issues:
-                # known only then (reads other warps issue meanwhile count), so the costs
-                # before it are paid first
-                ev = self._hold_all(costs)
-                if ev is not None:
-                    yield ev
-                costs = []
-                f = self.fence_host.fence_ns(self.env._now, f)
-            costs.append(("fence", f, 1))
+            costs = yield from self._system_fence(costs)
         turn = self.turn
         if turn is not None and own:
             ev = self._hold_all(costs)
@@ -384,14 +374,7 @@ class NativePort(WarpPort):
                 msgs = list(pool)
                 pool.clear()
                 if nf:  # the ringer's system fence covers every WQE of the pool, in the turn
-                    ev = self._hold_all(costs)
-                    if ev is not None:
-                        yield ev
-                    costs = []
-                    f = g.fence_ns
-                    if self.fence_host is not None:
-                        f = self.fence_host.fence_ns(self.env._now, f)
-                    costs.append(("fence", f, 1))
+                    costs = yield from self._system_fence(costs)
             costs.append(("doorbell", g.doorbell_ns, 1))
             led.counters["doorbells"] += 1
             tail = [("fence", g.fence_ns * (nf - 1), nf - 1)] if nf > 1 else []
@@ -421,6 +404,20 @@ class NativePort(WarpPort):
         yield from self._pay_ringing(costs, tail, msgs)
         if locked:
             lock.release(req)
+
+    def _system_fence(self, costs: list[tuple[str, float, int]]):
+        """``costs`` with a system fence after them. The fence's flush is ordered behind the
+        host reads in flight when it issues (``gpu.fence_waits_host_reads``): known only then
+        (reads other warps issue meanwhile count), so the costs before it are paid first."""
+        f = self.ctx.platform.gpu.fence_ns
+        if self.fence_host is not None:
+            ev = self._hold_all(costs)
+            if ev is not None:
+                yield ev
+            costs = []
+            f = self.fence_host.fence_ns(self.env._now, f)
+        costs.append(("fence", f, 1))
+        return costs
 
     def _pay_ringing(self, costs: list[tuple[str, float, int]], tail: list[tuple[str, float, int]],
                      msgs: list[Message]):

@@ -21,10 +21,8 @@ from time import perf_counter
 
 
 def _kind(event, callback) -> str:
-    from lever.sim.engine import _Call
-
-    if isinstance(event, _Call):
-        return "call:" + getattr(event.fn, "__qualname__", str(event.fn))
+    if type(event) is tuple:  # a call entry (fn, args, rec)
+        return "call:" + getattr(event[0], "__qualname__", str(event[0]))
     proc = getattr(callback, "__self__", None)
     gen = getattr(proc, "_generator", None)
     if gen is None:
@@ -39,16 +37,18 @@ def _kind(event, callback) -> str:
 
 def timed_run(env, time_s: Counter, count: Counter) -> int:
     """``run_events`` with every callback timed by kind."""
-    from lever.sim.engine import _Call
-
     queue = env._queue
+    path = env.path
     n = 0
     while queue or env.refill():
         env._now, _, _, event = heapq.heappop(queue)
-        if type(event) is _Call:
+        if type(event) is tuple:
             k = _kind(event, None)
+            fn, args, rec = event
+            if rec is not None:
+                path.cur = rec
             t = perf_counter()
-            event.fn(*event.args)
+            fn(*args)
             time_s[k] += perf_counter() - t
             count[k] += 1
         else:

@@ -92,8 +92,12 @@ class EpError(RuntimeError):
 
 def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--nic", choices=["emulated", "efa"], default="emulated",
-                   help="emulated: the SRD NIC emulated on the GPU; efa: a real EFA device "
-                        "(device discovery only so far: see hw/efa/README.md)")
+                   help="emulated: the SRD NIC emulated on the GPU; efa: a real EFA device, one process "
+                        "per GPU under torchrun (hw/efa/README.md; not yet run on a device)")
+    p.add_argument("--efa-device", default="",
+                   help="--nic efa: the EFA device of this rank (default: the nearest to its GPU on PCIe)")
+    p.add_argument("--dist-timeout-s", type=float, default=300.0,
+                   help="--nic efa: timeout of the torch.distributed (gloo) exchanges and barriers")
     p.add_argument("--path", choices=["native", "proxy"], default="native")
     p.add_argument("--protocol", choices=["v1-ll", "v2-direct", "v2-hybrid"], default="v1-ll",
                    help="v1-ll: DeepEP low-latency; v2-hybrid / v2-direct: DeepEP V2 over emulated "
@@ -669,31 +673,50 @@ class Runner:
 
     def gate_check(self) -> list[str]:
         """Compare every rank's outputs with the reference; returns failure strings (empty: pass)."""
+        fails = []
+        for r in range(self.R):
+            fails += self.gate_rank(r, self.bufs[r])
+        return fails
+
+    def gate_rank(self, r: int, b: dict) -> list[str]:
+        """Rank ``r``'s outputs (its buffers ``b``) against the reference: failure strings."""
         t, s = self.t, self.shape
         El, R, T, H = s.experts_per_rank, self.R, s.tokens, s.hidden
-        fails = []
-        for r in range(R):
-            b, lay = self.bufs[r], self.layouts[r]
-            counts = b["out_count"].view(El, R).cpu()
-            if not t.equal(counts, lay["counts"]):
-                fails.append(f"rank {r}: dispatch counts differ")
-                continue
-            src = b["out_src"].view(El, R, T).cpu()
-            valid = t.arange(T)[None, None, :] < counts[:, :, None]
-            if not t.equal(t.where(valid, src, -1), lay["src"]):
-                fails.append(f"rank {r}: dispatch source indices differ")
-            rx = b["recv_x"].view(El, R, T, DMSG).cpu()
-            xr, scr = ref.dispatch_payload(s, self.inputs, lay)
-            got_x = t.where(valid[..., None], rx[..., :H], 0)
-            got_s = t.where(valid[..., None], rx[..., H:H + 4 * s.scales].contiguous().view(t.float32), 0)
-            if not t.equal(got_x, xr):
-                fails.append(f"rank {r}: dispatch FP8 payload differs")
-            if not t.equal(got_s, scr):
-                fails.append(f"rank {r}: dispatch scales differ")
-            if not t.equal(b["comb_out"].cpu(), self.ref_comb[r]):
-                n = int((b["comb_out"].cpu() != self.ref_comb[r]).sum())
-                fails.append(f"rank {r}: combine output differs in {n} elements")
+        fails: list[str] = []
+        lay = self.layouts[r]
+        counts = b["out_count"].view(El, R).cpu()
+        if not t.equal(counts, lay["counts"]):
+            fails.append(f"rank {r}: dispatch counts differ")
+            return fails
+        src = b["out_src"].view(El, R, T).cpu()
+        valid = t.arange(T)[None, None, :] < counts[:, :, None]
+        if not t.equal(t.where(valid, src, -1), lay["src"]):
+            fails.append(f"rank {r}: dispatch source indices differ")
+        rx = b["recv_x"].view(El, R, T, DMSG).cpu()
+        xr, scr = ref.dispatch_payload(s, self.inputs, lay)
+        got_x = t.where(valid[..., None], rx[..., :H], 0)
+        got_s = t.where(valid[..., None], rx[..., H:H + 4 * s.scales].contiguous().view(t.float32), 0)
+        if not t.equal(got_x, xr):
+            fails.append(f"rank {r}: dispatch FP8 payload differs")
+        if not t.equal(got_s, scr):
+            fails.append(f"rank {r}: dispatch scales differ")
+        if not t.equal(b["comb_out"].cpu(), self.ref_comb[r]):
+            n = int((b["comb_out"].cpu() != self.ref_comb[r]).sum())
+            fails.append(f"rank {r}: combine output differs in {n} elements")
         return fails
+
+    def op_latencies_us(self, evs: list) -> dict[str, list[float]]:
+        """Per timed iteration and op, the time from the start barrier to the op's end (us): the
+        slowest GPU's, as every rank has finished an op only when the slowest has."""
+        lat: dict[str, list[float]] = {"dispatch": [], "combine": []}
+        for it in evs:
+            for op_i, op in enumerate(("dispatch", "combine")):
+                lat[op].append(max(a.elapsed_time(b) for a, b in it[op_i]) * 1000.0)
+        return lat
+
+    def layout_note(self, proxy: bool) -> dict[str, int]:
+        """The NIC layout rank 0's QP 0 was posted through (for the record's notes)."""
+        return dict(self.ext.nic_layout(0, 0, proxy))
 
     def read_profile(self) -> list[dict]:
         rows = []
@@ -788,10 +811,7 @@ def _run_variant(runner: Runner, scn, args, levers: list[str], sets: Mapping[str
     fails = runner.gate_check()  # the last timed iteration's outputs too
     if fails:
         raise EpError("gate failed on the last timed iteration: " + "; ".join(fails))
-    lat = {"dispatch": [], "combine": []}
-    for it in evs:
-        for op_i, op in enumerate(("dispatch", "combine")):
-            lat[op].append(max(a.elapsed_time(b) for a, b in it[op_i]) * 1000.0)
+    lat = runner.op_latencies_us(evs)
     n_it = args.iters
     metrics: dict[str, dict] = {}
     for k in ("packets", "retransmits", "wqes", "doorbells", "fences", "cqes", "rx_cqes", "credit_polls",
@@ -825,13 +845,14 @@ def _run_variant(runner: Runner, scn, args, levers: list[str], sets: Mapping[str
         rows = runner.read_profile()
         metrics.update(post_chain_metrics(rows))
         attribution, samples = {}, 0
-        for op_i, op in enumerate(("dispatch", "combine")):
+        plat = runner.op_latencies_us(pevs)
+        for op in ("dispatch", "combine"):
             busy, put, n = prof_attribution(rows, op, args.profile)
             attribution[op] = busy
             samples += n
             for cat, v in put.items():
                 metrics[f"{op}_putpath_{cat}_ratio"] = {"median": v}
-            pl = sorted(max(a.elapsed_time(b) for a, b in it[op_i]) * 1000.0 for it in pevs)
+            pl = sorted(plat[op])
             metrics[f"{op}_profiled_us"] = {"median": pl[len(pl) // 2], "n": len(pl)}
             metrics[f"{op}_profiler_overhead_ratio"] = {
                 "median": round(max(0.0, pl[len(pl) // 2] / summarize(lat[op])["median"] - 1.0), 4)}
@@ -850,7 +871,7 @@ def _run_variant(runner: Runner, scn, args, levers: list[str], sets: Mapping[str
                     f"{'pinned host memory (written by the NIC host engine, polled through PCIe)' if runner.rx_host else 'GPU memory'}; "
                     f"flags dispatch={json.dumps(fd)} combine={json.dumps(fc)}; NIC layout the kernels "
                     f"posted through (rank 0, QP 0; hw/ep/emu_nic.h): "
-                    f"{json.dumps(dict(runner.ext.nic_layout(0, 0, args.path == 'proxy')))}"}
+                    f"{json.dumps(runner.layout_note(args.path == 'proxy'))}"}
     return build_record(rid=rid, path=args.path, ranks=runner.R, gpus=runner.G, levers=levers, sets=sets, hidden=runner.shape.hidden,
                         scn=scn, lat=lat, gate=gate, attribution=attribution, samples=samples,
                         metrics=metrics, how=how, platform_info=platform_info,
@@ -935,14 +956,14 @@ def main(args: argparse.Namespace) -> int:
     from lever.calibration.records import RecordError, dump_record, parse_record
     from lever.hw.device import require_cuda
 
+    if args.nic == "efa":  # one rank per process over a real device: hw/efa/ep_run.py
+        from lever.hw.efa.ep_run import main_efa
+
+        return main_efa(args)
     if getattr(args, "protocol", "v1-ll") != "v1-ll":
         from lever.hw.ep_v2 import main_v2
 
         return main_v2(args)
-    if args.nic == "efa":
-        from lever.hw.efa.run import require_efa_run
-
-        require_efa_run(f"lever hw ep --path {args.path}")
     torch = require_cuda()
     args.provenance = run_provenance(args.allow_dirty)
     if args.iters < 1 or args.warmup < 0:

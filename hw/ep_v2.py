@@ -277,10 +277,10 @@ def main_v2(args: argparse.Namespace) -> int:
     from lever.calibration.records import dump_record, parse_record
     from lever.hw.device import require_cuda
 
-    if args.nic == "efa":
-        from lever.hw.efa.run import require_efa_run
+    if args.nic == "efa":  # refuses V2 after the device checks (hw/efa/ep_run.py)
+        from lever.hw.efa.ep_run import main_efa
 
-        require_efa_run(f"lever hw ep --protocol {args.protocol}")
+        return main_efa(args)
     if args.iters < 1 or args.warmup < 0:
         raise UserError("--iters must be >= 1 and --warmup >= 0")
     rpn = ranks_per_node(args.ranks, args.ranks_per_node)

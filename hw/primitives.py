@@ -267,7 +267,10 @@ def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", required=True, help="record path to write (JSON)")
     p.add_argument("--nic", choices=["emulated", "efa"], default="emulated",
                    help="emulated: the families below on GPU/host memory; efa: GPU-posted writes "
-                        "on a real EFA device (device discovery only so far: see hw/efa/README.md)")
+                        "between two nodes' EFA devices under torchrun (hw/efa/prims.py; not yet run on "
+                        "a device)")
+    p.add_argument("--efa-device", default="",
+                   help="--nic efa: the EFA device to use (default: the nearest to the GPU on PCIe)")
     p.add_argument(
         "--gpus",
         type=int,
@@ -310,9 +313,9 @@ def main(args: argparse.Namespace) -> int:
     from lever.hw.device import require_cuda
 
     if getattr(args, "nic", "emulated") == "efa":
-        from lever.hw.efa.run import require_efa_run
+        from lever.hw.efa.prims import main_efa_primitives
 
-        require_efa_run("lever hw primitives")
+        return main_efa_primitives(args)
     if not 20 <= args.reps <= 100000:
         raise UserError(f"--reps: {args.reps} is outside [20, 100000]")
     families = _families(args)

@@ -42,7 +42,8 @@ class Counter:
         # both made on first use: most counters (one per tag per rank) never get a waiter
         self._waiters: list[tuple[int, int, simpy.Event]] | None = None
         self._seq = 0
-        self.watchers: list[Counter] | None = None  # bumped on every change (a poller of many words)
+        # bumped on every change (a poller of many words): Counters, or anything with add(n)
+        self.watchers: list[Any] | None = None
 
     def add(self, n: int = 1) -> None:
         self.value += n
@@ -69,11 +70,64 @@ class Counter:
             heapq.heappush(self._waiters, (n, self._seq, ev))
         return ev
 
-    def watch(self, other: Counter) -> None:
-        """Bump ``other`` by one on every change of this counter."""
+    def watch(self, other: Any) -> None:
+        """Bump ``other`` by one (``other.add(1)``) on every change of this counter."""
         if self.watchers is None:
             self.watchers = []
         self.watchers.append(other)
+
+
+class Tally:
+    """A count of writes whose every landing instant is booked ahead (:meth:`add_at`), and
+    one waiter for the count they all reach (:meth:`reach`): an NVLink landing counted this
+    way is arithmetic, not an event at its instant.
+
+    A :class:`Counter` is a word a poller can read at any instant, so each increment is an
+    event at its instant. A count that nothing reads until it is complete (a rank's tokens
+    from one source, a token's partial rows at its forwarder) only needs the instant its
+    last write lands: the latest booked instant, once the bookings reached the total. The
+    waiter is released then, in the queue slot of an event scheduled when the total was
+    booked (a landing at the same instant may run before or after it: a tie), and is charged
+    to the segment of that last landing when the critical path is recorded. A booking past
+    a waiter's total is a model error: the waiter would have been released too early.
+    """
+
+    __slots__ = ("env", "n", "t", "rec", "want", "ev")
+
+    def __init__(self, env: simpy.Environment) -> None:
+        self.env = env
+        self.n = 0  # writes booked
+        self.t = 0.0  # the latest booked instant
+        self.rec: Rec | None = None  # its segment (critical path)
+        self.want = 0  # the waiter's total (0: none waits)
+        self.ev: Event | None = None
+
+    def add_at(self, t: float, k: int = 1, rec: Rec | None = None) -> None:
+        """``k`` writes land at instant ``t`` (now or later); ``rec``: the segment they land at
+        the end of, when the critical path is recorded."""
+        self.n += k
+        if t >= self.t:  # a tie: the later booking is the one that releases
+            self.t = t
+            self.rec = rec
+        if self.want:
+            if self.n > self.want:
+                raise RuntimeError(f"Tally: {self.n} writes booked for a total of {self.want}")
+            if self.n == self.want:
+                self.want = 0
+                fire_at(self.env, self.ev, max(self.t, self.env._now), self.rec)
+
+    def reach(self, total: int) -> Event | None:
+        """The event to wait for until all ``total`` writes landed; None when they have."""
+        env = self.env
+        if self.n > total:
+            raise RuntimeError(f"Tally: {self.n} writes booked for a total of {total}")
+        if self.n == total:
+            if self.t <= env._now:
+                return None
+            return event_at(env, self.t, self.rec)
+        self.want = total
+        self.ev = Event(env)
+        return self.ev
 
 
 def _fire(call: _Call) -> None:
@@ -84,13 +138,14 @@ _FIRE = (_fire,)
 
 
 class _Call:
-    """A plain callback on SimPy's event queue: what ``env.timeout(d)`` with one
+    """A plain callback on SimPy's own event queue: what ``env.timeout(d)`` with one
     callback appended does, as one slotted object with no callback list.
 
     ``Environment.step`` needs of a queued event only ``callbacks`` (which it
-    sets to None) and ``_ok``. A packet in flight, a landing or a completion is
-    one of these; at EP256 some 70k are pending at once, and the lighter entry
-    costs less to keep and to pop (benchmarks/sim_speed.py).
+    sets to None) and ``_ok``. On a :class:`ModelEnvironment` a call is lighter still: its
+    queue entry holds the tuple ``(fn, args, rec)`` where the event goes (a *call entry*,
+    no object to build; a packet in flight, a landing or a completion is one, some 70k
+    pending at once at EP256), which the environment's ``step`` and :func:`run_events` run.
     """
 
     __slots__ = ("callbacks", "_ok", "_value", "fn", "args")
@@ -133,7 +188,7 @@ class ModelEnvironment(simpy.Environment):
     ``tests/test_engine.py`` compares whole runs event by event.
     """
 
-    BUCKET_NS = 500.0
+    BUCKET_NS = 50.0  # fewest instructions at EP32 of 10-500 (callgrind): a heap of tens
     path: CriticalPath | None = None  # no recorder (PathEnvironment's own): a plain lookup, no miss
 
     def __init__(self, initial_time: float = 0) -> None:
@@ -201,6 +256,12 @@ class ModelEnvironment(simpy.Environment):
     def step(self) -> None:
         if not self._queue:
             self.refill()
+        if self._queue and type(self._queue[0][3]) is tuple:  # a call entry (fn, args, rec)
+            self._now, _, _, (fn, args, rec) = heapq.heappop(self._queue)
+            if rec is not None:
+                self.path.cur = rec  # type: ignore[union-attr]
+            fn(*args)
+            return
         super().step()
 
 
@@ -252,9 +313,14 @@ def event_at(env: simpy.Environment, t: float, rec: Rec | None = None) -> Event:
     timeout due at ``t`` would take: what a process ending at ``t`` is to those waiting for it
     (an ``all_of``), for work computed without a process. ``rec``: the segment it ends, when
     the critical path is recorded (the ``rec`` a finished process carries)."""
+    return fire_at(env, Event(env), t, rec)
+
+
+def fire_at(env: simpy.Environment, ev: Event, t: float, rec: Rec | None = None) -> Event:
+    """Schedule the pending event ``ev`` (a waiter yielded it already) to fire at instant ``t``
+    (not before now): :func:`event_at` for an event made earlier."""
     if t < env._now:
         raise ValueError(f"time {t} is before now ({env._now})")
-    ev = Event(env)
     ev._ok = True
     ev._value = None
     if rec is not None:
@@ -269,7 +335,12 @@ def call_later(env: simpy.Environment, delay: float, fn, *args) -> None:
     results are the same bit for bit."""
     if delay < 0:
         raise ValueError(f"negative delay {delay}")
-    env.schedule(_Call(fn, args), NORMAL, delay)
+    try:
+        push = env.push  # type: ignore[attr-defined]
+    except AttributeError:  # SimPy's own environment
+        env.schedule(_Call(fn, args), NORMAL, delay)
+        return
+    push((env._now + delay, NORMAL, next(env._eid), (fn, args, None)))
 
 
 def call_at(env: simpy.Environment, t: float, fn, *args) -> None:
@@ -286,11 +357,12 @@ def call_at(env: simpy.Environment, t: float, fn, *args) -> None:
     now = env._now
     if t < now:
         raise ValueError(f"time {t} is before now ({now})")
-    entry = (t, NORMAL, next(env._eid), _Call(fn, args))
     try:
-        env.push(entry)  # type: ignore[attr-defined]
+        push = env.push  # type: ignore[attr-defined]
     except AttributeError:  # SimPy's own environment
-        heapq.heappush(env._queue, entry)
+        heapq.heappush(env._queue, (t, NORMAL, next(env._eid), _Call(fn, args)))
+        return
+    push((t, NORMAL, next(env._eid), (fn, args, None)))
 
 
 def run_events(env: simpy.Environment, limit: int = -1) -> int:
@@ -306,6 +378,7 @@ def run_events(env: simpy.Environment, limit: int = -1) -> int:
     queue = env._queue
     pop = heapq.heappop
     refill = getattr(env, "refill", None)  # a ModelEnvironment's later buckets
+    path = getattr(env, "path", None)  # a PathEnvironment's recorder
     n = 0
     call = _Call
     while n != limit:
@@ -313,7 +386,13 @@ def run_events(env: simpy.Environment, limit: int = -1) -> int:
             break
         env._now, _, _, event = pop(queue)
         n += 1
-        if type(event) is call:  # a plain callback: nothing else ever looks at it
+        if type(event) is tuple:  # a call entry: nothing else ever looks at it
+            fn, args, rec = event
+            if rec is not None:  # it runs as the segment it ends
+                path.cur = rec
+            fn(*args)
+            continue
+        if type(event) is call:  # a plain callback on SimPy's own environment
             event.fn(*event.args)
             continue
         callbacks, event.callbacks = event.callbacks, None
@@ -491,29 +570,6 @@ def _running(env: simpy.Environment) -> Rec | None:
     return path.cur if path is not None else None
 
 
-def _fire_path(call: _PathCall) -> None:
-    call.path.cur = call.rec
-    call.fn(*call.args)
-
-
-_FIRE_PATH = (_fire_path,)
-
-
-class _PathCall(_Call):
-    """A :class:`_Call` that runs as the segment it ends (NIC stage, flight, landing...)."""
-
-    __slots__ = ("path", "rec")
-
-    def __init__(self, fn, args: tuple, path: CriticalPath, rec: Rec) -> None:
-        self.callbacks = _FIRE_PATH
-        self._ok = True
-        self._value = None
-        self.fn = fn
-        self.args = args
-        self.path = path
-        self.rec = rec
-
-
 class CriticalPath:
     """Records, as the model runs, what every piece of simulated time waited on, so the
     critical path of the op is read from this one run (:func:`walk`).
@@ -549,7 +605,8 @@ class CriticalPath:
         """:func:`call_later` (the same queue slot), running ``fn`` as segment ``rec``."""
         if delay < 0:
             raise ValueError(f"negative delay {delay}")
-        self.env.schedule(_PathCall(fn, args, self, rec), NORMAL, delay)
+        env = self.env
+        env.push((env._now + delay, NORMAL, next(env._eid), (fn, args, rec)))
 
     def call_at(self, t: float, rec: Rec, fn, *args) -> None:
         """:func:`call_at` (the same queue slot), running ``fn`` as segment ``rec``."""
@@ -557,7 +614,7 @@ class CriticalPath:
         now = env._now
         if t < now:
             raise ValueError(f"time {t} is before now ({now})")
-        _push(env, (t, NORMAL, next(env._eid), _PathCall(fn, args, self, rec)))
+        env.push((t, NORMAL, next(env._eid), (fn, args, rec)))
 
 
 class _PathProcess(Process):

@@ -78,6 +78,7 @@ class Fabric:
         ]
         self._wire = ledger.factor("wire")  # ledger.cost("wire", x) is x * this
         self._rc = fp.mode == "rc"
+        self.lossy = fp.loss_prob > 0  # else no draw decides a loss (the NIC's fast path)
         self._rc_last: dict[tuple[int, int], float] = {}
         # critical path: each connection's last arrival
         self._rc_rec: dict[tuple[int, int], Rec] = {}

@@ -250,7 +250,10 @@ class NativePort(WarpPort):
         self._limit = min(max(d.doorbell_batch, d.put_many_span), nic.max_batch)
         # doorbells of a shared QP in slot order (deferred aggregation hands its shared batch
         # to whichever warp fills it: a FIFO turn, qp.lock)
-        self.turn = turn if (self.shared and ctx.ledger.on("lock") and self._agg <= 1) else None
+        # under aggregation with an every-post turn (hw/ep) each warp posts its own groups in
+        # slot order and the pool rings inside the turn of the group that fills it
+        self._agg_turn = self._agg > 1 and d.aggregation_turn == "every-post"
+        self.turn = turn if (self.shared and ctx.ledger.on("lock") and (self._agg <= 1 or self._agg_turn)) else None
         self._ticket = -1  # the ticket of this warp's open post group
 
     # -- posting ----------------------------------------------------------------
@@ -303,7 +306,7 @@ class NativePort(WarpPort):
         costs.append(("wqe", g.wqe_store_ns * blocks, blocks))
         qp.posted += 1
         self.posted += 1
-        if self._agg > 1:
+        if self._agg > 1 and self.turn is None:
             qp.pending.append(msg)
             batch = qp.pending if len(qp.pending) >= self._agg_limit else None
         else:
@@ -324,9 +327,10 @@ class NativePort(WarpPort):
             return 1
         return 1 + -(-(nbytes - self.wqe_room) // 64)
 
-    def _ring(self, batch: list[Message], costs: list | None = None):
+    def _ring(self, batch: list[Message], costs: list | None = None, final: bool = False):
         """Fence after the WQE stores, wait for the doorbell turn on a shared QP,
-        ring (the producer index), fence: the NIC sees the batch."""
+        ring (the producer index), fence: the NIC sees the batch. ``final``: the warp's last
+        group, which rings the QP's aggregation pool whatever its size."""
         w, g, d = self.ctx, self.ctx.platform.gpu, self.ctx.design
         led = w.ledger
         costs = costs if costs is not None else []
@@ -334,18 +338,11 @@ class NativePort(WarpPort):
         msgs = list(batch)
         batch.clear()
         nf = d.fences_per_doorbell
-        if nf:
-            f = g.fence_ns
-            if self.fence_host is not None:
-                # the fence's flush is ordered behind the host reads in flight when it issues:
-                # known only then (reads other warps issue meanwhile count), so the costs
-                # before it are paid first
-                ev = self._hold_all(costs)
-                if ev is not None:
-                    yield ev
-                costs = []
-                f = self.fence_host.fence_ns(self.env._now, f)
-            costs.append(("fence", f, 1))
+        agg_turn = self._agg_turn and self.turn is not None
+        if agg_turn:  # a GPU-scope fence before the hand-off; the system fence is the ringer's
+            costs.append(("fence", g.fence_gpu_ns, 1))
+        elif nf:
+            costs = yield from self._system_fence(costs)
         turn = self.turn
         if turn is not None and own:
             ev = self._hold_all(costs)
@@ -365,6 +362,19 @@ class NativePort(WarpPort):
             else:
                 yield from self._wait("lock", ev)
             costs.append(("lock", g.atomic_ns, 1))
+            if agg_turn:
+                pool = self.qp.pending
+                pool.extend(msgs)
+                if not pool or not (final or len(pool) >= self._agg_limit):
+                    ev = self._hold_all(costs)  # hand the turn on without ringing
+                    if ev is not None:
+                        yield ev
+                    turn.passed(ticket)
+                    return
+                msgs = list(pool)
+                pool.clear()
+                if nf:  # the ringer's system fence covers every WQE of the pool, in the turn
+                    costs = yield from self._system_fence(costs)
             costs.append(("doorbell", g.doorbell_ns, 1))
             led.counters["doorbells"] += 1
             tail = [("fence", g.fence_ns * (nf - 1), nf - 1)] if nf > 1 else []
@@ -394,6 +404,20 @@ class NativePort(WarpPort):
         yield from self._pay_ringing(costs, tail, msgs)
         if locked:
             lock.release(req)
+
+    def _system_fence(self, costs: list[tuple[str, float, int]]):
+        """``costs`` with a system fence after them. The fence's flush is ordered behind the
+        host reads in flight when it issues (``gpu.fence_waits_host_reads``): known only then
+        (reads other warps issue meanwhile count), so the costs before it are paid first."""
+        f = self.ctx.platform.gpu.fence_ns
+        if self.fence_host is not None:
+            ev = self._hold_all(costs)
+            if ev is not None:
+                yield ev
+            costs = []
+            f = self.fence_host.fence_ns(self.env._now, f)
+        costs.append(("fence", f, 1))
+        return costs
 
     def _pay_ringing(self, costs: list[tuple[str, float, int]], tail: list[tuple[str, float, int]],
                      msgs: list[Message]):
@@ -464,6 +488,10 @@ class NativePort(WarpPort):
 
     def finish(self):
         """End of this warp's puts: ring what is still un-rung (own or the QP's)."""
+        if self._agg_turn and self.turn is not None:
+            if self.pending or self.qp.pending:  # the last group rings the pool, in its turn
+                yield from self._ring(self.pending, final=True)
+            return
         if self.pending:
             yield from self._ring(self.pending)
         if self.qp.pending:

@@ -72,13 +72,17 @@ class Messages:
     def __init__(self, ledger: Ledger, receivers: Sequence[Receiver]) -> None:
         self.counters = ledger.counters
         self.receivers = receivers
+        self._keys: dict[str, str] = {}  # kind -> its counter's name (made once, not per write)
 
     def new(self, src: int, dst: int, nbytes: int, tag: Any, kind: str = "data",
             value: int = 1, seq: int = 0) -> Message:
-        m = Message(src, dst, nbytes, tag, kind=kind, value=value)
+        m = Message(src, dst, nbytes, tag, kind, value)
         m.seq = seq
         m.on_visible = self.receivers[dst].on_visible
-        self.counters["messages_" + kind] += 1
+        key = self._keys.get(kind)
+        if key is None:
+            key = self._keys[kind] = "messages_" + kind
+        self.counters[key] += 1
         if kind != "stripe":  # a stripe's bytes are its put's, counted once
             self.counters["bytes_sent"] += nbytes
         return m

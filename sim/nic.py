@@ -15,11 +15,20 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 import simpy
-from lever.sim.engine import ROOT, Counter, Ledger, Lock, Rec, Trace, call_at
+from lever.sim.engine import (
+    NORMAL,
+    ROOT,
+    Counter,
+    Ledger,
+    Lock,
+    Rec,
+    Trace,
+    call_at,
+)
 from lever.sim.params import NicParams, ReceiverParams
 
 if TYPE_CHECKING:
-    from lever.sim.fabric import Fabric
+    from lever.sim.fabric import Draws, Fabric
     from lever.sim.message import Message
 
 
@@ -84,6 +93,8 @@ class Nic:
         self._land = rp.land_ns * self._f_nic  # ledger.cost("nic", rp.land_ns)
         self._vis = rp.visibility_ns * ledger.factor("visibility")
         self._counters = ledger.counters
+        self._completion = p.completion_ns * self._f_nic  # a CQE after the last ACK
+        self._draws: Draws | None = None  # this NIC's random stream (Fabric.stream), once used
         self.peers: list[Nic] = []  # filled by the model: global NIC table
         self.per_gpu = 1  # NICs per GPU, set by the model
 
@@ -114,7 +125,12 @@ class Nic:
             self._transmit(msg, self.engine_free, rec)
 
     def _transmit(self, msg: Message, t0: float, rec: Rec | None = None) -> None:
-        """Fetch the payload and serialise the packets; ``rec`` is the WQE's parse segment."""
+        """Fetch the payload and serialise the packets; ``rec`` is the WQE's parse segment.
+
+        Each packet's flight is drawn here, from this NIC's stream, and its arrival queued
+        (``Fabric.launch``). Lossless SRD (every full-size run) takes the fast path: the
+        flight drawn and the arrival pushed inline, the same draws, instants, queue slots and
+        critical-path segments as ``launch``."""
         p = self.p
         path = self.ledger.path
         mtu = p.mtu_bytes
@@ -128,8 +144,17 @@ class Nic:
         # same-index NIC on the target GPU (rails are matched, as on p5)
         dst_nic = self.peers[msg.dst * self.per_gpu + self.index % self.per_gpu]
         deliver = dst_nic.ingress
-        dst_index = dst_nic.index
-        launch = self.fabric.launch
+        fab = self.fabric
+        env = self.env
+        push = None if (fab.lossy or fab._rc) else getattr(env, "push", None)
+        if push is not None:
+            dr = self._draws
+            if dr is None:
+                dr = self._draws = fab.stream(self.index)
+            bases = fab.path_base
+            paths = len(bases)
+            eid = env._eid
+            now = env._now
         left = nbytes
         hdr = p.header_bytes
         ns_per_byte = self.ns_per_byte
@@ -149,7 +174,17 @@ class Nic:
                     tx = (t_ready, depart, "wire", rec if inline else (t0, t_ready, "nic", rec))
                 self.tx_rec = tx
             self.tx_free = depart
-            launch(msg, k, depart, self.index, dst_index, deliver, tx)
+            if push is None:
+                fab.launch(msg, k, depart, self.index, dst_nic.index, deliver, tx)
+                continue
+            # Fabric.launch and Fabric.flight for lossless SRD, inline
+            u = dr._u
+            base = bases[int((u.pop() if u else dr.uniform()) * paths) % paths]
+            j = dr._j
+            arrive = depart + (base + (j.pop() if j else dr.jitter())) * f_wire
+            # a call entry (engine.call_at's), run as the flight's segment when it is recorded
+            push((arrive if arrive > now else now, NORMAL, next(eid),
+                  (deliver, (msg, k, True), None if path is None else (depart, arrive, "wire", tx))))
 
     # -- ingress ----------------------------------------------------------
     def ingress(self, msg: Message, k: int, ack_ok: bool) -> None:
@@ -172,27 +207,40 @@ class Nic:
         start = max(rx_free, now)
         rx_free = self.rx_free = start + (size + self.p.header_bytes) * self.ns_per_byte * self._f_wire
         t_land = rx_free + self._land
-        land = None
-        if path is not None:  # ingress serialisation behind the port's last packet, then landing
-            self.rx_rec = (start, rx_free, "wire", self.rx_rec if busy else path.cur)
-            land = (rx_free, t_land, "nic", self.rx_rec)
         cnt = self._counters
         cnt["bytes_landed"] += size
         cnt["packets_landed"] += 1
         msg.landed += 1
-        if ack_ok:
-            msg.qp.nic.ack(msg, t_land + self.fabric.flight(self.index), land)
+        if ack_ok:  # Fabric.flight inline: the same draw
+            fab = self.fabric
+            dr = self._draws
+            if dr is None:
+                dr = self._draws = fab.stream(self.index)
+            bases = fab.path_base
+            if fab._rc:
+                base = bases[0]
+            else:
+                u = dr._u
+                paths = len(bases)
+                base = bases[int((u.pop() if u else dr.uniform()) * paths) % paths]
+            j = dr._j
+            t_ack = t_land + (base + (j.pop() if j else dr.jitter())) * self._f_wire
+        if path is None:
+            if ack_ok:
+                msg.qp.nic.ack(msg, t_ack)
+        else:  # ingress serialisation behind the port's last packet, then landing
+            self.rx_rec = (start, rx_free, "wire", self.rx_rec if busy else path.cur)
+            land = (rx_free, t_land, "nic", self.rx_rec)
+            if ack_ok:
+                msg.qp.nic.ack(msg, t_ack, land)
         if msg.landed == msg.npkts:
             # land times are monotone at one port: this packet lands last
             vis = t_land + self._vis
-            if path is None:
-                call_at(env, vis, self._visible, msg)
-            else:
-                path.call_at(vis, (t_land, vis, "visibility", land), self._visible, msg)
-
-    def _visible(self, msg: Message) -> None:
-        if msg.on_visible is not None:
-            msg.on_visible(msg)
+            if msg.on_visible is not None:  # the receiver's own call at that instant
+                if path is None:
+                    call_at(env, vis, msg.on_visible, msg)
+                else:
+                    path.call_at(vis, (t_land, vis, "visibility", land), msg.on_visible, msg)
 
     # -- completions (sender side) ------------------------------------------
     def ack(self, msg: Message, t_arrive: float, sent: Rec | None = None) -> None:
@@ -204,7 +252,7 @@ class Nic:
             if sent is not None:  # the completion waits for the last ACK: its flight
                 msg.ack_rec = (sent[1], t_arrive, "wire", sent)
         if msg.acked == msg.npkts:
-            t = msg.t_complete + self.p.completion_ns * self._f_nic
+            t = msg.t_complete + self._completion
             path = self.ledger.path
             if path is None:
                 call_at(self.env, t, self._complete, msg)

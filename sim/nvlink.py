@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from lever.sim.engine import ROOT, Rec, call_at, call_later, hold
+from lever.sim.engine import ROOT, Rec, Tally, call_at, call_later, hold
 
 if TYPE_CHECKING:
     from lever.sim.context import Context
@@ -25,6 +25,11 @@ class Nvlink:
         self.port_rec: list[Rec] = [ROOT] * n_gpus  # critical path: the copy ending at port_free
         self.ns_per_byte = 1.0 / ctx.platform.nvlink.gbytes_per_s  # GB/s == bytes/ns
         self.lat_ns = ctx.platform.nvlink.flag_latency_ns
+        led = ctx.ledger  # its factor, sums and counters, read once (fixed for a run)
+        self._f = led.factor("forward")
+        self._busy = led.busy
+        self._events = led.events
+        self._counters = led.counters
 
     def reserve(self, src: int, nbytes: int, now: float, cur: Rec | None
                 ) -> tuple[float, float, Rec | None]:
@@ -34,15 +39,17 @@ class Nvlink:
         warp's own segment, None when no path is recorded). Pure "free at" arithmetic, counted
         for the profiler: what :meth:`copy` does before it waits, and what a closed pipeline
         of copies (``protocols/v2_hybrid.py``'s expert warps) computes without events."""
-        led = self.ctx.ledger
+        f = self._f
         free = self.port_free[src]
         queued = free > now
-        start = max(now, free)
-        free = self.port_free[src] = start + led.cost("forward", nbytes * self.ns_per_byte)
+        start = free if queued else now
+        # led.cost("forward", ...), led.issue("forward", busy): the same products and sums
+        free = self.port_free[src] = start + nbytes * self.ns_per_byte * f
         busy = free - now
-        led.issue("forward", busy)
-        led.counters["nvlink_bytes"] += nbytes
-        lat = led.cost("forward", self.lat_ns)
+        self._busy["forward"] += busy * f
+        self._events["forward"] += 1
+        self._counters["nvlink_bytes"] += nbytes
+        lat = self.lat_ns * f
         t_vis = now + (busy + lat)  # where call_later(busy + lat) lands
         if cur is None:
             return busy, t_vis, None
@@ -69,6 +76,25 @@ class Nvlink:
         if busy > 0:
             if path is not None:
                 path.cur = self.port_rec[src]  # the warp is done when its stores are
+            if ctx.trace.enabled:
+                ctx.trace.span(f"rank{src}", track, "nvlink", now, busy, dst=dst, bytes=nbytes)
+            return hold(env, busy)
+        return None
+
+    def send_ahead(self, src: int, dst: int, nbytes: int, track: str, tally: Tally,
+                   k: int = 1):
+        """:meth:`send` whose landing is booked on ``tally`` now (``k`` writes, at the instant
+        the bytes are visible at the peer) rather than called at that instant: for a count
+        read only at its total (``engine.Tally``). The event to wait for, or None."""
+        env = self.env
+        ctx = self.ctx
+        path = ctx.ledger.path
+        now = env._now
+        busy, t_vis, vis_rec = self.reserve(src, nbytes, now, None if path is None else path.cur)
+        tally.add_at(t_vis, k, vis_rec)
+        if busy > 0:
+            if path is not None:
+                path.cur = self.port_rec[src]
             if ctx.trace.enabled:
                 ctx.trace.span(f"rank{src}", track, "nvlink", now, busy, dst=dst, bytes=nbytes)
             return hold(env, busy)

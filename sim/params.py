@@ -68,6 +68,9 @@ class GpuParams(Strict):
     host_read_line_ns: float = Field(
         0.0, ge=0, description="the GPU's read path to host memory: ns per line requested (reads "
         "of many warps at once queue on it; 0: they never queue)")
+    fence_gpu_ns: float = Field(
+        250.0, ge=0, description="a GPU-scope fence (__threadfence) after WQE stores: orders them "
+        "before a hand-off to another warp of the GPU, not before the NIC sees them")
     fence_waits_host_reads: bool = Field(
         False, description="a system fence completes only once the host-memory reads this GPU "
         "has in flight when it issues are back (the fence's flush is ordered behind them), so "
@@ -404,6 +407,11 @@ class Design(Strict):
     deferred_doorbell_aggregation: int = Field(
         1, ge=1, description="aggregate doorbells (and fences) across this many warps"
     )
+    aggregation_turn: Literal["ringer", "every-post"] = Field(
+        "ringer", description="deferred doorbell aggregation: only the warp that rings the QP's "
+        "pool takes the doorbell turn (ringer), or every post group waits for the turn in slot "
+        "order after a GPU-scope fence, and the ringer's system fence and doorbell are paid "
+        "inside the turn (every-post: hw/ep's kernels)")
     fences_per_doorbell: int = Field(
         2, ge=0, description="system fences per doorbell: after the WQE stores and after the doorbell"
     )

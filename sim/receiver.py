@@ -29,7 +29,7 @@ from __future__ import annotations
 from collections import defaultdict
 from typing import TYPE_CHECKING
 
-from lever.sim.engine import ROOT, Counter, Rec, call_at, hold, hold_at
+from lever.sim.engine import ROOT, Counter, Rec, Tally, call_at, hold, hold_at
 from lever.sim.recv_cq import RecvCq
 
 if TYPE_CHECKING:
@@ -55,6 +55,8 @@ class Receiver:
         self.data: dict[Tag, Counter] = defaultdict(lambda: Counter(self.env))  # visible (truth)
         self.known: dict[Tag, Counter] = defaultdict(lambda: Counter(self.env))  # a poller may conclude
         self.flags: dict[Tag, Counter] = defaultdict(lambda: Counter(self.env))  # signal arrivals
+        # NVLink writes counted to a total, booked ahead (engine.Tally): a wait with total=True
+        self.tallies: dict[Tag, Tally] = defaultdict(lambda: Tally(self.env))
         self._prefix: dict[Tag, set[int]] = defaultdict(set)  # unordered counting: visible seqs
         self._prefix_n: dict[Tag, int] = defaultdict(int)
         self._sig: dict[Tag, int] = defaultdict(int)  # unordered counting: SignalAdd total
@@ -184,22 +186,30 @@ class Receiver:
 
     # -- polling -------------------------------------------------------------------
     def wait(self, tag, n: int, track: str, cat: str = "poll_wait", flags: int = 0,
-             check: bool = True, then: tuple[str, float] | None = None):
+             check: bool = True, then: tuple[str, float] | None = None, total: bool = False):
         """A warp polls until it may conclude ``n`` writes of ``tag`` landed
         (and, with ``flags``, until that many signals of ``tag`` arrived).
 
         ``then = (category, ns)`` is the warp's own work right after the poll that sees it (a
         reduction of what landed): paid in the same wait as the poll, at the same instants,
         when the check at the poll's end can not fail (the writes are visible already, so they
-        still are then); else after it, as a separate wait."""
+        still are then); else after it, as a separate wait. ``total``: ``n`` is every write
+        of ``tag`` there will be, NVLink writes booked ahead on ``tallies[tag]`` (landed when
+        booked: nothing to check)."""
         led, tr = self.ctx.ledger, self.ctx.trace
         env = self.env
-        k = self.known[tag]
         t0 = env._now
-        if flags and self.flags[tag].value < flags:
-            yield self.flags[tag].reach(flags)
-        if k.value < n:
-            yield k.reach(n)
+        if total:
+            ev = self.tallies[tag].reach(n)
+            if ev is not None:
+                yield ev
+            check = False
+        else:
+            k = self.known[tag]
+            if flags and self.flags[tag].value < flags:
+                yield self.flags[tag].reach(flags)
+            if k.value < n:
+                yield k.reach(n)
         now = env._now
         led.waited(cat, now - t0)
         poll = led.issue(cat, self.poll_ns())  # the poll that sees it: ``poll_wait`` on the path

@@ -342,3 +342,83 @@ def test_a_model_run_is_the_same_on_simpys_own_queue(monkeypatch) -> None:
         monkeypatch.undo()
         assert mine.latency_us == ref.latency_us and mine.events == ref.events
         assert dict(mine.ledger.busy) == dict(ref.ledger.busy) and mine.counters == ref.counters
+
+
+# -- a count booked ahead (Tally) ---------------------------------------------------------------
+
+def _tally_release(bookings: list[tuple[float, float, int]], total: int, wait_at: float,
+                   booked: bool) -> float:
+    """When a waiter for ``total`` writes resumes, the writes landing as ``(when booked,
+    instant landed, k)``: booked ahead on a Tally, or each an increment of a Counter at its
+    instant (what the tally replaces)."""
+    from lever.sim.engine import Counter, Tally
+
+    env = simpy.Environment()
+    tally, counter = Tally(env), Counter(env)
+    seen: list[float] = []
+    for t_book, t_land, k in bookings:
+        if booked:
+            call_at(env, t_book, tally.add_at, t_land, k)
+        else:
+            call_at(env, t_book, call_at, env, t_land, counter.add, k)
+
+    def waiter():
+        yield env.timeout(wait_at)
+        ev = tally.reach(total) if booked else counter.reach(total)
+        if ev is not None:
+            yield ev
+        seen.append(env.now)
+
+    env.process(waiter())
+    env.run()
+    return seen[0]
+
+
+@pytest.mark.parametrize("wait_at", [0.0, 6.0, 35.0, 80.0])
+def test_a_tally_releases_its_waiter_when_the_last_write_lands(wait_at: float) -> None:
+    """Writes booked out of order (the latest booked first, one landing at once): the waiter
+    resumes at the latest landing, as a counter bumped at each landing releases it, whether it
+    starts waiting before any booking, between them, before the last landing or after it."""
+    bookings = [(0.0, 70.0, 1), (5.0, 20.0, 2), (10.0, 10.0, 1), (30.0, 40.0, 1)]
+    got = _tally_release(bookings, 5, wait_at, booked=True)
+    assert got == _tally_release(bookings, 5, wait_at, booked=False)
+    assert got == max(70.0, wait_at)
+
+
+def test_a_tally_booked_past_its_total_is_an_error() -> None:
+    from lever.sim.engine import Tally
+
+    env = simpy.Environment()
+    t = Tally(env)
+    t.add_at(5.0, 2)
+    with pytest.raises(RuntimeError):
+        t.reach(1)
+    t2 = Tally(env)
+    ev = t2.reach(1)
+    assert ev is not None
+    with pytest.raises(RuntimeError):
+        t2.add_at(3.0, 2)
+
+
+def test_a_tally_charges_its_waiter_to_the_last_landing() -> None:
+    """With the critical path recorded, the wait is released by the segment of the write that
+    landed last (not the last booked), so the waiter's chain runs through it."""
+    from lever.sim.engine import PathEnvironment, Tally, walk
+
+    env = PathEnvironment()
+    tally = Tally(env)
+    late = (0.0, 50.0, "forward", (0.0, 0.0, "", None))
+    early = (0.0, 20.0, "wire", (0.0, 0.0, "", None))
+    ends: list = []
+
+    def waiter():
+        ev = tally.reach(2)
+        tally.add_at(50.0, 1, late)
+        tally.add_at(20.0, 1, early)
+        yield ev
+        ends.append((env.now, env.path.cur))
+
+    env.process(waiter())
+    env.run()
+    assert ends[0][0] == 50.0 and ends[0][1] is late
+    assert walk(ends[0][1])[0] == {"forward": 50.0}

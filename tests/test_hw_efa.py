@@ -41,8 +41,8 @@ CC = shutil.which("gcc") or shutil.which("cc")
 needs_cxx = pytest.mark.skipif(CXX is None, reason="no C++ compiler")
 
 
-def _run(cmd: list[str], **kw: Any) -> subprocess.CompletedProcess:
-    return subprocess.run(cmd, capture_output=True, text=True, timeout=120, **kw)
+def _run(cmd: list[str], timeout: float = 120, **kw: Any) -> subprocess.CompletedProcess:
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, **kw)
 
 
 @pytest.fixture(scope="session")
@@ -563,6 +563,102 @@ def test_host_setup_variants(mock_host):
     assert r["caps"].startswith("efa_0 max_sq_wr 4096 device_caps 63")
     assert "max_tx_batch 16" in r["caps"] and r["live"] == "0"
     _assert_reverse_teardown(r["log"])
+
+
+def _world(exe: Path, fail: str = "", nqp: int = 3) -> dict[str, Any]:
+    r = _run([str(exe), "world", fail, "16", str(nqp)])
+    assert r.returncode == 0, r.stderr
+    out: dict[str, Any] = {"log": [], "peer": [], "qp": []}
+    for ln in r.stdout.splitlines():
+        key, _, rest = ln.partition(" ")
+        if key in ("log", "peer", "qp"):
+            out[key].append(rest)
+        else:
+            out[key] = rest
+    return out
+
+
+@needs_cxx
+def test_a_ranks_qps_share_one_device_and_its_ahs(mock_host):
+    """Several QPs on one device, a peer table of two ranks x two queues: one AH per peer GID,
+    every QP's layout counts the whole table, a receive-only QP's SQ is not mapped, one QP
+    closes on its own and the rest with the device, nothing left alive."""
+    r = _world(mock_host)
+    assert r["rc"] == "0" and r["live"] == "0", r
+    assert r["ahs"] == "2"
+    ahn = [p.split()[2] for p in r["peer"]]
+    assert ahn[0] == ahn[1] != ahn[2] == ahn[3]  # one AH per rank's GID
+    qps = [q.split() for q in r["qp"]]
+    assert [q[2] for q in qps] == ["42", "43", "44"] and all(q[4] == "4" for q in qps)
+    assert qps[0][6] != "0" and qps[2][6] == "0"  # the receive-only QP's SQ is not mapped
+    assert r["closed"] == "qp 0 rc 0"
+    assert r["log"].count("create ah") == 2 and r["log"].count("destroy ah") == 2
+    assert r["log"].count("create qp") == r["log"].count("destroy qp") == 3
+    assert r["log"][-3:] == ["destroy mr", "destroy pd", "destroy ctx"]
+
+
+@needs_cxx
+@pytest.mark.parametrize("fail", ["efadv_create_qp_ex@2", "efadv_create_cq@3", "ibv_modify_qp:RTS@1",
+                                  "ibv_create_ah@2", "efadv_query_ah@1", "map:any@4", "efadv_query_cq@2"])
+def test_a_failure_mid_world_tears_everything_down(mock_host, fail):
+    """A QP (or AH, or mapping) failing after others were made: the call fails with one line,
+    what it made is undone, and closing the device undoes the rest; nothing stays alive."""
+    r = _world(mock_host, fail=fail)
+    assert r["live"] == "0", r
+    if fail.startswith("map:"):  # a mapping the GPU refused: the CQ is left to a host poller
+        assert r["rc"] == "0" and r["qp"], r
+        return
+    assert r["rc"] != "0", r
+    assert _one_line(r["err"])
+    assert r["log"].count("create qp") == r["log"].count("destroy qp")
+    assert r["log"].count("create cq") == r["log"].count("destroy cq")
+    assert r["log"][-1] == "destroy ctx"
+
+
+@needs_cxx
+def test_device_teardown_is_the_reverse_of_a_ranks_build(mock_host):
+    """QPs, then AHs, then mappings: the device undoes mappings, AHs, QPs+CQs, MR, PD, context."""
+    r = _world(mock_host, nqp=2)
+    log = [s for s in r["log"] if s.split()[0] in ("create", "destroy") and "devlist" not in s]
+    # drop the QP closed on its own (QP 0: its mappings, QP and CQ) before the device close
+    first_close = log.index("destroy map")
+    own = log[first_close:first_close + 5]
+    assert own == ["destroy map", "destroy map", "destroy map", "destroy qp", "destroy cq"]
+    rest = log[first_close + 5:]
+    assert rest == ["destroy map", "destroy ah", "destroy ah", "destroy qp", "destroy cq",
+                    "destroy mr", "destroy pd", "destroy ctx"]
+
+
+# ============================================================ the EFA extension compiles
+def _torch_include() -> list[str]:
+    import sysconfig
+
+    torch = pytest.importorskip("torch", reason="the binding's pybind11 headers come with torch")
+    return [f"-I{Path(torch.__file__).parent / 'include'}", f"-I{sysconfig.get_paths()['include']}"]
+
+
+@pytest.mark.skipif(NVCC is None, reason="nvcc not installed")
+def test_efa_binding_compiles_against_v59(headers, tmp_path):
+    """hw/efa/binding.cpp (pybind11 + CUDA runtime + host.h) as the extension builds it, with
+    rdma-core v59's headers (CI: nvcc and g++, no rdma-core, no GPU)."""
+    r = _run([NVCC, "-std=c++17", "-c", "-Xcompiler", "-Wall,-Wextra", *_torch_include(), f"-I{headers.include}",
+              f"-I{EFA}", "-DTORCH_EXTENSION_NAME=lever_hw_efa", str(EFA / "binding.cpp"),
+              "-o", str(tmp_path / "binding.o")], timeout=300)
+    assert r.returncode == 0, r.stderr[-4000:]
+    r = _run([CXX or "g++", "-std=c++17", "-c", *headers.cflags(), f"-I{EFA}", str(EFA / "host.cpp"),
+              "-o", str(tmp_path / "host.o")])
+    assert r.returncode == 0, r.stderr[-3000:]
+
+
+@pytest.mark.skipif(NVCC is None, reason="nvcc not installed")
+def test_efa_kernels_compile_for_sm90(tmp_path):
+    """The cross-node barrier and the primitives kernels (plain CUDA C++, no torch)."""
+    text = (EFA / "efa_kernels.cu").read_text() + (EFA / "efa_kernels.h").read_text()
+    for bad in ("#include <torch", "#include <ATen", "torch::"):
+        assert bad not in text
+    r = _run([NVCC, "-std=c++17", "-arch=sm_90", "-O3", f"-I{EFA}", "-c", str(EFA / "efa_kernels.cu"),
+              "-o", str(tmp_path / "k.o")], timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
 
 
 # ============================================================ the command and the fetcher

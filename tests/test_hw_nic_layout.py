@@ -10,7 +10,8 @@ host), that the entry refuses tables the kernels could not drive, and that the W
 builder makes from either reads back through rdma-core v59's own struct and masks the
 way the v59 provider writes it (first-lap phase 0, req_id the slot, MBZ bytes 0, 24-bit
 lkey, qkey/AH/QPN from the peer). The emulator's layout constants are compared by the
-compiler, not by reading source text. ``--nic efa`` fails with one line without EFA.
+compiler, not by reading source text. ``--nic efa`` fails with one line without EFA, and
+the tables the EFA wiring (hw/efa/wire.py) builds pass the same entry.
 
 None of this needs torch: nothing here is skipped when torch is missing.
 """
@@ -27,8 +28,6 @@ from typing import Any
 import pytest
 from lever.hw.efa import device as efa_device
 from lever.hw.efa import rdma_core
-from lever.hw.efa.run import NOT_WIRED, require_efa_run
-from lever.sim.errors import UserError
 
 from tests.cuda import NVCC
 
@@ -255,15 +254,41 @@ def test_nic_efa_without_a_device_exits_2_with_one_line(argv, tmp_path):
     assert not (tmp_path / "x.json").exists()
 
 
-def test_nic_efa_with_a_device_says_what_is_not_wired():
-    """With a device found, the run stops after discovery with one line that names the
-    device and the missing harness step (nothing is faked)."""
-    with pytest.raises(UserError) as ei:
-        require_efa_run("lever hw ep --path native",
-                        discover=lambda probe: {"device": "rdmap16s27", "rdma_core": 59})
-    msg = str(ei.value)
-    assert "\n" not in msg and "EFA device rdmap16s27 found (rdma-core 59)" in msg
-    assert msg.endswith(NOT_WIRED)
+@needs_nvcc
+@pytest.mark.parametrize("proxy, imm", [(False, False), (False, True), (True, False)])
+def test_tables_the_efa_wiring_makes_pass_the_kernel_entry(entry, tmp_path, proxy, imm):
+    """The tables hw/efa/wire.py builds for a rank of a torchrun world (fake devices answering
+    from the recorded v59 queries, tests/efa_fake.py) go through the kernels' entry as
+    make_world hands them (its device copy of the peer table in every send layout) and build
+    a v59-correct WQE towards the last rank's last receive queue."""
+    import ctypes
+
+    from lever.hw.efa import wire
+
+    from tests.test_hw_efa_wire import world
+
+    R, nrx = 3, 4
+    _devs, _plan, _qs, _gathered, tables = world(R, imm=imm, proxy=proxy)
+    rank = 1
+    t = tables[rank]
+    send = bytearray(t["psend"][0] if proxy else t["send"][0])
+    for i in range(wire.NQ_MAX):  # make_world points every send layout at its peer-table copy
+        lay = efa_device.NicLayout.from_buffer(send, i * wire.LAYOUT_BYTES)
+        lay.peers = 0x7F4000000000
+    recv = t["recv"][rank * nrx * wire.LAYOUT_BYTES:(rank + 1) * nrx * wire.LAYOUT_BYTES]
+    files = []
+    for name, blob in (("send", bytes(send)), ("recv", recv), ("peers", t["peers"])):
+        f = tmp_path / f"{name}.bin"
+        f.write_bytes(blob)
+        files.append(str(f))
+    r = _run([str(entry), "dev", files[0], str(wire.NQ_MAX), files[1], str(nrx), files[2], str(R)], timeout=60)
+    assert r.returncode == 0, r.stderr
+    rows = _rows(r.stdout)
+    assert rows["check"] == "ok", rows
+    assert rows["wqe"].startswith("ok first-lap-phase 0 second-lap-phase 1"), rows
+    last = efa_device.NicPeer.from_buffer_copy(t["peers"][-wire.PEER_BYTES:])
+    assert f"ah {last.ahn} qpn {last.remote_qpn} qkey {last.remote_qkey:#x}" in rows["wqe"], rows
+    assert ctypes.sizeof(efa_device.NicPeer) == wire.PEER_BYTES
 
 
 def test_pack_peers_mirrors_lever_efa_peer():

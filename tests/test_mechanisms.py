@@ -303,7 +303,9 @@ def test_many_warps_polling_a_host_memory_cq_queue_on_the_read_path():
     CQ in device memory the path is not used."""
     sets = {**EP2, **QUIET, "design.protocol": "v1-ll", "design.forward_warps_per_sm": 0,
             "platform.gpu.completion_counter_in_device_memory": False,
-            "platform.gpu.credit_read_lines": 32}
+            "platform.gpu.credit_read_lines": 32,
+            # the line queue alone: polls of one CQ waiting their turn bypass it (CqReadQueue)
+            "platform.nic.cq_shared_read_ns": 0.0}
     base = simulate_op(scenario.load(NATIVE, {**sets, "platform.gpu.host_read_line_ns": 0.0}), "dispatch", 0)
     slow = simulate_op(scenario.load(NATIVE, {**sets, "platform.gpu.host_read_line_ns": 20.0}), "dispatch", 0)
     assert max(slow.latency_us) > max(base.latency_us)
@@ -336,7 +338,7 @@ def _credit_world(sets: dict) -> World:
 def test_a_credit_poll_reads_until_a_read_finds_no_new_cqe(lines):
     """40 CQEs written since the last poll: a poll reading one CQE at a time reads 41 times,
     one reading 32 at once (hw/ep cq_poll) reads 3 times (32, 8, then none new)."""
-    w = _credit_world({"platform.gpu.credit_read_lines": lines})
+    w = _credit_world({"platform.gpu.credit_read_lines": lines, "platform.nic.cq_shared_read_ns": 0.0})
     port = w.port(0, 0)
     port.qp.completions.value = 40
     reads = 1 + -(-40 // lines)
@@ -443,3 +445,41 @@ def test_fences_slow_down_as_credit_polls_of_a_host_cq_do(in_device):
     else:
         assert on.ledger.busy["fence"] > 2 * off.ledger.busy["fence"]
         assert max(on.latency_us) > max(off.latency_us)
+
+
+def test_every_post_turn_under_aggregation_passes_the_turn_per_group_and_rings_the_pool():
+    """Deferred aggregation as hw/ep runs it (design.aggregation_turn = "every-post"): every
+    post group waits for the QP's turn in slot order, the group that fills the pool to
+    nic.max_batch rings it (its system fence inside the turn), the others hand the turn on;
+    with "ringer" only the filling warp takes a (FIFO) turn and no slot turn is used."""
+    from lever.sim import issuer, nic
+
+    sets = {**EP2, **QUIET, "design.protocol": "v1-ll", "design.forward_warps_per_sm": 0,
+            "workload.tokens_per_rank": 32, "design.qps_per_call": 2,
+            "design.deferred_doorbell_aggregation": 16}
+    counts = {"take": 0, "db": 0, "wqes": 0}
+    orig_take, orig_db = issuer.SlotTurn.take, nic.Nic.doorbell
+
+    def take(self):
+        counts["take"] += 1
+        return orig_take(self)
+
+    def doorbell(self, msgs):
+        counts["db"] += 1
+        counts["wqes"] += len(msgs)
+        return orig_db(self, msgs)
+
+    mp = pytest.MonkeyPatch()
+    mp.setattr(issuer.SlotTurn, "take", take)
+    mp.setattr(nic.Nic, "doorbell", doorbell)
+    try:
+        every = simulate_op(scenario.load(NATIVE, {**sets, "design.aggregation_turn": "every-post"}), "dispatch", 0)
+        seen = dict(counts)
+        counts.update(take=0, db=0, wqes=0)
+        ringer = simulate_op(scenario.load(NATIVE, {**sets, "design.aggregation_turn": "ringer"}), "dispatch", 0)
+    finally:
+        mp.undo()
+    assert every.latency_us and ringer.latency_us
+    assert seen["db"] > 0 and seen["take"] >= 4 * seen["db"]  # most groups hand the turn on
+    assert seen["wqes"] / seen["db"] > 4  # the pool rings many groups' WQEs at once
+    assert counts["take"] == 0 and counts["db"] > 0

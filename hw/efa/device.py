@@ -109,6 +109,23 @@ def _rdma_core_version(soname: str, maps: str | None = None) -> int | None:
     return None
 
 
+def loaded_path(soname: str, maps: str | None = None) -> str | None:
+    """The file the dynamic loader mapped for ``soname`` (resolved), from /proc/self/maps:
+    what the EFA extension links with, so it runs against the library discovery checked."""
+    stem = soname.split(".so")[0] + ".so."
+    if maps is None:
+        try:
+            maps = Path("/proc/self/maps").read_text()
+        except OSError:
+            return None
+    for line in maps.splitlines():
+        parts = line.split(maxsplit=5)
+        path = parts[5] if len(parts) == 6 else ""
+        if os.path.basename(path).startswith(stem):
+            return os.path.realpath(path)
+    return None
+
+
 def check_libraries() -> dict[str, Any]:
     """libibverbs, libefa and a new enough rdma-core, or a one-line UserError."""
     if _load_library(IBVERBS) is None:
@@ -124,7 +141,8 @@ def check_libraries() -> dict[str, Any]:
                                 f"(needs {REQUIRED_RDMA_CORE})")
             raise UserError(f"rdma-core is too old for {sym}: {LIBEFA} lacks it "
                             f"(needs {REQUIRED_RDMA_CORE})")
-    return {"libibverbs": IBVERBS, "libefa": LIBEFA, "rdma_core": version}
+    return {"libibverbs": IBVERBS, "libefa": LIBEFA, "rdma_core": version,
+            "paths": {so: loaded_path(so) for so in (IBVERBS, LIBEFA)}}
 
 
 def _import_efa() -> Any:

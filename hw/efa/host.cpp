@@ -1,6 +1,7 @@
-// Host setup of an EFA SRD endpoint against rdma-core v59 (ibv_* + efadv_*): device
-// discovery and capabilities, SRD QP / CQ / AH / MR creation, the queue queries that
-// fill lever_efa_nic_layout, and teardown in reverse order. See host.h for why.
+// Host setup of a rank's EFA device and SRD QPs against rdma-core v59 (ibv_* + efadv_*):
+// device discovery and capabilities, PD / MR / AH (one set per device), SRD QP + CQ (many per
+// device), the queue queries that fill lever_efa_nic_layout, and teardown in reverse order.
+// See host.h for why.
 //
 // Build (compile only where there is no EFA; link with -libverbs -lefa where there is):
 //   g++ -std=c++17 -c $(python3 hw/efa/rdma_core.py) hw/efa/host.cpp
@@ -188,7 +189,7 @@ int qp_to_rts(ibv_qp* qp, uint8_t port, uint32_t qkey, uint32_t caps, char* err,
   return 0;
 }
 
-ibv_cq_ex* create_cq(ibv_context* ctx, const lever_efa_endpoint_options* o, int* rc, char* err,
+ibv_cq_ex* create_cq(ibv_context* ctx, const lever_efa_qp_options* o, int* rc, char* err,
                      size_t n) {
   ibv_cq_init_attr_ex ca;
   memset(&ca, 0, sizeof(ca));
@@ -247,42 +248,88 @@ void page_range(uint64_t p, uint64_t len, uint64_t* base, uint64_t* span) {
 
 }  // namespace
 
-struct lever_efa_endpoint {
-  lever_efa_endpoint_options opt;
+struct lever_efa_qp {
+  lever_efa_device* dev = nullptr;
+  lever_efa_qp_options opt;
+  ibv_cq_ex* cq = nullptr;
+  ibv_qp* qp = nullptr;
+  std::vector<void*> mapped;  // host pointers mapped through the device's mapper, in order
+  bool maps_done = false;
+  uint64_t sq_buffer_dev = 0, sq_doorbell_dev = 0, cq_buffer_dev = 0;
+  uint32_t cq_mem = LEVER_EFA_MEM_NONE;
+};
+
+struct lever_efa_device {
+  lever_efa_device_options opt;
   lever_efa_caps caps;
   ibv_context* ctx = nullptr;
   ibv_pd* pd = nullptr;
   ibv_mr* mr = nullptr;
-  ibv_cq_ex* cq = nullptr;
-  ibv_qp* qp = nullptr;
-  std::vector<ibv_ah*> ahs;
-  std::vector<lever_efa_peer> peers;
-  std::vector<void*> mapped;  // host pointers mapped through opt.mapper, in mapping order
-  bool maps_done = false;
-  uint64_t sq_buffer_dev = 0, sq_doorbell_dev = 0, cq_buffer_dev = 0;
-  uint32_t cq_mem = LEVER_EFA_MEM_NONE;
+  bool mr_dmabuf = false;
+  struct Ah {
+    uint8_t gid[16];
+    ibv_ah* ah;
+    uint16_t ahn;
+  };
+  std::vector<Ah> ahs;                 // one per distinct peer GID, in creation order
+  std::vector<lever_efa_peer> peers;   // the peer table, in the order entries were added
+  std::vector<lever_efa_qp*> qps;      // open QPs, in creation order
 
   // GPU address of host range [p, p + len): the page range is mapped, the offset kept.
-  uint64_t map(uint64_t p, uint64_t len, uint32_t kind) {
+  uint64_t map(lever_efa_qp* q, uint64_t p, uint64_t len, uint32_t kind) {
     if (!opt.mapper.map || !p) return 0;
     uint64_t base, span, dev = 0;
     page_range(p, len, &base, &span);
     if (opt.mapper.map(opt.mapper.user, (void*)base, span, kind, &dev) != 0 || !dev) return 0;
-    mapped.push_back((void*)base);
+    q->mapped.push_back((void*)base);
     return dev + (p - base);
   }
 };
 
+namespace {
+// Undoes the QP's GPU mappings, newest first (before the provider unmaps the memory).
+void unmap_qp(lever_efa_qp* q) {
+  lever_efa_device* d = q->dev;
+  if (d->opt.mapper.unmap)
+    for (auto it = q->mapped.rbegin(); it != q->mapped.rend(); ++it)
+      d->opt.mapper.unmap(d->opt.mapper.user, *it);
+  q->mapped.clear();
+}
+
+// Unmaps, destroys the QP, then its CQ; the QP leaves its device's list.
+int close_qp(lever_efa_qp* q) {
+  int first = 0;
+  auto note = [&first](int rc) {
+    if (rc && !first) first = rc;
+  };
+  lever_efa_device* d = q->dev;
+  unmap_qp(q);
+  if (q->qp) note(ibv_destroy_qp(q->qp));
+  if (q->cq) note(ibv_destroy_cq(ibv_cq_ex_to_cq(q->cq)));
+  for (auto it = d->qps.begin(); it != d->qps.end(); ++it)
+    if (*it == q) {
+      d->qps.erase(it);
+      break;
+    }
+  delete q;
+  return first;
+}
+}  // namespace
+
 extern "C" {
 
-void lever_efa_endpoint_options_init(lever_efa_endpoint_options* o) {
+void lever_efa_device_options_init(lever_efa_device_options* o) {
   memset(o, 0, sizeof(*o));
   o->port = 1;
+  o->dmabuf_fd = -1;
+}
+
+void lever_efa_qp_options_init(lever_efa_qp_options* o) {
+  memset(o, 0, sizeof(*o));
   o->sq_depth = 1024;
   o->rq_depth = 128;
   o->cq_depth = 4096;
   o->qkey = 0x11111111u;
-  o->dmabuf_fd = -1;
   o->cq_dmabuf_fd = -1;
 }
 
@@ -299,186 +346,220 @@ int lever_efa_query_caps(const char* device_name, uint8_t port, lever_efa_caps* 
   return rc;
 }
 
-int lever_efa_endpoint_close(lever_efa_endpoint* ep) {
-  if (!ep) return 0;
+int lever_efa_device_close(lever_efa_device* d) {
+  if (!d) return 0;
   int first = 0;
   auto note = [&first](int rc) {
     if (rc && !first) first = rc;
   };
-  // reverse order of creation: GPU mappings, AHs, QP, CQ, MR, PD, context
-  if (ep->opt.mapper.unmap)
-    for (auto it = ep->mapped.rbegin(); it != ep->mapped.rend(); ++it)
-      ep->opt.mapper.unmap(ep->opt.mapper.user, *it);
-  ep->mapped.clear();
-  for (auto it = ep->ahs.rbegin(); it != ep->ahs.rend(); ++it) note(ibv_destroy_ah(*it));
-  ep->ahs.clear();
-  if (ep->qp) note(ibv_destroy_qp(ep->qp));
-  if (ep->cq) note(ibv_destroy_cq(ibv_cq_ex_to_cq(ep->cq)));
-  if (ep->mr) note(ibv_dereg_mr(ep->mr));
-  if (ep->pd) note(ibv_dealloc_pd(ep->pd));
-  if (ep->ctx) note(ibv_close_device(ep->ctx));
-  delete ep;
+  // reverse order of creation, as a rank makes them (QPs, then the peers' AHs once the
+  // addresses are exchanged, then the GPU mappings when the layouts are filled): mappings
+  // (newest QP first), AHs, QPs with their CQs (newest first), MR, PD, context
+  for (auto it = d->qps.rbegin(); it != d->qps.rend(); ++it) unmap_qp(*it);
+  for (auto it = d->ahs.rbegin(); it != d->ahs.rend(); ++it) note(ibv_destroy_ah(it->ah));
+  d->ahs.clear();
+  while (!d->qps.empty()) note(close_qp(d->qps.back()));
+  if (d->mr) note(ibv_dereg_mr(d->mr));
+  if (d->pd) note(ibv_dealloc_pd(d->pd));
+  if (d->ctx) note(ibv_close_device(d->ctx));
+  delete d;
   return first;
 }
 
-int lever_efa_endpoint_open(const lever_efa_endpoint_options* o, lever_efa_endpoint** out,
-                            char* err, size_t err_len) {
+int lever_efa_device_open(const lever_efa_device_options* o, lever_efa_device** out, char* err,
+                          size_t err_len) {
   *out = nullptr;
-  if (!o || !o->buf || !o->len) return fail(err, err_len, EINVAL, "endpoint options: no buffer");
-  lever_efa_endpoint* ep = new (std::nothrow) lever_efa_endpoint();
-  if (!ep) return fail(err, err_len, ENOMEM, "endpoint");
-  ep->opt = *o;
-  memset(&ep->caps, 0, sizeof(ep->caps));
+  if (!o || !o->buf || !o->len) return fail(err, err_len, EINVAL, "device options: no window");
+  lever_efa_device* d = new (std::nothrow) lever_efa_device();
+  if (!d) return fail(err, err_len, ENOMEM, "device");
+  d->opt = *o;
+  memset(&d->caps, 0, sizeof(d->caps));
   int rc = 0;
   const uint8_t port = o->port ? o->port : 1;
+  d->opt.port = port;
 
-  ep->ctx = open_efa(o->device_name, ep->caps.device_name, sizeof(ep->caps.device_name), &rc, err,
-                     err_len);
-  if (!ep->ctx) goto fail_out;
-  if ((rc = fill_caps(ep->ctx, port, &ep->caps, err, err_len))) goto fail_out;
+  d->ctx = open_efa(o->device_name, d->caps.device_name, sizeof(d->caps.device_name), &rc, err,
+                    err_len);
+  if (!d->ctx) goto fail_out;
+  if ((rc = fill_caps(d->ctx, port, &d->caps, err, err_len))) goto fail_out;
 
-  ep->pd = ibv_alloc_pd(ep->ctx);
-  if (!ep->pd) {
+  d->pd = ibv_alloc_pd(d->ctx);
+  if (!d->pd) {
     rc = fail(err, err_len, last_errno(), "ibv_alloc_pd");
     goto fail_out;
   }
-
   {
     int access = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE;
-    if (ep->caps.device_caps & LEVER_EFA_CAP_RDMA_READ) access |= IBV_ACCESS_REMOTE_READ;
+    if (d->caps.device_caps & LEVER_EFA_CAP_RDMA_READ) access |= IBV_ACCESS_REMOTE_READ;
     // dma-buf first (GPU memory without nvidia_peermem), then the classic path
     if (o->dmabuf_fd >= 0)
-      ep->mr = ibv_reg_dmabuf_mr(ep->pd, o->dmabuf_offset, o->len, (uint64_t)(uintptr_t)o->buf,
-                                 o->dmabuf_fd, access);
-    if (!ep->mr) ep->mr = ibv_reg_mr(ep->pd, o->buf, o->len, access);
-    if (!ep->mr) {
+      d->mr = ibv_reg_dmabuf_mr(d->pd, o->dmabuf_offset, o->len, (uint64_t)(uintptr_t)o->buf,
+                                o->dmabuf_fd, access);
+    d->mr_dmabuf = d->mr != nullptr;
+    if (!d->mr) d->mr = ibv_reg_mr(d->pd, o->buf, o->len, access);
+    if (!d->mr) {
       rc = fail(err, err_len, last_errno(), "ibv_reg_mr(%zu bytes%s)", o->len,
                 o->dmabuf_fd >= 0 ? ", after ibv_reg_dmabuf_mr failed" : "");
       goto fail_out;
     }
   }
-
-  if (o->cq_dmabuf_fd >= 0 && !(ep->caps.device_caps & LEVER_EFA_CAP_CQ_WITH_EXT_MEM_DMABUF)) {
-    rc = fail(err, err_len, EOPNOTSUPP, "CQ in GPU memory: device lacks CQ_WITH_EXT_MEM_DMABUF");
-    goto fail_out;
-  }
-  ep->cq = create_cq(ep->ctx, o, &rc, err, err_len);
-  if (!ep->cq) goto fail_out;
-
-  if (o->unsolicited_write_recv && !(ep->caps.device_caps & LEVER_EFA_CAP_UNSOLICITED_WRITE_RECV)) {
-    rc = fail(err, err_len, EOPNOTSUPP, "unsolicited write receive: device lacks the capability");
-    goto fail_out;
-  }
-  ep->qp = create_srd_qp(ep->ctx, ep->pd, ibv_cq_ex_to_cq(ep->cq), ep->caps.device_caps,
-                         o->sq_depth, o->rq_depth, o->sl, o->unsolicited_write_recv != 0, &rc, err,
-                         err_len);
-  if (!ep->qp) goto fail_out;
-  if ((rc = qp_to_rts(ep->qp, port, o->qkey, ep->caps.device_caps, err, err_len))) goto fail_out;
-
-  {
-    efadv_wq_attr sq, rq;
-    memset(&sq, 0, sizeof(sq));
-    memset(&rq, 0, sizeof(rq));
-    if ((rc = efadv_query_qp_wqs(ep->qp, &sq, &rq, sizeof(sq)))) {
-      fail(err, err_len, rc, "efadv_query_qp_wqs");
-      goto fail_out;
-    }
-    ep->caps.max_tx_batch = sq.max_batch < sq.num_entries ? sq.max_batch : sq.num_entries;
-  }
-  *out = ep;
+  *out = d;
   return 0;
 
 fail_out:
-  lever_efa_endpoint_close(ep);
+  lever_efa_device_close(d);
   return rc ? rc : EIO;
 }
 
-int lever_efa_endpoint_add_peer(lever_efa_endpoint* ep, const uint8_t gid[16], uint32_t qpn,
-                                uint32_t qkey, uint32_t rkey, uint64_t remote_addr,
-                                uint32_t* index, char* err, size_t err_len) {
-  if (!ep || !ep->pd) return fail(err, err_len, EINVAL, "add_peer: endpoint not open");
-  if (qpn > 0xffffu) return fail(err, err_len, EINVAL, "add_peer: QPN %u does not fit the WQE's 16 bits", qpn);
-  ibv_ah_attr aa;
-  memset(&aa, 0, sizeof(aa));
-  aa.is_global = 1;
-  aa.port_num = ep->opt.port ? ep->opt.port : 1;
-  memcpy(aa.grh.dgid.raw, gid, 16);
-  ibv_ah* ah = ibv_create_ah(ep->pd, &aa);
-  if (!ah) return fail(err, err_len, last_errno(), "ibv_create_ah");
-  efadv_ah_attr ea;
-  memset(&ea, 0, sizeof(ea));
-  int rc = efadv_query_ah(ah, &ea, sizeof(ea));
-  if (rc) {
-    ibv_destroy_ah(ah);
-    return fail(err, err_len, rc, "efadv_query_ah");
+const lever_efa_caps* lever_efa_device_caps(const lever_efa_device* d) { return d ? &d->caps : nullptr; }
+
+int lever_efa_device_local(const lever_efa_device* d, uint32_t* lkey, uint32_t* rkey,
+                           uint64_t* addr, uint8_t gid[16]) {
+  if (!d || !d->mr) return EINVAL;
+  if (lkey) *lkey = d->mr->lkey;
+  if (rkey) *rkey = d->mr->rkey;
+  if (addr) *addr = (uint64_t)(uintptr_t)d->opt.buf;  // the iova the MR was registered at
+  if (gid) memcpy(gid, d->caps.gid, 16);
+  return 0;
+}
+
+int lever_efa_device_add_peer(lever_efa_device* d, const uint8_t gid[16], uint32_t qpn,
+                              uint32_t qkey, uint32_t rkey, uint64_t remote_addr, uint32_t* index,
+                              char* err, size_t err_len) {
+  if (!d || !d->pd) return fail(err, err_len, EINVAL, "add_peer: device not open");
+  if (qpn > 0xffffu)
+    return fail(err, err_len, EINVAL, "add_peer: QPN %u does not fit the WQE's 16 bits", qpn);
+  if (qkey == 0u) return fail(err, err_len, EINVAL, "add_peer: qkey 0");
+  const lever_efa_device::Ah* found = nullptr;
+  for (const auto& a : d->ahs)
+    if (memcmp(a.gid, gid, 16) == 0) found = &a;
+  if (!found) {
+    ibv_ah_attr aa;
+    memset(&aa, 0, sizeof(aa));
+    aa.is_global = 1;
+    aa.port_num = d->opt.port;
+    memcpy(aa.grh.dgid.raw, gid, 16);
+    ibv_ah* ah = ibv_create_ah(d->pd, &aa);
+    if (!ah) return fail(err, err_len, last_errno(), "ibv_create_ah");
+    efadv_ah_attr ea;
+    memset(&ea, 0, sizeof(ea));
+    int rc = efadv_query_ah(ah, &ea, sizeof(ea));
+    if (rc) {
+      ibv_destroy_ah(ah);
+      return fail(err, err_len, rc, "efadv_query_ah");
+    }
+    lever_efa_device::Ah a;
+    memcpy(a.gid, gid, 16);
+    a.ah = ah;
+    a.ahn = ea.ahn;
+    d->ahs.push_back(a);
+    found = &d->ahs.back();
   }
-  ep->ahs.push_back(ah);
   lever_efa_peer p;
   memset(&p, 0, sizeof(p));
-  p.ahn = ea.ahn;
+  p.ahn = found->ahn;
   p.remote_qpn = (uint16_t)qpn;
   p.remote_qkey = qkey;
   p.rkey = rkey;
   p.remote_addr = remote_addr;
-  ep->peers.push_back(p);
-  if (index) *index = (uint32_t)(ep->peers.size() - 1);
+  d->peers.push_back(p);
+  if (index) *index = (uint32_t)(d->peers.size() - 1);
   return 0;
 }
 
-int lever_efa_endpoint_local(const lever_efa_endpoint* ep, uint32_t* qpn, uint32_t* qkey,
-                             uint32_t* rkey, uint64_t* addr, uint8_t gid[16]) {
-  if (!ep || !ep->qp || !ep->mr) return EINVAL;
-  if (qpn) *qpn = ep->qp->qp_num;
-  if (qkey) *qkey = ep->opt.qkey;
-  if (rkey) *rkey = ep->mr->rkey;
-  if (addr) *addr = (uint64_t)(uintptr_t)ep->opt.buf;  // the iova the MR was registered at
-  if (gid) memcpy(gid, ep->caps.gid, 16);
+const lever_efa_peer* lever_efa_device_peers(const lever_efa_device* d, uint32_t* num) {
+  if (num) *num = d ? (uint32_t)d->peers.size() : 0u;
+  return (d && !d->peers.empty()) ? d->peers.data() : nullptr;
+}
+
+uint32_t lever_efa_device_num_ahs(const lever_efa_device* d) { return d ? (uint32_t)d->ahs.size() : 0u; }
+
+int lever_efa_device_mr_dmabuf(const lever_efa_device* d) { return (d && d->mr_dmabuf) ? 1 : 0; }
+
+int lever_efa_qp_open(lever_efa_device* d, const lever_efa_qp_options* o, lever_efa_qp** out,
+                      char* err, size_t err_len) {
+  *out = nullptr;
+  if (!d || !d->pd || !o) return fail(err, err_len, EINVAL, "qp_open: device not open");
+  if (o->qkey == 0u) return fail(err, err_len, EINVAL, "qp_open: qkey 0");
+  if (o->cq_dmabuf_fd >= 0 && !(d->caps.device_caps & LEVER_EFA_CAP_CQ_WITH_EXT_MEM_DMABUF))
+    return fail(err, err_len, EOPNOTSUPP, "CQ in GPU memory: device lacks CQ_WITH_EXT_MEM_DMABUF");
+  if (o->unsolicited_write_recv && !(d->caps.device_caps & LEVER_EFA_CAP_UNSOLICITED_WRITE_RECV))
+    return fail(err, err_len, EOPNOTSUPP, "unsolicited write receive: device lacks the capability");
+  lever_efa_qp* q = new (std::nothrow) lever_efa_qp();
+  if (!q) return fail(err, err_len, ENOMEM, "qp");
+  q->dev = d;
+  q->opt = *o;
+  d->qps.push_back(q);  // from here on close_qp undoes whatever was made
+  int rc = 0;
+  q->cq = create_cq(d->ctx, o, &rc, err, err_len);
+  if (!q->cq) goto fail_out;
+  q->qp = create_srd_qp(d->ctx, d->pd, ibv_cq_ex_to_cq(q->cq), d->caps.device_caps, o->sq_depth,
+                        o->rq_depth, o->sl, o->unsolicited_write_recv != 0, &rc, err, err_len);
+  if (!q->qp) goto fail_out;
+  if ((rc = qp_to_rts(q->qp, d->opt.port, o->qkey, d->caps.device_caps, err, err_len))) goto fail_out;
+  {
+    efadv_wq_attr sq, rq;
+    memset(&sq, 0, sizeof(sq));
+    memset(&rq, 0, sizeof(rq));
+    if ((rc = efadv_query_qp_wqs(q->qp, &sq, &rq, sizeof(sq)))) {
+      fail(err, err_len, rc, "efadv_query_qp_wqs");
+      goto fail_out;
+    }
+    d->caps.max_tx_batch = sq.max_batch < sq.num_entries ? sq.max_batch : sq.num_entries;
+  }
+  *out = q;
   return 0;
+
+fail_out:
+  close_qp(q);
+  return rc ? rc : EIO;
 }
 
-const lever_efa_peer* lever_efa_endpoint_peers(const lever_efa_endpoint* ep, uint32_t* num) {
-  if (num) *num = ep ? (uint32_t)ep->peers.size() : 0u;
-  return (ep && !ep->peers.empty()) ? ep->peers.data() : nullptr;
-}
+uint32_t lever_efa_qp_num(const lever_efa_qp* q) { return (q && q->qp) ? q->qp->qp_num : 0u; }
 
-int lever_efa_endpoint_fill_layout(lever_efa_endpoint* ep, uint64_t peers_dev, uint32_t peers_mem,
-                                   lever_efa_nic_layout* l, char* err, size_t err_len) {
-  if (!ep || !ep->qp || !ep->cq) return fail(err, err_len, EINVAL, "fill_layout: endpoint not open");
+int lever_efa_qp_close(lever_efa_qp* q) { return q ? close_qp(q) : 0; }
+
+int lever_efa_qp_fill_layout(lever_efa_qp* q, uint64_t peers_dev, uint32_t peers_mem, uint32_t flags,
+                             lever_efa_nic_layout* l, char* err, size_t err_len) {
+  if (!q || !q->qp || !q->cq) return fail(err, err_len, EINVAL, "fill_layout: QP not open");
+  lever_efa_device* d = q->dev;
   efadv_wq_attr sq, rq;
   memset(&sq, 0, sizeof(sq));
   memset(&rq, 0, sizeof(rq));
-  int rc = efadv_query_qp_wqs(ep->qp, &sq, &rq, sizeof(sq));
+  int rc = efadv_query_qp_wqs(q->qp, &sq, &rq, sizeof(sq));
   if (rc) return fail(err, err_len, rc, "efadv_query_qp_wqs");
   efadv_cq_attr ca;
   memset(&ca, 0, sizeof(ca));
-  rc = efadv_query_cq(ibv_cq_ex_to_cq(ep->cq), &ca, sizeof(ca));
+  rc = efadv_query_cq(ibv_cq_ex_to_cq(q->cq), &ca, sizeof(ca));
   if (rc) return fail(err, err_len, rc, "efadv_query_cq");
 
-  const bool gpu_cq = ep->opt.cq_dmabuf_fd >= 0;
+  const bool gpu_cq = q->opt.cq_dmabuf_fd >= 0;
   const uint64_t sq_buf = (uint64_t)(uintptr_t)sq.buffer;
   const uint64_t sq_db = (uint64_t)(uintptr_t)sq.doorbell;
   const uint64_t cq_buf = (uint64_t)(uintptr_t)ca.buffer;
-  if (!ep->maps_done) {  // map once; the mappings live until close
-    ep->maps_done = true;
-    ep->sq_buffer_dev = ep->map(sq_buf, (uint64_t)sq.num_entries * sq.entry_size,
+  if (!q->maps_done) {  // map once; the mappings live until the QP is closed
+    q->maps_done = true;
+    if (!(flags & LEVER_EFA_FILL_NO_SQ_MAP)) {
+      q->sq_buffer_dev = d->map(q, sq_buf, (uint64_t)sq.num_entries * sq.entry_size,
                                 LEVER_EFA_MEM_DEVICE_BAR);
-    ep->sq_doorbell_dev = ep->map(sq_db, sizeof(uint32_t), LEVER_EFA_MEM_DEVICE_BAR);
+      q->sq_doorbell_dev = d->map(q, sq_db, sizeof(uint32_t), LEVER_EFA_MEM_DEVICE_BAR);
+    }
     if (gpu_cq) {
-      ep->cq_buffer_dev = cq_buf;  // the ring is the GPU memory given at creation
-      ep->cq_mem = LEVER_EFA_MEM_GPU;
+      q->cq_buffer_dev = cq_buf;  // the ring is the GPU memory given at creation
+      q->cq_mem = LEVER_EFA_MEM_GPU;
     } else {
-      ep->cq_buffer_dev = ep->map(cq_buf, (uint64_t)ca.num_entries * ca.entry_size, LEVER_EFA_MEM_HOST);
-      ep->cq_mem = ep->cq_buffer_dev ? LEVER_EFA_MEM_HOST : LEVER_EFA_MEM_HOST_ONLY;
+      q->cq_buffer_dev = d->map(q, cq_buf, (uint64_t)ca.num_entries * ca.entry_size, LEVER_EFA_MEM_HOST);
+      q->cq_mem = q->cq_buffer_dev ? LEVER_EFA_MEM_HOST : LEVER_EFA_MEM_HOST_ONLY;
     }
   }
 
   memset(l, 0, sizeof(*l));
   l->version = LEVER_EFA_NIC_LAYOUT_VERSION;
-  l->qp_num = ep->qp->qp_num;
+  l->qp_num = q->qp->qp_num;
   l->sq_buffer = sq_buf;
-  l->sq_buffer_dev = ep->sq_buffer_dev;
+  l->sq_buffer_dev = q->sq_buffer_dev;
   l->sq_doorbell = sq_db;
-  l->sq_doorbell_dev = ep->sq_doorbell_dev;
+  l->sq_doorbell_dev = q->sq_doorbell_dev;
   l->sq_entry_size = sq.entry_size;
   l->sq_num_entries = sq.num_entries;
   // v59 reports UINT16_MAX when the device sets no max_tx_batch: the ring bounds it
@@ -487,19 +568,19 @@ int lever_efa_endpoint_fill_layout(lever_efa_endpoint* ep, uint64_t peers_dev, u
   l->sq_doorbell_mem = LEVER_EFA_MEM_DEVICE_BAR;
   l->sq_phase_first = LEVER_EFA_SQ_PHASE_FIRST_LAP;
   l->cq_buffer = gpu_cq ? 0 : cq_buf;
-  l->cq_buffer_dev = ep->cq_buffer_dev;
+  l->cq_buffer_dev = q->cq_buffer_dev;
   l->cq_doorbell = 0;  // efadv_cq_attr of v59 has no doorbell; polling never arms
   l->cq_entry_size = ca.entry_size;
   l->cq_num_entries = ca.num_entries;
-  l->cq_buffer_mem = ep->cq_mem;
+  l->cq_buffer_mem = q->cq_mem;
   l->cq_phase_first = LEVER_EFA_CQ_PHASE_FIRST_LAP;
-  l->qkey = ep->opt.qkey;
-  l->lkey = ep->mr ? ep->mr->lkey : 0;
-  l->local_addr = (uint64_t)(uintptr_t)ep->opt.buf;
-  l->inline_buf_size = ep->caps.inline_buf_size;
-  l->max_rdma_size = ep->caps.max_rdma_size;
-  l->device_caps = ep->caps.device_caps;
-  l->num_peers = (uint32_t)ep->peers.size();
+  l->qkey = q->opt.qkey;
+  l->lkey = d->mr ? d->mr->lkey : 0;
+  l->local_addr = (uint64_t)(uintptr_t)d->opt.buf;
+  l->inline_buf_size = d->caps.inline_buf_size;
+  l->max_rdma_size = d->caps.max_rdma_size;
+  l->device_caps = d->caps.device_caps;
+  l->num_peers = (uint32_t)d->peers.size();
   l->peers = peers_dev;
   l->peers_mem = peers_mem;
   const char* why = lever_efa_layout_problem(l);

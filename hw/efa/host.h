@@ -1,4 +1,4 @@
-// Host setup of one EFA SRD endpoint for GPU-initiated posting (hw/efa/host.cpp).
+// Host setup of a rank's EFA SRD queue pairs for GPU-initiated posting (hw/efa/host.cpp).
 //
 // Why: the kernels need a real QP's LLQ, doorbell, CQ ring and keys in a
 // lever_efa_nic_layout (nic_layout.h). This code makes them with rdma-core v59
@@ -69,63 +69,96 @@ typedef struct lever_efa_gpu_mapper {
   void* user;
 } lever_efa_gpu_mapper;
 
-typedef struct lever_efa_endpoint_options {
+// One EFA device as one rank uses it: context, protection domain, the registered window
+// every WQE reads from and every peer writes to, the address handles of the peers and the
+// peer table the kernels index. Every QP of the rank lives on it, so one AH number per peer
+// GID serves every QP (an AH belongs to a PD) and one lkey/rkey covers every buffer.
+typedef struct lever_efa_device_options {
   const char* device_name; // null: the first device of the EFA provider
   uint8_t port;            // 1 on EFA
-  uint8_t sl;              // SRD service level
-  uint8_t unsolicited_write_recv;  // write-with-imm without posted receives (device cap)
-  uint8_t reserved0;
-  uint32_t sq_depth;       // max_send_wr asked for (the provider rounds up to a power of two)
-  uint32_t rq_depth;       // max_recv_wr
-  uint32_t cq_depth;       // CQ entries asked for
-  uint32_t qkey;
-  // The local window the WQEs read from / peers write to. dmabuf_fd >= 0 registers it
-  // with ibv_reg_dmabuf_mr (GPU memory exported as dma-buf); else, or when that fails,
-  // ibv_reg_mr (GPU memory then needs nvidia_peermem).
+  uint8_t reserved0[3];
+  // The window. dmabuf_fd >= 0 registers it with ibv_reg_dmabuf_mr (GPU memory exported as
+  // dma-buf, iova = buf); else, or when that fails, ibv_reg_mr (GPU memory then needs
+  // nvidia_peermem). The kernels address peers' buffers by their virtual addresses, so the
+  // MR's iova is the window's address.
   void* buf;
   size_t len;
   int dmabuf_fd;
   uint64_t dmabuf_offset;
+  lever_efa_gpu_mapper mapper;  // map == null: nothing is mapped (*_dev stay 0)
+} lever_efa_device_options;
+
+// One SRD QP with its own CQ (send and receive completions of this QP only), on a device.
+typedef struct lever_efa_qp_options {
+  uint32_t sq_depth;       // max_send_wr asked for (the provider rounds up to a power of two)
+  uint32_t rq_depth;       // max_recv_wr
+  uint32_t cq_depth;       // CQ entries asked for
+  uint32_t qkey;
+  uint8_t sl;              // SRD service level
+  uint8_t unsolicited_write_recv;  // write-with-imm without posted receives (device cap)
+  uint8_t reserved0[2];
   // A CQ ring in GPU memory (dma-buf, EFADV_CQ_INIT_FLAGS_EXT_MEM_DMABUF): cq_dmabuf_fd
   // >= 0 and cq_gpu_buf its GPU address. Else the provider's host ring is used.
   int cq_dmabuf_fd;
   uint64_t cq_dmabuf_offset;
   uint64_t cq_dmabuf_len;
   void* cq_gpu_buf;
-  lever_efa_gpu_mapper mapper;  // map == null: nothing is mapped (*_dev stay 0)
-} lever_efa_endpoint_options;
+} lever_efa_qp_options;
 
-// Defaults: first EFA device, port 1, SQ 1024, RQ 128, CQ 4096, qkey 0x11111111.
-void lever_efa_endpoint_options_init(lever_efa_endpoint_options* o);
+// fill_layout flags
+#define LEVER_EFA_FILL_NO_SQ_MAP 1u  // a receive-only QP: its SQ is never posted, not mapped
+
+// Defaults: first EFA device, port 1, no window.
+void lever_efa_device_options_init(lever_efa_device_options* o);
+// Defaults: SQ 1024, RQ 128, CQ 4096, qkey 0x11111111, host CQ.
+void lever_efa_qp_options_init(lever_efa_qp_options* o);
 
 // Fills caps for the named device (null: the first EFA device). 0 or an errno value;
 // err (may be null) receives a one-line message.
 int lever_efa_query_caps(const char* device_name, uint8_t port, lever_efa_caps* caps, char* err,
                          size_t err_len);
 
-typedef struct lever_efa_endpoint lever_efa_endpoint;
+typedef struct lever_efa_device lever_efa_device;
+typedef struct lever_efa_qp lever_efa_qp;
 
-// Creates context, PD, MR, CQ, SRD QP (INIT -> RTR -> RTS). On failure *out is null
-// and everything made so far is destroyed.
-int lever_efa_endpoint_open(const lever_efa_endpoint_options* o, lever_efa_endpoint** out,
-                            char* err, size_t err_len);
-// An address handle for a peer (its GID, QPN, qkey and window), appended to the peer
-// table; *index receives its position (the index the kernels use).
-int lever_efa_endpoint_add_peer(lever_efa_endpoint* ep, const uint8_t gid[16], uint32_t qpn,
-                                uint32_t qkey, uint32_t rkey, uint64_t remote_addr,
-                                uint32_t* index, char* err, size_t err_len);
-// The local QPN, qkey, window rkey (what peers need), and the device's GID.
-int lever_efa_endpoint_local(const lever_efa_endpoint* ep, uint32_t* qpn, uint32_t* qkey,
-                             uint32_t* rkey, uint64_t* addr, uint8_t gid[16]);
-// Queries the SQ/CQ and fills the layout; maps the LLQ, doorbell and CQ for the GPU
-// through the mapper (once). peers_dev / peers_mem: where the caller put the peer table
-// (lever_efa_endpoint_peers) for the GPU.
-int lever_efa_endpoint_fill_layout(lever_efa_endpoint* ep, uint64_t peers_dev, uint32_t peers_mem,
-                                   lever_efa_nic_layout* layout, char* err, size_t err_len);
+// Opens the device, queries its caps, allocates the PD and registers the window. On
+// failure *out is null and everything made so far is destroyed.
+int lever_efa_device_open(const lever_efa_device_options* o, lever_efa_device** out, char* err,
+                          size_t err_len);
+const lever_efa_caps* lever_efa_device_caps(const lever_efa_device* dev);
+// What peers need of this device: the window's lkey/rkey and address, the port's GID.
+int lever_efa_device_local(const lever_efa_device* dev, uint32_t* lkey, uint32_t* rkey,
+                           uint64_t* addr, uint8_t gid[16]);
+// A peer queue (its device's GID, its QP's number and qkey, its window) appended to the
+// peer table; the AH for that GID is made once per device and shared by later entries.
+// *index receives the entry's position (the index the kernels use).
+int lever_efa_device_add_peer(lever_efa_device* dev, const uint8_t gid[16], uint32_t qpn,
+                              uint32_t qkey, uint32_t rkey, uint64_t remote_addr, uint32_t* index,
+                              char* err, size_t err_len);
 // The peer table (host memory, num entries) to copy where the GPU reads it.
-const lever_efa_peer* lever_efa_endpoint_peers(const lever_efa_endpoint* ep, uint32_t* num);
-// Unmaps and destroys in reverse order of creation; null is ignored. Returns the first
-// non-zero rc of a destroy call (teardown continues past it).
-int lever_efa_endpoint_close(lever_efa_endpoint* ep);
+const lever_efa_peer* lever_efa_device_peers(const lever_efa_device* dev, uint32_t* num);
+// Address handles made so far (one per distinct peer GID).
+uint32_t lever_efa_device_num_ahs(const lever_efa_device* dev);
+// 1 when the window was registered by dma-buf (ibv_reg_dmabuf_mr), 0 by ibv_reg_mr.
+int lever_efa_device_mr_dmabuf(const lever_efa_device* dev);
+
+// Creates the CQ and the SRD QP (INIT -> RTR -> RTS) on dev. On failure *out is null and
+// what was made for it is destroyed; the device stays open.
+int lever_efa_qp_open(lever_efa_device* dev, const lever_efa_qp_options* o, lever_efa_qp** out,
+                      char* err, size_t err_len);
+uint32_t lever_efa_qp_num(const lever_efa_qp* qp);
+// Queries the SQ/CQ and fills the layout (num_peers: the device's peer table so far); maps
+// the LLQ, doorbell and CQ for the GPU through the device's mapper, once per QP. peers_dev
+// / peers_mem: where the caller put the peer table for the GPU (0: the caller fills it in).
+int lever_efa_qp_fill_layout(lever_efa_qp* qp, uint64_t peers_dev, uint32_t peers_mem,
+                             uint32_t flags, lever_efa_nic_layout* layout, char* err,
+                             size_t err_len);
+// Unmaps its GPU mappings, destroys the QP, then its CQ. Returns the first non-zero rc of a
+// destroy call (teardown continues past it). null is ignored.
+int lever_efa_qp_close(lever_efa_qp* qp);
+// Tears down in reverse order of how a rank builds (QPs, AHs, GPU mappings): every GPU
+// mapping (newest QP first), the AHs (newest first), every QP still open with its CQ (newest
+// first), the MR, the PD, the context. null is ignored. Returns the first non-zero rc.
+int lever_efa_device_close(lever_efa_device* dev);
 
 }  // extern "C"

@@ -98,6 +98,15 @@ def nvlink_send(w: World, src: int, dst: int, nbytes: int, tag, track: str, coun
     return w.nvlink.send(src, dst, nbytes * count, track, nvlink_land, w.receivers[dst], tag, count)
 
 
+def nvlink_send_counted(w: World, src: int, dst: int, nbytes: int, tag, track: str,
+                        count: int = 1):
+    """:func:`nvlink_send` for a count the receiver reads only at its total
+    (``Receiver.wait(..., total=True)``): the landing is booked on ``tallies[tag]`` now, no
+    event at its instant."""
+    return w.nvlink.send_ahead(src, dst, nbytes * count, track, w.receivers[dst].tallies[tag],
+                               count)
+
+
 def nvlink_land(rcv: Receiver, tag, count: int) -> None:
     """``count`` NVLink items of ``tag`` visible at ``rcv``: landed and known at once."""
     rcv.data[tag].add(count)

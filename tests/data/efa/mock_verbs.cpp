@@ -1,15 +1,19 @@
 // A fake libibverbs + libefa (rdma-core v59 signatures) and a driver for hw/efa/host.cpp,
 // so tests/test_hw_efa.py can run the host setup without an EFA device: every object is
-// logged when made and destroyed, and MOCK_FAIL (argv[2], comma-separated function
-// names) makes those calls fail. The driver prints the log, the return code, the error
-// line, the number of objects still alive, and the filled layout.
+// logged when made and destroyed, and argv[2] (comma-separated function names, each
+// optionally "@k": only its k-th call) makes those calls fail. The driver prints the log,
+// the return code, the error line, the number of objects still alive, and the layouts.
 //
-//   g++ -std=c++17 -I<v59 include> -Ihw/efa hw/efa/host.cpp mock_verbs.cpp -o mock && ./mock open ""
+//   g++ -std=c++17 -I<v59 include> -Ihw/efa hw/efa/host.cpp mock_verbs.cpp -o mock
+//   ./mock open ""          one device, one QP, one peer (the single-QP path)
+//   ./mock world "" 16 3    one device, 3 QPs, 4 peer entries over 2 GIDs (AHs shared)
+//   ./mock caps ""
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include <map>
 #include <string>
 #include <vector>
 
@@ -26,9 +30,16 @@ uint32_t g_max_batch = 16;
 bool g_gpu_cq = false;
 void* g_cq_gpu_buf = nullptr;
 
+std::map<std::string, int> g_calls;
+uint32_t g_next_qpn = 42, g_next_ahn = 7;
+
+// Whether this call of fn fails: "fn" fails every call, "fn@k" only the k-th. Counted once
+// per call (the first query of a call site), so callers ask exactly once.
 bool fails(const char* fn) {
+  const int k = ++g_calls[fn];
   std::string list = "," + g_fail + ",";
-  return list.find("," + std::string(fn) + ",") != std::string::npos;
+  return list.find("," + std::string(fn) + ",") != std::string::npos ||
+         list.find("," + std::string(fn) + "@" + std::to_string(k) + ",") != std::string::npos;
 }
 template <class T>
 T* make(const char* kind) {
@@ -164,13 +175,14 @@ ibv_qp* efadv_create_qp_ex(ibv_context*, ibv_qp_init_attr_ex* a, efadv_qp_init_a
   }
   g_sq_wr = pow2_at_least(a->cap.max_send_wr);
   ibv_qp* qp = make<ibv_qp>("qp");
-  qp->qp_num = 42;
+  qp->qp_num = g_next_qpn++;
   return qp;
 }
 int ibv_modify_qp(ibv_qp*, ibv_qp_attr* a, int mask) {
   const char* st = a->qp_state == IBV_QPS_INIT ? "INIT" : a->qp_state == IBV_QPS_RTR ? "RTR" : "RTS";
-  if (fails("ibv_modify_qp") || (fails("ibv_modify_qp:RTS") && a->qp_state == IBV_QPS_RTS))
-    return EINVAL;
+  const bool f_any = fails("ibv_modify_qp");
+  const bool f_rts = a->qp_state == IBV_QPS_RTS && fails("ibv_modify_qp:RTS");
+  if (f_any || f_rts) return EINVAL;
   if (a->qp_state == IBV_QPS_INIT && !(mask & IBV_QP_QKEY)) return EINVAL;
   g_log.push_back(std::string("modify ") + st);
   return 0;
@@ -208,7 +220,7 @@ ibv_ah* ibv_create_ah(ibv_pd*, ibv_ah_attr* a) {
 int ibv_destroy_ah(ibv_ah* ah) { return drop("ah", ah); }
 int efadv_query_ah(ibv_ah*, efadv_ah_attr* a, uint32_t) {
   if (fails("efadv_query_ah")) return EOPNOTSUPP;
-  a->ahn = 7;
+  a->ahn = (uint16_t)g_next_ahn++;
   return 0;
 }
 }  // extern "C"
@@ -216,6 +228,7 @@ int efadv_query_ah(ibv_ah*, efadv_ah_attr* a, uint32_t) {
 namespace {
 int map_fn(void*, void* p, size_t len, uint32_t kind, uint64_t* dev) {
   if (fails(kind == LEVER_EFA_MEM_HOST ? "map:host" : "map:bar")) return 1;
+  if (fails("map:any")) return 1;
   ++g_live;
   char b[96];
   snprintf(b, sizeof(b), "create map(%s)", kind == LEVER_EFA_MEM_HOST ? "host" : "bar");
@@ -244,6 +257,7 @@ int main(int argc, char** argv) {
   const std::string mode = argc > 1 ? argv[1] : "open";
   g_fail = argc > 2 ? argv[2] : "";
   if (argc > 3) g_max_batch = (uint32_t)strtoul(argv[3], nullptr, 0);
+  const int nqp = argc > 4 ? atoi(argv[4]) : 3;
   char err[256] = "";
   int rc = 0;
   static uint8_t window[1 << 16];
@@ -254,37 +268,78 @@ int main(int argc, char** argv) {
       printf("caps %s max_sq_wr %u device_caps %u max_rdma_size %u max_tx_batch %u port_state %u\n",
              c.device_name, c.max_sq_wr, c.device_caps, c.max_rdma_size, c.max_tx_batch, c.port_state);
   } else {
-    lever_efa_endpoint_options o;
-    lever_efa_endpoint_options_init(&o);
+    lever_efa_device_options o;
+    lever_efa_device_options_init(&o);
     o.buf = window;
     o.len = sizeof(window);
     o.dmabuf_fd = 3;  // exercise ibv_reg_dmabuf_mr first
     o.mapper.map = map_fn;
     o.mapper.unmap = unmap_fn;
+    lever_efa_qp_options qo;
+    lever_efa_qp_options_init(&qo);
     if (mode == "open-gpucq") {
-      o.cq_dmabuf_fd = 4;
-      o.cq_gpu_buf = reinterpret_cast<void*>(0x7e0000000000ull);
-      o.cq_dmabuf_len = 1 << 20;
+      qo.cq_dmabuf_fd = 4;
+      qo.cq_gpu_buf = reinterpret_cast<void*>(0x7e0000000000ull);
+      qo.cq_dmabuf_len = 1 << 20;
     }
-    lever_efa_endpoint* ep = nullptr;
-    rc = lever_efa_endpoint_open(&o, &ep, err, sizeof(err));
-    if (!rc) {
+    lever_efa_device* dev = nullptr;
+    rc = lever_efa_device_open(&o, &dev, err, sizeof(err));
+    if (!rc && mode != "world") {
+      lever_efa_qp* qp = nullptr;
+      rc = lever_efa_qp_open(dev, &qo, &qp, err, sizeof(err));
       uint8_t gid[16] = {1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16};
       uint32_t idx = 99;
-      rc = lever_efa_endpoint_add_peer(ep, gid, 17, 0x11111111u, 0x9abc, 0x7e1000000000ull, &idx,
+      if (!rc)
+        rc = lever_efa_device_add_peer(dev, gid, 17, 0x11111111u, 0x9abc, 0x7e1000000000ull, &idx,
                                        err, sizeof(err));
       if (!rc) {
         uint32_t n = 0;
-        const lever_efa_peer* pe = lever_efa_endpoint_peers(ep, &n);
+        const lever_efa_peer* pe = lever_efa_device_peers(dev, &n);
         printf("peer %u ahn %u qpn %u rkey %u\n", idx, pe[0].ahn, pe[0].remote_qpn, pe[0].rkey);
         lever_efa_nic_layout l;
-        rc = lever_efa_endpoint_fill_layout(ep, 0x7e2000000000ull, LEVER_EFA_MEM_GPU, &l, err,
-                                            sizeof(err));
+        rc = lever_efa_qp_fill_layout(qp, 0x7e2000000000ull, LEVER_EFA_MEM_GPU, 0, &l, err,
+                                      sizeof(err));
         if (!rc) print_layout(l);
       }
-      int crc = lever_efa_endpoint_close(ep);
-      if (!rc) rc = crc;
+    } else if (!rc) {
+      // a rank's world: nqp QPs on one device (the last receive-only), then the peer table of
+      // two ranks x two receive queues (two GIDs: two AHs, shared by the entries of a rank)
+      std::vector<lever_efa_qp*> qps;
+      for (int i = 0; i < nqp && !rc; ++i) {
+        lever_efa_qp* q = nullptr;
+        rc = lever_efa_qp_open(dev, &qo, &q, err, sizeof(err));
+        if (!rc) qps.push_back(q);
+      }
+      for (int r = 0; r < 2 && !rc; ++r)
+        for (int i = 0; i < 2 && !rc; ++i) {
+          uint8_t gid[16] = {0};
+          gid[15] = (uint8_t)(r + 1);
+          uint32_t idx = 0;
+          rc = lever_efa_device_add_peer(dev, gid, 100 + 2 * r + i, 0x5eed0000u | (uint32_t)i,
+                                         0x700u + (uint32_t)r, 0x7e1000000000ull + (uint64_t)r, &idx,
+                                         err, sizeof(err));
+          if (!rc) {
+            const lever_efa_peer* pe = lever_efa_device_peers(dev, nullptr);
+            printf("peer %u ahn %u qpn %u qkey %u\n", idx, pe[idx].ahn, pe[idx].remote_qpn,
+                   pe[idx].remote_qkey);
+          }
+        }
+      if (!rc) printf("ahs %u\n", lever_efa_device_num_ahs(dev));
+      for (size_t i = 0; i < qps.size() && !rc; ++i) {
+        lever_efa_nic_layout l;
+        const uint32_t fl = i + 1 == qps.size() ? LEVER_EFA_FILL_NO_SQ_MAP : 0u;
+        rc = lever_efa_qp_fill_layout(qps[i], 0, LEVER_EFA_MEM_GPU, fl, &l, err, sizeof(err));
+        if (!rc)
+          printf("qp %zu num %u peers %u sq_dev %llu cq_dev %llu\n", i, lever_efa_qp_num(qps[i]),
+                 l.num_peers, (unsigned long long)l.sq_buffer_dev, (unsigned long long)l.cq_buffer_dev);
+      }
+      if (!rc && qps.size() > 1) {  // one QP closed on its own, the rest with the device
+        int crc = lever_efa_qp_close(qps[0]);
+        printf("closed qp 0 rc %d\n", crc);
+      }
     }
+    int crc = lever_efa_device_close(dev);
+    if (!rc) rc = crc;
   }
   for (const auto& s : g_log) printf("log %s\n", s.c_str());
   printf("rc %d\nlive %d\nerr %s\n", rc, g_live, err);

@@ -1,0 +1,137 @@
+"""A fake of the ``lever_hw_efa`` binding's ``Device`` for the wiring tests (no EFA here).
+
+Why: the wiring (hw/efa/wire.py, hw/efa/ep_run.py) talks to one rank's EFA device only
+through the binding's ``Device`` methods. This fake answers them the way host.cpp does
+on a real device, from the recorded v59 query shapes (tests/data/efa/query_v59.json):
+QPs get increasing numbers, every queue's layout comes from ``layout_from_query`` on the
+recorded ``query_wqs``/``query_cq`` answer (each QP's rings at its own addresses, mapped
+for the GPU at a fixed offset), AHs are made once per peer GID, and every object is
+logged when made and destroyed so the tests can check the order.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from lever.hw.efa import device as efa_device
+
+DATA = Path(__file__).resolve().parent / "data" / "efa"
+GPU_MAP_OFFSET = 1 << 44
+"""Where the fake 'cudaHostRegister' puts a host range for the GPU: host VA + this."""
+
+
+def recorded() -> dict[str, Any]:
+    return json.loads((DATA / "query_v59.json").read_text())
+
+
+def _num(v: Any) -> int:
+    return int(v, 0) if isinstance(v, str) else int(v)
+
+
+class FakeDevice:
+    """One rank's EFA device, as the binding's ``Device`` behaves (see module docstring)."""
+
+    def __init__(self, rank: int, window: int = 0x7F3000000000, length: int = 1 << 30,
+                 log: list[str] | None = None, max_qp: int = 256, caps_bits: int | None = None) -> None:
+        self.rec = recorded()
+        self.rank = rank
+        self.window, self.length = window, length
+        self.log = log if log is not None else []
+        self.gid = bytes([0xFE, 0x80] + [0] * 12 + [0x10 + rank, 0x01])
+        dev = self.rec["efa_device_attr"]
+        bits = dev["device_caps"] if caps_bits is None else caps_bits
+        self._caps = {"device_name": f"rdmap{16 + rank}s27", "max_sq_wr": dev["max_sq_wr"],
+                      "max_rq_wr": dev["max_rq_wr"], "inline_buf_size": dev["inline_buf_size"],
+                      "device_caps": bits, "max_rdma_size": dev["max_rdma_size"], "max_qp": max_qp,
+                      "max_cq": max_qp, "max_cqe": 32768, "max_tx_batch": 16, "mr": "dma-buf",
+                      "caps": {n: bool(bits & b) for n, b in efa_device.CAP_BITS.items()}}
+        self.qps: dict[int, dict[str, Any]] = {}
+        self.next_qpn = self.rec["qp_num"] + 100 * rank
+        self.ahs: dict[bytes, int] = {}
+        self.table: list[dict[str, int]] = []
+        self.closed = False
+        self.log.append(f"create device {rank}")
+
+    def caps(self) -> dict[str, Any]:
+        return dict(self._caps)
+
+    def local(self) -> dict[str, Any]:
+        return {"lkey": 0x00A100 + self.rank, "rkey": 0xC0FFEE00 + self.rank, "addr": self.window,
+                "gid": self.gid}
+
+    def open_qp(self, sq_depth: int, rq_depth: int, cq_depth: int, qkey: int, unsolicited: bool) -> int:
+        assert not self.closed
+        h = len(self.qps)
+        qpn = self.next_qpn
+        self.next_qpn += 1
+        pow2 = 1 << (max(2, cq_depth) - 1).bit_length()
+        self.qps[h] = {"qpn": qpn, "sq_depth": sq_depth, "cq_depth": pow2, "qkey": qkey,
+                       "unsolicited": unsolicited, "open": True}
+        self.log.append(f"create qp {qpn}")
+        return h
+
+    def qp_num(self, h: int) -> int:
+        return self.qps[h]["qpn"]
+
+    def close_qp(self, h: int) -> int:
+        q = self.qps[h]
+        assert q["open"], "closed twice"
+        q["open"] = False
+        self.log.append(f"destroy qp {q['qpn']}")
+        return 0
+
+    def add_peer(self, gid: bytes, qpn: int, qkey: int, rkey: int, addr: int) -> int:
+        gid = bytes(gid)
+        if gid not in self.ahs:
+            self.ahs[gid] = 3 + len(self.ahs)
+            self.log.append(f"create ah {self.ahs[gid]}")
+        self.table.append({"ahn": self.ahs[gid], "remote_qpn": qpn, "remote_qkey": qkey, "rkey": rkey,
+                           "remote_addr": addr})
+        return len(self.table) - 1
+
+    def num_ahs(self) -> int:
+        return len(self.ahs)
+
+    def peers(self) -> bytes:
+        return efa_device.pack_peers(self.table)
+
+    def fill_layout(self, h: int, flags: int) -> bytes:
+        q = self.qps[h]
+        assert q["open"], "layout of a closed QP"
+        sq = dict(self.rec["wqs"]["sq"], num_entries=q["sq_depth"])
+        cq = dict(self.rec["cq"], num_entries=q["cq_depth"])
+        stride = 1 << 20  # each QP's rings at their own addresses
+        sq["buffer_addr"] = _num(sq["buffer_addr"]) + h * stride
+        sq["doorbell_addr"] = _num(sq["doorbell_addr"]) + h * stride
+        cq["buffer_addr"] = _num(cq["buffer_addr"]) + h * stride
+        dev = self.rec["efa_device_attr"]
+        no_sq = bool(flags & 1)
+        lay = efa_device.layout_from_query(
+            {"sq": sq, "rq": self.rec["wqs"]["rq"]}, cq, qp_num=q["qpn"], qkey=q["qkey"],
+            lkey=self.local()["lkey"], local_addr=self.window, inline_buf_size=dev["inline_buf_size"],
+            max_rdma_size=dev["max_rdma_size"], device_caps=self._caps["device_caps"],
+            sq_buffer_dev=0 if no_sq else sq["buffer_addr"] + GPU_MAP_OFFSET,
+            sq_doorbell_dev=0 if no_sq else sq["doorbell_addr"] + GPU_MAP_OFFSET,
+            cq_buffer_dev=cq["buffer_addr"] + GPU_MAP_OFFSET, num_peers=len(self.table), peers_mem="gpu")
+        return efa_device.pack_layout(lay)
+
+    def close(self) -> int:
+        for h in sorted(self.qps, reverse=True):
+            if self.qps[h]["open"]:
+                self.close_qp(h)
+        for gid in reversed(list(self.ahs)):
+            self.log.append(f"destroy ah {self.ahs[gid]}")
+        self.closed = True
+        self.log.append(f"destroy device {self.rank}")
+        return 0
+
+
+def gather_world(addrs: list[dict[str, Any]]):
+    """An ``all_gather`` over simulated ranks that already published ``addrs`` (any order)."""
+    def all_gather(mine: dict[str, Any]) -> list[dict[str, Any]]:
+        assert mine in addrs
+        return [dict(a) for a in addrs]
+
+    return all_gather

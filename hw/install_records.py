@@ -10,7 +10,7 @@ then refuse (one build per folder).
 Where things go (``FROM`` holds the call's files: ``bed/``, ``v2/``, ``diag/``):
 
 * V1 lever records ``emu-bed-*`` -> ``calibration/data/`` (training records); the chain,
-  lateness, placement and ``-rxdev`` runs and the outcome files -> ``calibration/data/testbed/``;
+  lateness, placement, ``-rxdev`` and baseline ``-repeat-`` runs and the outcome files -> ``calibration/data/testbed/``;
 * V2 records -> ``calibration/data/v2/`` (``-rxdev`` ones -> ``v2/rxdev/``);
 * credit diagnostics -> ``calibration/data/testbed/credit-diag/``, and the baselines already
   shipped as calibration records (``calibration/data/emu-bed-diag-*``, id prefixed so)
@@ -34,7 +34,7 @@ from lever.calibration.records import DATA_DIR
 WHY = ("re-measured at {rev} (hw/run_hwfix_on_device.sh): the emulated NIC keeps its per-WQE "
        "bookkeeping in shared memory with one warp fetching, and the receive CQs are host memory "
        "(hw/emulated_nic.toml rxcq), which moved the testbed's latencies. Kept for their history")
-DIAG = re.compile(r"-chain|-late-|-sq(dev|hos)-cq|-rxdev")
+DIAG = re.compile(r"-chain|-late-|-sq(dev|hos)-cq|-rxdev|-repeat-")
 
 
 def _old_rev(p: Path) -> str:

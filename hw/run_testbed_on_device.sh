@@ -11,7 +11,7 @@
 # fails, the other steps are skipped. Records and outcome files go to $OUT/records.tgz
 # (re-made after every step), the log to $OUT/log.txt. LEVER_GIT_REV must name the clean
 # commit the tree came from.
-# Usage: hw/run_testbed_on_device.sh [STEPS]  (comma list of smoke,base,place,placedev,chain,levers,proxy,faults,exhaust,unsafe,ep4,late,rxdev,prim; default all)
+# Usage: hw/run_testbed_on_device.sh [STEPS]  (comma list of smoke,base,place,placedev,chain,levers,proxy,faults,exhaust,unsafe,ep4,late,rxdev,repeat,prim; default all)
 set -u
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/bed_out}
@@ -24,7 +24,7 @@ if ls .whl/*.whl >/dev/null 2>&1 && ! python3 -c 'import pydantic' 2>/dev/null; 
   export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
 fi
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
-STEPS=${1:-smoke,base,place,chain,levers,proxy,faults,exhaust,unsafe,ep4,late,rxdev,prim}
+STEPS=${1:-smoke,base,place,chain,levers,proxy,faults,exhaust,unsafe,ep4,late,rxdev,repeat,prim}
 ITERS=${ITERS:-60}
 LOG="$OUT/log.txt"
 has() { [[ ",$STEPS," == *",$1,"* ]]; }
@@ -88,6 +88,10 @@ has late && step late-shared 60 $C --emu-set nic_fetcher=shared --id-prefix $P-l
 # write-with-immediate with the receive CQs in GPU memory (the default: host memory, PCIe)
 has rxdev && step rxdev 90 $C --rxcq device --variants "write-imm-counting;cached-dispatch"
 has rxdev && step rxdev-faults 60 $C --rxcq device --faults --variants "write-imm-counting"
+# the baseline again, twice, later in the same call: how far one configuration moves between
+# processes of one call, the noise a measured lever delta carries (calibration/adjudication)
+has repeat && step repeat-a 60 $C --id-prefix $P-repeat-a --variants ";"
+has repeat && step repeat-b 60 $C --id-prefix $P-repeat-b --variants ";"
 has ep4 && step ep4-virtual 90 --ranks 4 --gpus 1 --num-sms 12 --iters $ITERS --variants ";" --out-dir "$REC" --id-prefix $P
 if has prim; then
   echo "=== primitives" | tee -a "$LOG"

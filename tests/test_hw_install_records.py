@@ -40,6 +40,7 @@ def test_a_call_replaces_every_shipped_testbed_record_and_keeps_the_old_ones(tmp
         "emu-bed-ep2-native-baseline.json": _rec("b", new),
         "emu-bed-ep-chain2-native-baseline.json": _rec("c", new),
         "emu-bed-ep2-native-rxdev-write-imm-counting.json": _rec("r", new),
+        "emu-bed-ep-repeat-a2-native-baseline.json": _rec("ra", new),
         "retries-exhausted-proxy-outcome.json": {"kind": "lever-hw-ep-outcome"}})
     _tgz(src / "v2" / "records.tgz", "v2_rec", {
         "emu-v2-hybrid-n2x2-native-baseline.json": _rec("v", new),
@@ -63,6 +64,9 @@ def test_a_call_replaces_every_shipped_testbed_record_and_keeps_the_old_ones(tmp
     assert (data / "testbed" / "before-hwfix-1111111" / "emu-bed-ep-chain2-native-baseline.json").exists()
     assert (data / "testbed" / "emu-bed-ep2-native-rxdev-write-imm-counting.json").exists()
     assert (data / "testbed" / "retries-exhausted-proxy-outcome.json").exists()
+    # a repeated baseline is a noise measurement, not a second training baseline
+    assert (data / "testbed" / "emu-bed-ep-repeat-a2-native-baseline.json").exists()
+    assert not (data / "emu-bed-ep-repeat-a2-native-baseline.json").exists()
     assert rev(data / "v2" / "emu-v2-hybrid-n2x2-native-baseline.json") == new
     assert (data / "v2" / "rxdev" / "emu-v2-hybrid-n2x2-native-rxdev-write-imm-counting.json").exists()
     assert not list(data.rglob("smoke-*"))

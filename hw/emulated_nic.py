@@ -22,6 +22,7 @@ from lever.sim.errors import UserError
 PATH = Path(__file__).resolve().parent / "emulated_nic.toml"
 JITTER_KINDS = {"none": 0, "exponential": 1, "lognormal": 2, "gamma": 3}
 PLACEMENTS = ("host", "device")
+FETCHERS = {"dedicated": 1, "shared": 0}
 
 # key -> (section, type, lo, hi): the allowed range of every value (inclusive)
 SCHEMA: dict[str, tuple[str, type, float, float]] = {
@@ -51,6 +52,8 @@ STRINGS: dict[str, tuple[str, tuple[str, ...]]] = {
     "jitter_distribution": ("wire", tuple(JITTER_KINDS)),
     "sq": ("placement", PLACEMENTS),
     "cq": ("placement", PLACEMENTS),
+    "rxcq": ("placement", PLACEMENTS),
+    "nic_fetcher": ("schedule", tuple(FETCHERS)),
 }
 
 
@@ -85,14 +88,15 @@ class EmulatedNic:
             "completion_ns": v["completion_ns"], "min_wqe_gap_ns": 1000.0 / v["max_msg_rate_mops"],
             "recv_completion_ns": v["recv_completion_ns"], "nics_per_rank": v["nics_per_rank"],
             "deliver_lead_ns": v["deliver_lead_ns"], "deliver_batch": v["deliver_batch_count"],
-            "seed": float(seed + 1),
+            "dedicated_fetcher": FETCHERS[v["nic_fetcher"]], "seed": float(seed + 1),
         }
 
-    def record(self, faults: bool, sq: str, cq: str) -> dict[str, Any]:
-        """What a record carries in what.emulated_fabric: every value that ran, and the file."""
+    def record(self, faults: bool, sq: str, cq: str, rxcq: str | None = None) -> dict[str, Any]:
+        """What a record carries in what.emulated_fabric: every value that ran, the file, and
+        where the queues were (send queue, send CQ, receive CQs)."""
         return {"file": "hw/emulated_nic.toml" if Path(self.path) == PATH else self.path,
                 "values": dict(sorted(self.values.items())), "loss_prob_used": self.loss(faults),
-                "sq": sq, "cq": cq}
+                "sq": sq, "cq": cq, "rxcq": rxcq or self.values["rxcq"]}
 
 
 def _check(key: str, raw: Any, where: str) -> Any:

@@ -76,7 +76,7 @@ ERR_NAMES = {
 STAT_NAMES = ["stamp_bad_dispatch", "stamp_bad_combine", "packets", "retransmits", "wqes",
               "doorbells", "fences", "cqes", "rx_cqes", "locks", "credit_polls", "reordered", "turn_waits",
               "descriptors", "ring_polls", "nic_late_ns", "drops", "duplicates", "error_cqes",
-              "nic_early_ns", "local_puts", "mirrored_wqes"]
+              "nic_early_ns", "local_puts", "mirrored_wqes", "nic_claim_lag_ns", "nic_deliver_ns"]
 ST_WORDS = 24  # hw/ep/efa_emu.cuh ST_NUM
 
 
@@ -118,6 +118,10 @@ def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--cq", choices=["host", "device"], default="",
                    help="native send CQ: pinned host memory (polled through PCIe, as on p5/p5en) or GPU "
                         "memory (default: hw/emulated_nic.toml [placement])")
+    p.add_argument("--rxcq", choices=["host", "device"], default="",
+                   help="receive CQs (write-with-immediate completions): pinned host memory, written by "
+                        "the NIC's host-facing engine and polled by the receivers through PCIe (as on "
+                        "p5/p5en), or GPU memory (default: hw/emulated_nic.toml [placement])")
     p.add_argument("--emu-set", action="append", default=[], metavar="KEY=VALUE",
                    help="override one value of hw/emulated_nic.toml for this run (recorded)")
     p.add_argument("--outcome", default="",
@@ -244,9 +248,9 @@ def refuse_platform_sets(extra: Mapping[str, Any]) -> None:
                         "use --emu-set KEY=VALUE (hw/emulated_nic.toml)")
 
 
-def emulated_fabric_record(emu, faults: bool, sq: str, cq: str) -> dict[str, Any]:
+def emulated_fabric_record(emu, faults: bool, sq: str, cq: str, rxcq: str = "host") -> dict[str, Any]:
     """What the record carries: every emulator value that ran, the file, the queue placement."""
-    return {**emu.record(faults, sq, cq),
+    return {**emu.record(faults, sq, cq, rxcq),
             "wire": "NVLink peer stores between GPUs, loopback stores on one GPU; puts to the rank "
                     "itself copied by the issuing warp"}
 
@@ -276,7 +280,7 @@ def build_record(*, rid: str, path: str, ranks: int, gpus: int, levers: list[str
                  samples: int | None, metrics: dict[str, dict], how: dict[str, Any],
                  platform_info: dict[str, str], command: str,
                  provenance: Mapping[str, Any] | None = None, emu=None, faults: bool = False,
-                 sq: str = "host", cq: str = "host") -> dict[str, Any]:
+                 sq: str = "host", cq: str = "host", rxcq: str = "host") -> dict[str, Any]:
     """Assemble and validate a run record (calibration/records.py). ``provenance`` is
     :func:`run_provenance` (a real run); without it only the revision is looked up."""
     from lever.calibration.records import SCHEMA_VERSION, parse_record
@@ -294,7 +298,7 @@ def build_record(*, rid: str, path: str, ranks: int, gpus: int, levers: list[str
             "workload": {"ep_ranks": ranks, "nodes": ranks, "tokens_per_rank": wl.tokens_per_rank,
                          "hidden": hidden, "top_k": wl.top_k, "num_experts": wl.num_experts},
             "platform": platform_info,
-            "emulated_fabric": emulated_fabric_record(emu, faults, sq, cq) | {"gpus": gpus,
+            "emulated_fabric": emulated_fabric_record(emu, faults, sq, cq, rxcq) | {"gpus": gpus,
                                                                             "ranks_per_gpu": ranks // gpus},
         },
         "how": how,
@@ -361,12 +365,14 @@ class Runner:
 
     def __init__(self, torch, ext, shape: Shape, ranks: int, gpus: int, scn, seed: int,
                  num_sms: int, timeout_ms: float, path: str = "native", proxy_threads: int = 0,
-                 emu=None, sq: str = "host", cq: str = "host", faults: bool = False) -> None:
+                 emu=None, sq: str = "host", cq: str = "host", faults: bool = False,
+                 rxcq: str = "") -> None:
         from lever.hw import emulated_nic
 
         self.t, self.ext, self.shape, self.R, self.G = torch, ext, shape, ranks, gpus
         self.emu = emu or emulated_nic.load()
         self.sq_host, self.cq_host, self.faults = sq == "host", cq == "host", faults
+        self.rx_host = (rxcq or self.emu.rxcq) == "host"
         self.queued = 0  # ops launched since the last sync (bounds the host's wait)
         self.rpg = ranks // gpus
         d = scn.design
@@ -428,15 +434,16 @@ class Runner:
                 # the NIC's device mirrors of host-memory SQs and their doorbells (native, proxy)
                 "msq": z(NQ_MAX * self.depth * 64, u8), "mdb": z(NQ_MAX * 32, i32),
                 "pmsq": z(NQ_MAX * self.depth * 64, u8), "pmdb": z(NQ_MAX * 32, i32),
-                "nicqp": z(NQ_MAX * 128, u8), "nic_rem": z(4 * NQ_MAX * self.depth, i32),
-                "nic_ackt": z(NQ_MAX * self.depth, i64), "loc_cnt": z(self.n_rxcq, i32),
+                "nicqp": z(NQ_MAX * 128, u8), "loc_cnt": z(self.n_rxcq, i32),
                 "hcount": z(El * R, i32),
                 "bar": z(4, i32), "prof": z(self.prof_cap * 8, i64), "prof_n": z(1, i32),
                 # peer-visible
                 "recv_x": z(El * R * T * DMSG, u8), "recv_cnt": z(El * R, i64),
                 "comb_recv": z(T * K * CMSG, u8), "comb_flag": z(R, i64),
-                "rxcq": z(self.n_rxcq * self.rx_depth * CQE_BYTES, u8), "rx_tail": z(self.n_rxcq, i32),
+                "rx_tail": z(self.n_rxcq, i32),
             }
+            if not self.rx_host:  # else pinned host memory (hostq_sizes)
+                b["rxcq"] = z(self.n_rxcq * self.rx_depth * CQE_BYTES, u8)
             # the native queues: GPU memory, or pinned host memory (SQ + doorbell write-combined)
             for k, n, host in (("sq", NQ_MAX * self.depth * 64, self.sq_host),
                                ("db", NQ_MAX * 32 * 4, self.sq_host),
@@ -468,12 +475,15 @@ class Runner:
         self.t.cuda.synchronize()
 
     def hostq_sizes(self) -> list[tuple[str, int, bool]]:
-        """The native queues that live in pinned host memory: (name, bytes, write-combined)."""
+        """The queues that live in pinned host memory: (name, bytes, write-combined). The
+        receive CQs are read by the GPU, so they are not write-combined."""
         out = []
         if self.sq_host:
             out += [("sq", NQ_MAX * self.depth * 64, True), ("db", NQ_MAX * 32 * 4, True)]
         if self.cq_host:
             out.append(("cq", NQ_MAX * self.depth * CQE_BYTES, False))
+        if getattr(self, "rx_host", False):
+            out.append(("rxcq", self.n_rxcq * self.rx_depth * CQE_BYTES, False))
         return out
 
     def host_sizes(self) -> dict[str, int]:
@@ -499,7 +509,8 @@ class Runner:
         self.scn = scn
         self.handles = []
         s, R = self.shape, self.R
-        peers = [{k: self.bufs[r][k].data_ptr() for k in ("recv_x", "recv_cnt", "comb_recv", "comb_flag", "rxcq", "rx_tail")}
+        peers = [{k: self.bufs[r][k].data_ptr() for k in ("recv_x", "recv_cnt", "comb_recv", "comb_flag", "rx_tail")}
+                 | {"rxcq": self.hostq[r]["rxcq"] if self.rx_host else self.bufs[r]["rxcq"].data_ptr()}
                  for r in range(R)]
         wbar_peers = [gb["wbar"].data_ptr() for gb in self.gbufs]
         fab = self.emu.fabric_dict(seed, self.faults)
@@ -510,7 +521,7 @@ class Runner:
                    "rx_depth": self.rx_depth, "n_rxcq": self.n_rxcq, "ring_depth": self.ring_depth,
                    "ep_blocks_per_rank": self.nb, "ep_warps": self.warps, "nic_warps": self.nic_warps,
                    "nic_blocks": self.rpg * self.nics, "timeout_ns": self.timeout_ns, "prof_cap": self.prof_cap,
-                   "sq_host": int(self.sq_host), "cq_host": int(self.cq_host),
+                   "sq_host": int(self.sq_host), "cq_host": int(self.cq_host), "rx_host": int(self.rx_host),
                    "err": gb["err"].data_ptr(), "stats": gb["stats"].data_ptr(),
                    "ep_done": gb["ep_done"].data_ptr(), "wbar": gb["wbar"].data_ptr()}
             locs = []
@@ -633,7 +644,7 @@ class Runner:
         after the previous one aborted (its QPs may hold un-consumed WQEs or a lock)."""
         self.sync()
         for b in self.bufs:
-            for k in ("qps", "sq", "cq", "db", "msq", "mdb", "pmsq", "pmdb", "nicqp", "nic_rem", "nic_ackt",
+            for k in ("qps", "sq", "cq", "db", "msq", "mdb", "pmsq", "pmdb", "nicqp",
                       "loc_cnt", "rx_head", "rx_tail", "rxcq", "recv_cnt", "comb_flag", "bar", "prof_n", "hcount"):
                 if k in b:
                     b[k].zero_()
@@ -811,6 +822,10 @@ def _run_variant(runner: Runner, scn, args, levers: list[str], sets: Mapping[str
         # how far the NIC agent delivers behind (and ahead of) its own schedule: emulator fidelity
         metrics["nic_late_per_packet_ns"] = {"median": round(st["nic_late_ns"] / st["packets"], 1)}
         metrics["nic_early_per_packet_ns"] = {"median": round(st["nic_early_ns"] / st["packets"], 1)}
+        # what the lateness is made of: claimed this long after it could be (warps busy), then
+        # this long from the claim to visible (the batch's copies and fence)
+        metrics["nic_claim_lag_per_packet_ns"] = {"median": round(st["nic_claim_lag_ns"] / st["packets"], 1)}
+        metrics["nic_deliver_per_packet_ns"] = {"median": round(st["nic_deliver_ns"] / st["packets"], 1)}
     if args.path == "proxy":
         pst = dict(runner.ext.proxy_stats())
         if pst.get("descriptors"):
@@ -852,7 +867,8 @@ def _run_variant(runner: Runner, scn, args, levers: list[str], sets: Mapping[str
                     "per iteration the max over GPUs",
            "notes": f"{runner.nb} EP blocks x {runner.warps} warps per rank, {runner.nics} NIC blocks per rank; "
                     f"SQ+doorbell in {'write-combined pinned host' if runner.sq_host else 'GPU'} memory, "
-                    f"send CQ in {'pinned host' if runner.cq_host else 'GPU'} memory; "
+                    f"send CQ in {'pinned host' if runner.cq_host else 'GPU'} memory, receive CQs in "
+                    f"{'pinned host memory (written by the NIC host engine, polled through PCIe)' if runner.rx_host else 'GPU memory'}; "
                     f"flags dispatch={json.dumps(fd)} combine={json.dumps(fc)}; NIC layout the kernels "
                     f"posted through (rank 0, QP 0; hw/ep/emu_nic.h): "
                     f"{json.dumps(runner.layout_note(args.path == 'proxy'))}"}
@@ -861,7 +877,8 @@ def _run_variant(runner: Runner, scn, args, levers: list[str], sets: Mapping[str
                         metrics=metrics, how=how, platform_info=platform_info,
                         command="lever hw ep " + " ".join(sys.argv[3:] if len(sys.argv) > 3 else []),
                         provenance=getattr(args, "provenance", None), emu=runner.emu, faults=runner.faults,
-                        sq="host" if runner.sq_host else "device", cq="host" if runner.cq_host else "device")
+                        sq="host" if runner.sq_host else "device", cq="host" if runner.cq_host else "device",
+                        rxcq="host" if runner.rx_host else "device")
 
 
 def post_chain_metrics(rows: list[dict]) -> dict[str, dict]:
@@ -891,12 +908,13 @@ def post_chain_metrics(rows: list[dict]) -> dict[str, dict]:
     return out
 
 
-def write_outcome(path: Path, outcomes: list[dict[str, Any]], args, emu, sq: str, cq: str, rc: int) -> None:
+def write_outcome(path: Path, outcomes: list[dict[str, Any]], args, emu, sq: str, cq: str, rc: int,
+                  rxcq: str = "host") -> None:
     """Every variant's outcome as one JSON file (a failed gate writes no record: this file is
     what a negative control leaves, and what a CPU test checks once it is committed)."""
     doc = {"kind": "lever-hw-ep-outcome", "command": "lever hw ep " + " ".join(sys.argv[3:]),
            "exit_code": rc, "unsafe_ordered": bool(args.unsafe_ordered), "faults": bool(args.faults),
-           "path": args.path, "sq": sq, "cq": cq, "emulated_nic": emu.record(args.faults, sq, cq),
+           "path": args.path, "sq": sq, "cq": cq, "rxcq": rxcq, "emulated_nic": emu.record(args.faults, sq, cq, rxcq),
            "provenance": dict(getattr(args, "provenance", None) or {}), "variants": outcomes}
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + ".tmp")
@@ -908,7 +926,7 @@ def run_options(args: argparse.Namespace):
     """What V1's and V2's runs take from the command line alike: the lever sets to run (one,
     or ``--variants``, with the output they need), the ``--set`` overrides (no platform
     field: the emulator has its own file), the emulator's values with ``--emu-set``, the
-    queue placement and the loss probability of this run."""
+    queue placement (send queue, send CQ, receive CQs) and the loss probability of this run."""
     from lever.hw import emulated_nic
     from lever.sim.scenario import parse_sets
 
@@ -922,8 +940,16 @@ def run_options(args: argparse.Namespace):
     extra = parse_sets(args.set)
     refuse_platform_sets(extra)
     emu = emulated_nic.load(overrides=emulated_nic.parse_emu_sets(args.emu_set))
-    sq, cq = args.sq or emu.sq, args.cq or emu.cq
-    return variants, extra, emu, sq, cq, emu.loss(args.faults)
+    sq, cq, rxcq = args.sq or emu.sq, args.cq or emu.cq, getattr(args, "rxcq", "") or emu.rxcq
+    return variants, extra, emu, (sq, cq, rxcq), emu.loss(args.faults)
+
+
+def placement_tag(sq: str, cq: str, rxcq: str, path: str) -> str:
+    """The record id's mark of queues placed away from the default (host memory everywhere,
+    as on p5/p5en): ``-sqdev-cqhos`` for the native send queue and CQ, ``-rxdev`` for the
+    receive CQs (any path)."""
+    tag = "" if (sq, cq) == ("host", "host") or path == "proxy" else f"-sq{sq[:3]}-cq{cq[:3]}"
+    return tag + ("-rxdev" if rxcq == "device" else "")
 
 
 def main(args: argparse.Namespace) -> int:
@@ -947,7 +973,7 @@ def main(args: argparse.Namespace) -> int:
     if gpus > ngpu or args.ranks % gpus:
         raise UserError(f"--ranks {args.ranks} over --gpus {gpus}: needs a multiple of the GPUs "
                         f"({ngpu} visible)")
-    variants, extra, emu, sq, cq, loss = run_options(args)
+    variants, extra, emu, (sq, cq, rxcq), loss = run_options(args)
     outcomes: list[dict[str, Any]] = []
     try:
         base = load_scenario(args.ranks, args.faults, extra, [], args.path, loss)
@@ -956,10 +982,10 @@ def main(args: argparse.Namespace) -> int:
         shape.check()
         ext = load_ext()
         runner = Runner(torch, ext, shape, args.ranks, gpus, base, args.seed, args.num_sms, args.timeout_ms,
-                        args.path, args.proxy_threads, emu=emu, sq=sq, cq=cq, faults=args.faults)
+                        args.path, args.proxy_threads, emu=emu, sq=sq, cq=cq, faults=args.faults, rxcq=rxcq)
         info = _platform_info(torch)
         rc = 0
-        place = "" if (sq, cq) == ("host", "host") or args.path == "proxy" else f"-sq{sq[:3]}-cq{cq[:3]}"
+        place = placement_tag(sq, cq, rxcq, args.path)
         for v in variants:
             levers = [x for x in v.split(",") if x]
             scn = load_scenario(args.ranks, args.faults, extra, levers, args.path, loss)
@@ -987,7 +1013,7 @@ def main(args: argparse.Namespace) -> int:
             print(f"{rid}: dispatch {lat['dispatch']['median']:.1f} us (p10 {lat['dispatch']['p10']:.1f}, "
                   f"p90 {lat['dispatch']['p90']:.1f}), combine {lat['combine']['median']:.1f} us -> {out}")
         if args.outcome:
-            write_outcome(Path(args.outcome), outcomes, args, emu, sq, cq, rc)
+            write_outcome(Path(args.outcome), outcomes, args, emu, sq, cq, rc, rxcq)
         return rc
     except EpError as e:
         raise UserError(str(e)) from None

@@ -116,14 +116,14 @@ class V2Runner(v1.Runner):
 
     def __init__(self, torch, ext, shape: Shape, ranks: int, gpus: int, scn, seed: int, num_sms: int,
                  timeout_ms: float, path: str, proxy_threads: int, rpn: int, protocol: str, emu=None,
-                 sq: str = "host", cq: str = "host", faults: bool = False) -> None:
+                 sq: str = "host", cq: str = "host", faults: bool = False, rxcq: str = "") -> None:
         d = scn.design
         self.protocol = protocol
         self.P, self.N = rpn, ranks // rpn
         self.so_warps = d.warps_per_sm
         self.fwd_warps = d.forward_warps_per_sm if protocol == "v2-hybrid" else 0
         super().__init__(torch, ext, shape, ranks, gpus, scn, seed, num_sms, timeout_ms, path, proxy_threads,
-                         emu=emu, sq=sq, cq=cq, faults=faults)
+                         emu=emu, sq=sq, cq=cq, faults=faults, rxcq=rxcq)
         self.warps = self.so_warps + self.fwd_warps  # every EP block: scale-out + forward warps
         if not 1 <= self.warps <= 8:
             raise v1.EpError(f"warps_per_sm + forward_warps_per_sm = {self.warps}: the kernels take 1..8")
@@ -284,7 +284,7 @@ def main_v2(args: argparse.Namespace) -> int:
     if args.iters < 1 or args.warmup < 0:
         raise UserError("--iters must be >= 1 and --warmup >= 0")
     rpn = ranks_per_node(args.ranks, args.ranks_per_node)
-    variants, extra, emu, sq, cq, loss = v1.run_options(args)
+    variants, extra, emu, (sq, cq, rxcq), loss = v1.run_options(args)
     torch = require_cuda()
     args.provenance = v1.run_provenance(args.allow_dirty)
     ngpu = torch.cuda.device_count()
@@ -300,10 +300,10 @@ def main_v2(args: argparse.Namespace) -> int:
         ext = v1.load_ext()
         runner = V2Runner(torch, ext, shape, args.ranks, gpus, base, args.seed, args.num_sms, args.timeout_ms,
                           args.path, args.proxy_threads, rpn, args.protocol, emu=emu, sq=sq, cq=cq,
-                          faults=args.faults)
+                          faults=args.faults, rxcq=rxcq)
         info = v1._platform_info(torch)
         rc = 0
-        place = "" if (sq, cq) == ("host", "host") or args.path == "proxy" else f"-sq{sq[:3]}-cq{cq[:3]}"
+        place = v1.placement_tag(sq, cq, rxcq, args.path)
         for v in variants:
             levers = [x for x in v.split(",") if x]
             tag = "-".join(levers) if levers else "baseline"

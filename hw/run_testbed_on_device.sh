@@ -6,16 +6,25 @@
 # other queue placements, the proxy path with 1/2/4 host threads, faults (drops, resends,
 # duplicates), two runs whose retries are exhausted (must fail naming the error CQE), the
 # unsafe-ordered negative control (must fail its gate), EP4 virtual ranks, and the primitive
-# families the chain is compared with. Records and outcome files go to $OUT/records.tgz,
-# the log to $OUT/log.txt. LEVER_GIT_REV must name the clean commit the tree came from.
-# Usage: hw/run_testbed_on_device.sh [STEPS]  (comma list of base,place,chain,levers,proxy,faults,exhaust,unsafe,ep4,late,prim; default all)
+# families the chain is compared with; write-with-immediate with its receive CQs in GPU
+# memory beside the default host memory (rxdev). A short gated smoke run goes first: if it
+# fails, the other steps are skipped. Records and outcome files go to $OUT/records.tgz
+# (re-made after every step), the log to $OUT/log.txt. LEVER_GIT_REV must name the clean
+# commit the tree came from.
+# Usage: hw/run_testbed_on_device.sh [STEPS]  (comma list of smoke,base,place,placedev,chain,levers,proxy,faults,exhaust,unsafe,ep4,late,rxdev,repeat,prim; default all)
 set -u
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/bed_out}
 REC=/tmp/bed_rec; mkdir -p "$REC" "$OUT"
 export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 export LEVER_BUILD_DIR=/tmp/lever_build TORCH_CUDA_ARCH_LIST=9.0 MAX_JOBS=16
-STEPS=${1:-base,place,chain,levers,proxy,faults,exhaust,unsafe,ep4,late,prim}
+# pydantic and simpy are not on the device image: carried wheels (.whl) go to /tmp/site
+if ls .whl/*.whl >/dev/null 2>&1 && ! python3 -c 'import pydantic' 2>/dev/null; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
+  export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
+fi
+export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
+STEPS=${1:-smoke,base,place,chain,levers,proxy,faults,exhaust,unsafe,ep4,late,rxdev,repeat,prim}
 ITERS=${ITERS:-60}
 LOG="$OUT/log.txt"
 has() { [[ ",$STEPS," == *",$1,"* ]]; }
@@ -36,13 +45,22 @@ step() {  # name, timeout, args...
   echo "=== $name: lever hw ep $*" | tee -a "$LOG"
   local s0=$(date +%s)
   timeout "$to" python3 -m lever.cli hw ep "$@" 2>&1 | tee -a "$LOG"
-  echo "=== $name rc=${PIPESTATUS[0]} wall=$(( $(date +%s) - s0 ))s" | tee -a "$LOG"
+  local rc=${PIPESTATUS[0]}
+  echo "=== $name rc=$rc wall=$(( $(date +%s) - s0 ))s" | tee -a "$LOG"
+  [[ $name == smoke* && $rc != 0 ]] && SMOKE_FAILED=1
+  tar czf "$OUT/records.tgz" -C /tmp bed_rec  # what ran so far comes back even if a later step is cut off
+  return 0
 }
+SMOKE_FAILED=0
 P=emu-bed-ep
 C="--ranks 2 --gpus 1 --iters $ITERS --out-dir $REC --id-prefix $P"
 LEVERS="lazy-completion-dispatch;lazy-completion-combine;batched-doorbells;qp-fanout-fix;qp17-ownership;write-imm-counting;put-many;deferred-doorbell-aggregation;provider-batched-tail;cached-dispatch;lazy-completion-dispatch,deferred-doorbell-aggregation"
+# a short gated run first (faults and write-with-immediate on the default placement): a hang
+# or a failed gate shows in seconds, and the other steps are skipped
+has smoke && step smoke 60 --ranks 2 --gpus 1 --iters 5 --warmup 1 --profile 0 --faults --out-dir "$REC/smoke" --id-prefix smoke-bed-ep --variants ";write-imm-counting"
+if [[ $SMOKE_FAILED == 1 ]]; then STEPS=skipped; echo "=== smoke failed: the other steps are skipped" | tee -a "$LOG"; fi
 has base && step base 90 $C --variants ";"
-has place && step place-dev-dev 60 $C --sq device --cq device --variants ";"
+(has place || has placedev) && step place-dev-dev 60 $C --sq device --cq device --variants ";"
 has place && step place-host-dev 60 $C --sq host --cq device --variants ";"
 has place && step place-dev-host 60 $C --sq device --cq host --variants ";"
 # the primitive chain as one posting warp per rank pays it (the primitives' shape: one thread,
@@ -57,14 +75,23 @@ has faults && step faults 120 $C --faults --variants ";write-imm-counting;cached
 has faults && step proxy-faults 90 $C --faults --path proxy --variants ";"
 # every packet and ACK dropped: retries run out, the WQE completes with an error CQE, the run
 # must fail (rc 1) with the status named; the outcome file says so
-has exhaust && step exhaust-native-must-fail 60 --ranks 2 --gpus 1 --emu-set loss_prob=1 --iters 3 --warmup 0 --profile 0 --out "$REC/exhaust.json" --outcome "$REC/retries-exhausted-native-outcome.json"
-has exhaust && step exhaust-proxy-must-fail 60 --ranks 2 --gpus 1 --path proxy --emu-set loss_prob=1 --iters 3 --warmup 0 --profile 0 --out "$REC/exhaust-proxy.json" --outcome "$REC/retries-exhausted-proxy-outcome.json"
+has exhaust && step exhaust-native-must-fail 40 --ranks 2 --gpus 1 --emu-set loss_prob=1 --iters 3 --warmup 0 --profile 0 --out "$REC/exhaust.json" --outcome "$REC/retries-exhausted-native-outcome.json"
+has exhaust && step exhaust-proxy-must-fail 40 --ranks 2 --gpus 1 --path proxy --emu-set loss_prob=1 --iters 3 --warmup 0 --profile 0 --out "$REC/exhaust-proxy.json" --outcome "$REC/retries-exhausted-proxy-outcome.json"
 # ordered flags on the SRD wire (no flush before the signal): the gate must fail
 has unsafe && step unsafe-ordered-must-fail 60 --ranks 2 --gpus 1 --faults --unsafe-ordered --iters 5 --warmup 1 --profile 0 --out "$REC/unsafe.json" --outcome "$REC/unsafe-ordered-outcome.json"
 # the emulator's schedule: lateness per packet against the delivery batch
 for b in 1 4; do
   has late && step late-b$b 60 $C --emu-set deliver_batch_count=$b --id-prefix $P-late-b$b- --variants ";"
 done
+# and with every delivering warp fetching between its batches (the fetcher before it had one)
+has late && step late-shared 60 $C --emu-set nic_fetcher=shared --id-prefix $P-late-shared- --variants ";"
+# write-with-immediate with the receive CQs in GPU memory (the default: host memory, PCIe)
+has rxdev && step rxdev 90 $C --rxcq device --variants "write-imm-counting;cached-dispatch"
+has rxdev && step rxdev-faults 60 $C --rxcq device --faults --variants "write-imm-counting"
+# the baseline again, twice, later in the same call: how far one configuration moves between
+# processes of one call, the noise a measured lever delta carries (calibration/adjudication)
+has repeat && step repeat-a 60 $C --id-prefix $P-repeat-a --variants ";"
+has repeat && step repeat-b 60 $C --id-prefix $P-repeat-b --variants ";"
 has ep4 && step ep4-virtual 90 --ranks 4 --gpus 1 --num-sms 12 --iters $ITERS --variants ";" --out-dir "$REC" --id-prefix $P
 if has prim; then
   echo "=== primitives" | tee -a "$LOG"
@@ -82,8 +109,10 @@ for p in sorted(d.glob("emu-bed-*.json")):
     g = lambda k: m.get(k, {}).get("median")
     rows.append((p.stem, g("dispatch_post_chain_b1_ns"), g("dispatch_post_chain_per_wqe_ns"),
                  g("dispatch_credit_check_per_wqe_ns"), g("nic_late_per_packet_ns"), g("nic_early_per_packet_ns"),
+                 g("nic_claim_lag_per_packet_ns"), g("nic_deliver_per_packet_ns"),
                  g("drops_per_iteration_count"), g("duplicates_per_iteration_count")))
-print(f"{'record':58s} {'b1 chain':>9s} {'chain/wqe':>9s} {'credit':>8s} {'late':>7s} {'early':>7s} {'drops':>6s} {'dups':>5s}")
+print(f"{'record':58s} {'b1 chain':>9s} {'chain/wqe':>9s} {'credit':>9s} {'late':>9s} {'early':>9s} {'claimlag':>9s} "
+      f"{'deliver':>9s} {'drops':>9s} {'dups':>9s}")
 for r in rows:
     print(f"{r[0][:58]:58s} " + " ".join(f"{x:9.1f}" if isinstance(x, float) else f"{'-':>9s}" for x in r[1:]))
 pr = d / "h200-primitives-testbed.json"
@@ -94,6 +123,6 @@ if pr.exists():
         if k in m:
             print(f"primitive {k:45s} {m[k]['median']:9.1f}")
 PY
-ls "$REC" | tee -a "$LOG"
+ls -R "$REC" | tee -a "$LOG"
 tar czf "$OUT/records.tgz" -C /tmp bed_rec
 echo "done" | tee -a "$LOG"

@@ -5,14 +5,16 @@
 # One call on the device machine (nvidia-h200): every step bounded by `timeout`, logged to
 # $OUT/log.txt; a failing step does not stop the others; records come back in one tarball.
 # Records name their commit: set LEVER_GIT_REV to the clean 40-hex commit the tree came from.
-# Usage: hw/run_v2_on_device.sh [STEPS]  (comma list of smoke,hybrid,levers,proxy,faults,direct,unsafe)
+# rxdev: write-with-immediate counting with the receive CQs in GPU memory, beside the default
+# (host memory, polled through PCIe).
+# Usage: hw/run_v2_on_device.sh [STEPS]  (comma list of smoke,hybrid,levers,proxy,faults,direct,unsafe,rxdev)
 set -u
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/v2_out}
 REC=/tmp/v2_rec; mkdir -p "$REC" "$OUT"
 export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 export LEVER_BUILD_DIR=${LEVER_BUILD_DIR:-/tmp/lever_build} TORCH_CUDA_ARCH_LIST=9.0
-STEPS=${1:-smoke,hybrid,levers,proxy,faults,direct,unsafe}
+STEPS=${1:-smoke,hybrid,levers,proxy,faults,direct,unsafe,rxdev}
 ITERS=${ITERS:-60}
 if ls .whl/*.whl >/dev/null 2>&1 && ! python3 -c 'import pydantic' 2>/dev/null; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
@@ -29,6 +31,7 @@ step() {  # name, timeout, args...
   local rc=${PIPESTATUS[0]}
   echo "=== $name rc=$rc wall=$(( $(date +%s) - t0 ))s" | tee -a "$LOG"
   [[ $name == smoke* && $rc != 0 ]] && SMOKE_FAILED=1
+  tar czf "$OUT/records.tgz" -C /tmp v2_rec  # what ran so far comes back even if a later step is cut off
   return 0
 }
 SMOKE_FAILED=0
@@ -52,6 +55,8 @@ has faults && step proxy-faults 90 $H --faults --path proxy --iters $ITERS --var
 has direct && step direct 120 $D --iters $ITERS --variants ";cached-dispatch"
 has direct && step direct-faults 90 $D --faults --iters $ITERS --variants ";"
 has direct && step direct-proxy 90 $D --path proxy --iters $ITERS --variants ";"
+has rxdev && step rxdev 90 $H --rxcq device --iters $ITERS --variants "write-imm-counting"
+has rxdev && step rxdev-faults 90 $H --rxcq device --faults --iters $ITERS --variants "write-imm-counting"
 # the negative control: tails right after the data (no flush) on a lossy SRD wire must fail the gate
 has unsafe && step unsafe-ordered-must-fail 90 $H --faults --unsafe-ordered --iters 20 --warmup 2 --profile 0 --out "$OUT/unsafe-ordered.json"
 ls "$REC" | tee -a "$LOG"

@@ -28,7 +28,8 @@ CXX = shutil.which("g++") or shutil.which("c++")
 
 def test_emulator_file_loads_with_units_and_sources():
     emu = emulated_nic.load()
-    assert emu.sq == "host" and emu.cq == "host"  # where p5/p5en have them
+    assert emu.sq == "host" and emu.cq == "host" and emu.rxcq == "host"  # where p5/p5en have them
+    assert emu.nic_fetcher == "dedicated" and emu.fabric_dict(0, False)["dedicated_fetcher"] == 1
     assert emu.loss(False) == 0.0 and emu.loss(True) == pytest.approx(0.02)
     for key in emu.values:
         assert emu.sources[key], key
@@ -67,8 +68,11 @@ def test_emu_set_reaches_the_kernels_and_the_record():
     emu = emulated_nic.load(overrides=emulated_nic.parse_emu_sets(["loss_prob=1", "max_retries_count=2"]))
     fab = emu.fabric_dict(3, False)
     assert fab["loss_prob"] == 1.0 and fab["max_retries"] == 2 and fab["seed"] == 4.0
-    rec = emu.record(False, "device", "host")
+    rec = emu.record(False, "device", "host", "device")
     assert rec["values"]["max_retries_count"] == 2 and rec["sq"] == "device" and rec["cq"] == "host"
+    assert rec["rxcq"] == "device" and emu.record(False, "host", "host")["rxcq"] == "host"
+    shared = emulated_nic.load(overrides={"nic_fetcher": "shared"})
+    assert shared.fabric_dict(0, False)["dedicated_fetcher"] == 0
     assert emu.sources["loss_prob"] == "--emu-set"
 
 
@@ -140,6 +144,7 @@ def test_proxy_pass_posts_in_order_and_stops_the_run_on_an_error_cqe(tmp_path):
     assert rows["error"] == "rank 0 qp 3 thread 1 cqe 1 status 13"
     assert rows["first"] == "status 13 rank 0 qp 3 cqe 1 thread 1"
     assert rows["later"] == "1 done 3 bad 2 sink 1"
+    assert rows["rxcq"] == "host 2 device 4 (host is 2)"
 
 
 class _Stream:
@@ -170,6 +175,22 @@ def test_the_host_wait_is_bounded_and_stops_a_stuck_run():
     with pytest.raises(EpError, match="did not stop .* of the host's abort"):
         Runner.sync(fake)
     assert ext.aborts == [(7, 12)]
+
+
+def test_the_receive_cqs_sit_in_host_memory_by_default():
+    """--rxcq: the write-with-immediate receive CQs are pinned host memory (read by the GPU:
+    not write-combined) unless the run asks for GPU memory; a record id marks the latter."""
+    from lever.hw.ep import Runner, placement_tag
+
+    fake = SimpleNamespace(sq_host=True, cq_host=True, rx_host=True, depth=64, n_rxcq=4, rx_depth=128)
+    sizes = {k: (n, wc) for k, n, wc in Runner.hostq_sizes(fake)}
+    assert sizes["rxcq"] == (4 * 128 * 32, False) and sizes["sq"][1] is True
+    fake.rx_host = False
+    assert "rxcq" not in {k for k, _, _ in Runner.hostq_sizes(fake)}
+    assert placement_tag("host", "host", "host", "native") == ""
+    assert placement_tag("host", "host", "device", "native") == "-rxdev"
+    assert placement_tag("device", "host", "device", "native") == "-sqdev-cqhos-rxdev"
+    assert placement_tag("device", "device", "host", "proxy") == ""
 
 
 def test_post_chain_metrics_from_profiler_rows():

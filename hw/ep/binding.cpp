@@ -86,11 +86,14 @@ static py::dict emulated_nic_tables(const IntMap& c, const std::vector<IntMap>& 
   if ((int)peers.size() != R) throw std::runtime_error("peers: one entry per rank");
   std::vector<lever_efa_nic_layout> recv((size_t)R * nrx);
   std::vector<lever_efa_peer> table((size_t)R * nrx);
+  // where the receive CQs (write-with-immediate completions) are: pinned host memory, polled
+  // through PCIe as on p5/p5en, or GPU memory
+  const bool rx_host = c.count("rx_host") && need(c, "rx_host") != 0;
   for (int r = 0; r < R; ++r) {
     const uint64_t rxcq = (uint64_t)need(peers[r], "rxcq");
     for (int i = 0; i < nrx; ++i) {
       recv[(size_t)r * nrx + i] = emu_nic::recv_qp_layout(
-          r, emu_nic::rx_qpn(r, i, nrx), rxcq + (uint64_t)i * rxd * emu_nic::CQE_SIZE, rxd);
+          r, emu_nic::rx_qpn(r, i, nrx), rxcq + (uint64_t)i * rxd * emu_nic::CQE_SIZE, rxd, rx_host);
       table[(size_t)r * nrx + i] = emu_nic::peer_entry(r, i, nrx);
     }
   }
@@ -170,6 +173,7 @@ static int make_world(int gpu, const IntMap& c, const FloatMap& fab, const std::
   w.fab.max_retries = (int)f("max_retries");
   w.fab.deliver_lead_ns = (float)f("deliver_lead_ns");
   w.fab.deliver_batch = (int)f("deliver_batch");
+  w.fab.dedicated_fetcher = (int)f("dedicated_fetcher");
   w.fab.seed = (unsigned long long)f("seed");
 
   // ---- the NIC tables, whoever filled them (emulated_nic_tables below, or a real device's
@@ -264,10 +268,9 @@ static int make_world(int gpu, const IntMap& c, const FloatMap& fab, const std::
     r.pnic = g_host_nic[r.rank].psend.empty() ? nullptr : d_psend + i * NQ;
     r.fnic = d_fsend + i * NQ;
     r.fpnic = g_host_nic[r.rank].fpsend.empty() ? nullptr : d_fpsend + i * NQ;
-    r.nic_ackt = ptr<unsigned long long>(m, "nic_ackt");
     r.loc_cnt = ptr<unsigned>(m, "loc_cnt");
     r.nicqp = ptr<emu::NicQp>(m, "nicqp");
-    r.nic_rem = ptr<int>(m, "nic_rem"); r.bar = ptr<unsigned>(m, "bar");
+    r.bar = ptr<unsigned>(m, "bar");
     r.hcount = ptr<int>(m, "hcount");
     r.prof = ptr<unsigned long long>(m, "prof"); r.prof_n = ptr<unsigned>(m, "prof_n");
     r.pring = opt_ptr<emu::ProxyDesc>(m, "pring"); r.pstate = opt_ptr<unsigned long long>(m, "pstate");

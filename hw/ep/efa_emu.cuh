@@ -117,6 +117,9 @@ enum Stat : int {
   ST_NIC_EARLY_NS = 19,// sum over data packets of (due - delivered) when a packet landed early
   ST_LOCAL = 20,       // puts to the rank itself: copied by the issuing warp, never on the wire
   ST_MIRRORED = 21,    // WQEs the NIC copied from a host-memory SQ into its device mirror
+  // where the lateness comes from, summed over data packets that landed:
+  ST_NIC_CLAIM_LAG_NS = 22,  // claimed this long after it could be (due - deliver_lead_ns): warps busy
+  ST_NIC_DELIVER_NS = 23,    // claim to visible: the batch's copies and fence
   ST_NUM = 24,
 };
 
@@ -179,11 +182,10 @@ struct QpIssuer {  // issuer-side QP state, shared by the warps posting on it; 1
   unsigned int cq_ci;       // CQEs consumed (CAS-advanced by any poller)
   unsigned int pad[28];
 };
-struct NicQp {  // NIC-side QP state; 128 B
+struct NicQp {  // NIC-side QP state; 128 B (per-WQE state lives in the NIC block's shared memory)
   unsigned int ci;          // WQEs consumed from the SQ
   unsigned int cq_pi;       // CQEs written
-  unsigned int last_landed; // for reorder statistics
-  unsigned int pad[29];
+  unsigned int pad[30];
 };
 
 struct ProxyDesc {  // 128 B descriptor of the proxy path (host ring entry)
@@ -219,9 +221,6 @@ struct RankLocal {
   const lever_efa_nic_layout* nic;  // [NQ_MAX] native send QPs: where SQ, doorbell and CQ are
   const lever_efa_nic_layout* rx;   // [n_rxcq] this rank's receive QPs (RX CQ of write-with-imm)
   NicQp* nicqp;              // [nq]
-  int* nic_rem;              // [4][NQ_MAX][sq_depth] per WQE: packets not landed, packets not
-                             // ACKed, landed-packet bitmap (receiver dedup), status (0 ok)
-  unsigned long long* nic_ackt;  // [NQ_MAX][sq_depth] latest ACK arrival of the WQE's packets
   int* hcount;               // [E_local][R] cached-dispatch handle: counts of the last full dispatch
   unsigned int* bar;         // [4] rank barrier counter
   unsigned long long* prof;  // [prof_cap][8]
@@ -253,6 +252,8 @@ struct Fabric {  // [platform.fabric] + [platform.nic] + [platform.receiver], ns
   int max_retries;        // retransmissions of one packet before its WQE completes in error
   float deliver_lead_ns;  // a packet's copy starts this long before it is due (lands on time)
   int deliver_batch;      // due packets a NIC warp claims, copies and fences at once
+  int dedicated_fetcher;  // 1: one NIC warp only fetches WQEs, the others only deliver;
+                          // 0: whichever warp wins a try-lock fetches between its deliveries
   unsigned long long seed;
 };
 

@@ -10,6 +10,7 @@
 // and CQ in GPU memory on the native path, in pinned host memory on the proxy path;
 // 32-byte CQ entries like the v59 extended CQ), and when it parses a WQE it maps the
 // AH and destination QPN back to its own rank and receive queue and checks the keys.
+// (The receive CQs sit where `lever hw ep --rxcq` says: pinned host memory by default.)
 //
 // Plain C++ (stdint only besides nic_layout.h): binding.cpp, ep_kernels.cu (device
 // side of the numbering) and the host-only tests include it.
@@ -128,9 +129,10 @@ inline lever_efa_nic_layout mirror_layout(const lever_efa_nic_layout& pub, uint6
 }
 
 // A receive QP: only its CQ is polled (RX completions of write-with-immediate); its
-// SQ is never posted to, so the SQ fields stay 0.
+// SQ is never posted to, so the SQ fields stay 0. host_memory: the CQ is pinned host memory
+// (p5/p5en: the GPU polls it through PCIe, and the NIC writes it from its host-facing side).
 inline lever_efa_nic_layout recv_qp_layout(int rank, uint32_t qpn, uint64_t cq,
-                                           uint32_t cq_entries) {
+                                           uint32_t cq_entries, bool host_memory = false) {
   lever_efa_nic_layout l{};
   l.version = LEVER_EFA_NIC_LAYOUT_VERSION;
   l.qp_num = qpn;
@@ -139,7 +141,7 @@ inline lever_efa_nic_layout recv_qp_layout(int rank, uint32_t qpn, uint64_t cq,
   l.cq_buffer_dev = cq;
   l.cq_entry_size = CQE_SIZE;
   l.cq_num_entries = cq_entries;
-  l.cq_buffer_mem = LEVER_EFA_MEM_GPU;
+  l.cq_buffer_mem = host_memory ? LEVER_EFA_MEM_HOST : LEVER_EFA_MEM_GPU;
   l.cq_phase_first = LEVER_EFA_CQ_PHASE_FIRST_LAP;
   l.qkey = qkey(rank);
   return l;

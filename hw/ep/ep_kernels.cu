@@ -1091,16 +1091,21 @@ __device__ void combine_rank(const World& w, const EpFlags& f, const EpCtx& e, P
 }
 
 // ------------------------------------------------------------ NIC agent
-// One block per emulated EFA device. Every warp of the block delivers: the
-// block shares one packet table in shared memory (NP entries, each a packet,
-// a send completion or a receive completion with its due time), a warp claims
-// up to NCLAIM due entries at a time (CAS on the entry state), copies packets
-// with 16-byte loads/stores, issues one system fence for the batch and does the
-// bookkeeping. Fetching new WQEs is done by whichever warp wins a try-lock:
-// lanes load up to 32 WQEs of a QP at once (4 x 16 B each), validate them, and
-// schedule their packets on the NIC's serialiser (line rate) in SQ order, each
-// packet with its own path, jitter and losses (retransmit after the RTO).
+// One block per emulated EFA device. The block shares one packet table in shared memory
+// (NP entries, each a packet, a send completion or a receive completion with its due time)
+// and one table of the WQEs in flight (NWQ slots: packets to land, packets to be ACKed, the
+// receiver's landed bitmap, the latest ACK, the status). Only this block's warps touch a
+// WQE of the QPs it serves, so that state lives in shared memory: a delivering warp's
+// bookkeeping is shared-memory atomics, not a chain of global ones.
+// A delivering warp claims up to Fabric::deliver_batch due entries at a time (CAS on the
+// entry state), copies packets with 16-byte loads/stores, issues one fence for the batch and
+// does the bookkeeping. One warp fetches new WQEs (Fabric::dedicated_fetcher; else whichever
+// warp wins a try-lock between its deliveries): lanes load up to 32 WQEs of a QP at once
+// (4 x 16 B each), validate them, and schedule their packets on the NIC's serialiser (line
+// rate) in SQ order, each packet with its own path, jitter and losses (retransmit after the
+// RTO). Where host queues exist, warp 0 is the host-facing engine (nic_mirror, host CQEs).
 #define NP 512      // packet-table entries per NIC block
+#define NWQ 512     // WQE-table slots per NIC block: WQEs in flight at most (each has >= 1 packet)
 // entries a warp delivers per batch: Fabric::deliver_batch (a packet's lateness includes its batch)
 #define FETCH_MAXP 64
 
@@ -1118,12 +1123,23 @@ struct NicShared {
   unsigned state[NP];
   unsigned long long sent[NP];  // data: when the current transmission left the NIC
   unsigned char tries[NP];      // data: retransmissions so far (lost packets and lost ACKs)
+  unsigned short ws[NP];        // the entry's WQE slot (w_*)
+  // per WQE in flight, by slot: packets not landed, packets not ACKed, the receiver's
+  // landed-packet bitmap (duplicates discarded), the latest ACK (ns after t0), flags
+  int w_land[NWQ];
+  int w_ack[NWQ];
+  unsigned w_bits[NWQ];
+  unsigned w_ackt[NWQ];
+  unsigned w_flags[NWQ];        // WF_USED | WF_ERR (a packet ran out of retries)
+  unsigned q_last[NQ_MAX];      // per QP: highest (wqe, packet) landed (reorder statistics)
   unsigned long long dep[FETCH_MAXP];
   int eidx[FETCH_MAXP];
-  unsigned long long nic_free, last_wqe;
-  int nfree, inflight;
-  unsigned fetch_lock, cursor;
+  int wsl[32];                  // fetch: the slots found for the WQEs taken
+  unsigned long long nic_free, last_wqe, t0;
+  int nfree, inflight, wfree;
+  unsigned fetch_lock, cursor, wcursor;
 };
+enum : unsigned { WF_USED = 1u, WF_ERR = 2u };
 
 __device__ __forceinline__ unsigned long long vld64(const unsigned long long* p) {
   return *reinterpret_cast<const volatile unsigned long long*>(p);
@@ -1140,15 +1156,15 @@ __device__ __forceinline__ void vstu(unsigned* p, unsigned v) { *reinterpret_cas
 struct NicCtx {
   const RankLocal* L;
   int nic, nics, nq;
-  unsigned depth;   // entries of every SQ it serves (its nic_rem tables are [nq][depth])
   bool proxy;
   const lever_efa_nic_layout* lay;  // [nq] the QPs it serves (native or proxy), as it published them
   const lever_efa_nic_layout* flay; // [nq] where it fetches WQEs and doorbells: its device mirror of a
                                     // host-memory SQ, else the published layout
   bool sq_host, cq_host;            // published SQ / CQ in host memory (PCIe from this GPU)
+  bool rx_host;                     // the receive CQs (write-with-immediate) in host memory
   unsigned long long seed;
   unsigned long long n_pkt, n_retx, n_cqe, n_rx, n_reord, n_wqe, n_late;
-  unsigned long long n_drop, n_dup, n_err, n_early, n_mirror;
+  unsigned long long n_drop, n_dup, n_err, n_early, n_mirror, n_claim_lag, n_deliver;
 };
 
 __device__ __forceinline__ Rng pkt_rng(const NicCtx& c, int q, unsigned wi, unsigned p) {
@@ -1172,7 +1188,6 @@ __device__ int nic_fetch(const World& w, NicCtx& c, NicShared& S) {
   const int lane = lane_id();
   const Fabric& fb = w.fab;
   const RankLocal& L = *c.L;
-  const unsigned depth = c.depth;
   int taken_total = 0;
   const float ns_per_byte = 8.f / fb.line_rate_gbps;
   // lane j watches QP nic + j * nics: all doorbells are read at once
@@ -1248,7 +1263,8 @@ __device__ int nic_fetch(const World& w, NicCtx& c, NicShared& S) {
         if (lane >= o) incl += v;
       }
       const int avail = min(ldvi(&S.nfree), FETCH_MAXP);
-      const unsigned fit = __ballot_sync(0xffffffffu, lane < nw && incl <= avail);
+      const int wavail = ldvi(&S.wfree);  // free WQE slots
+      const unsigned fit = __ballot_sync(0xffffffffu, lane < nw && lane < wavail && incl <= avail);
       const int take = __popc(fit) ;  // a prefix: incl is monotone
       if (take == 0) return taken_total;
       const int P = __shfl_sync(0xffffffffu, incl, take - 1);
@@ -1293,16 +1309,35 @@ __device__ int nic_fetch(const World& w, NicCtx& c, NicShared& S) {
         __syncwarp();
         if (lane == 0) S.cursor = (cur + (unsigned)scanned) % NP;
       }
+      // and a WQE slot per WQE taken (only the fetcher allocates them too)
+      {
+        int found = 0, scanned = 0;
+        const unsigned cur = S.wcursor;
+        for (; found < take && scanned < 2 * NWQ; scanned += 32) {
+          const unsigned e = (cur + (unsigned)scanned + (unsigned)lane) % NWQ;
+          const bool fr = (vldu(&S.w_flags[e]) & WF_USED) == 0u;
+          const unsigned m = __ballot_sync(0xffffffffu, fr);
+          const int r = found + __popc(m & ((1u << lane) - 1u));
+          if (fr && r < take) S.wsl[r] = (int)e;
+          found += __popc(m);
+        }
+        if (found < take) {
+          if (lane == 0) raise_err(w, ERR_NIC_TABLE, L.rank, q, found, take, 1000 + c.nic);
+          return -1;
+        }
+        __syncwarp();
+        if (lane == 0) S.wcursor = (cur + (unsigned)scanned) % NWQ;
+      }
       __syncwarp();
-      // per WQE (read by the deliverers' atomics): packets to land, packets to be ACKed, the
-      // receiver's landed bitmap, the status, the latest ACK
+      // per WQE (read by the deliverers' shared-memory atomics): packets to land, packets to be
+      // ACKed, the receiver's landed bitmap, the latest ACK, the status
       if (lane < take) {
-        const size_t wslot = (size_t)q * depth + (idx % depth), W = (size_t)NQ_MAX * depth;
-        atomicExch(&L.nic_rem[wslot], npk);
-        atomicExch(&L.nic_rem[W + wslot], npk);
-        atomicExch(&L.nic_rem[2 * W + wslot], 0);
-        atomicExch(&L.nic_rem[3 * W + wslot], 0);
-        atomicExch(&L.nic_ackt[wslot], 0ull);
+        const int ws = S.wsl[lane];
+        S.w_land[ws] = npk;
+        S.w_ack[ws] = npk;
+        S.w_bits[ws] = 0u;
+        S.w_ackt[ws] = 0u;
+        S.w_flags[ws] = WF_USED;
       }
       // fill the entries: packet m belongs to WQE j (first lane with incl > m)
       for (int mb = 0; mb < P; mb += 32) {
@@ -1337,6 +1372,7 @@ __device__ int nic_fetch(const World& w, NicCtx& c, NicShared& S) {
           S.dst[e] = ra + (unsigned long long)p * fb.mtu;
           S.len[e] = min((unsigned)fb.mtu, ln - p * fb.mtu);
           S.wi[e] = wi;
+          S.ws[e] = (unsigned short)S.wsl[jm];
           S.imm[e] = im;
           S.meta[e] = EK_DATA | (hi << 2) | (p << 3) | ((unsigned)q << 8) | (de << 16) | (dq << 24);
         }
@@ -1346,6 +1382,7 @@ __device__ int nic_fetch(const World& w, NicCtx& c, NicShared& S) {
       for (int m = lane; m < P; m += 32) vstu(&S.state[S.eidx[m]], ES_PENDING);
       if (lane == 0) {
         atomicSub(&S.nfree, P);
+        atomicSub(&S.wfree, take);
         atomicAdd(&S.inflight, P);
         ci += (unsigned)take;
         *reinterpret_cast<volatile unsigned*>(&NQ->ci) = ci;
@@ -1468,15 +1505,13 @@ __device__ void write_send_cqe(NicCtx& c, int q, unsigned wi, bool err) {
 // One more packet of WQE (q, wi) is done at the sender: its ACK arrives at ack_t (or it
 // was given up: err). The last one schedules the send CQE after the latest ACK; any other
 // frees its entry.
-__device__ void nic_account(const World& w, NicCtx& c, NicShared& S, int e, int q, unsigned wi,
-                            unsigned long long ack_t, bool err) {
-  const RankLocal& L = *c.L;
-  const size_t wslot = (size_t)q * c.depth + (wi % c.depth), W = (size_t)NQ_MAX * c.depth;
-  if (err) atomicOr(&L.nic_rem[3 * W + wslot], 1);
-  atomicMax(&L.nic_ackt[wslot], ack_t);
-  __threadfence();
-  if (atomicSub(&L.nic_rem[W + wslot], 1) == 1) {
-    const unsigned long long last = atomicAdd(&L.nic_ackt[wslot], 0ull);
+__device__ void nic_account(const World& w, NicShared& S, int e, unsigned long long ack_t, bool err) {
+  const int ws = S.ws[e];
+  if (err) atomicOr(&S.w_flags[ws], WF_ERR);
+  atomicMax(&S.w_ackt[ws], (unsigned)(ack_t - S.t0));
+  __threadfence_block();  // this packet's ACK time before its count: the last one reads the max
+  if (atomicSub(&S.w_ack[ws], 1) == 1) {
+    const unsigned long long last = S.t0 + atomicAdd(&S.w_ackt[ws], 0u);
     entry_requeue(S, e, EK_SEND_CQE, last + (unsigned long long)w.fab.completion_ns);
   } else {
     entry_free(S, e);
@@ -1495,7 +1530,7 @@ __device__ void nic_ack(const World& w, NicCtx& c, NicShared& S, int e, int q, u
   if (lost) {
     ++c.n_drop;
     if ((int)tries >= fb.max_retries) {  // never ACKed: the WQE completes in error
-      nic_account(w, c, S, e, q, wi, t, true);
+      nic_account(w, S, e, t, true);
       return;
     }
     S.tries[e] = (unsigned char)(tries + 1u);
@@ -1505,7 +1540,161 @@ __device__ void nic_ack(const World& w, NicCtx& c, NicShared& S, int e, int q, u
     entry_requeue(S, e, EK_DATA, resend + (unsigned long long)flight_ns(fb, r));
     return;
   }
-  nic_account(w, c, S, e, q, wi, t + (unsigned long long)flight_ns(fb, r), false);
+  nic_account(w, S, e, t + (unsigned long long)flight_ns(fb, r), false);
+}
+
+// 2. A delivering warp's pass: claim up to deliver_batch due entries, deliver them (copies,
+// one fence, bookkeeping). With a host engine, the CQEs of a host-memory CQ (send, receive)
+// are its alone. Returns whether it delivered anything.
+__device__ bool nic_deliver(const World& w, NicCtx& c, NicShared& S, bool host_engine, bool is_host,
+                            int nclaim, unsigned long long lead, bool one_gpu, unsigned& rot) {
+  const Fabric& fb = w.fab;
+  const int lane = lane_id();
+  // claim: data packets deliver_lead_ns early (their copy and fence take about that long),
+  // completions when due
+  const unsigned long long now = gtime();
+  int mine = -1;
+  rot += 32u;
+  for (int k = 0; k < NP / 32; ++k) {
+    const int e = (int)((rot + (unsigned)(k * 32 + lane)) % NP);
+    if (mine < 0 && vldu(&S.state[e]) == ES_PENDING) {
+      const unsigned kind = vldu(&S.meta[e]) & 3u;
+      const bool host_kind = host_engine && ((c.cq_host && kind == EK_SEND_CQE) ||
+                                             (c.rx_host && kind == EK_RECV_CQE));
+      const bool for_me = is_host ? host_kind : !host_kind;
+      const unsigned long long due = vld64(&S.due[e]);
+      if (for_me && (kind == EK_DATA ? due <= now + lead : due <= now) &&
+          atomicCAS(&S.state[e], ES_PENDING, ES_CLAIMED) == ES_PENDING)
+        mine = e;
+    }
+    if (__popc(__ballot_sync(0xffffffffu, mine >= 0)) >= nclaim) break;
+  }
+  unsigned got = __ballot_sync(0xffffffffu, mine >= 0);
+  // keep NCLAIM, release the rest
+  {
+    const int rank_in = __popc(got & ((1u << lane) - 1u));
+    if (mine >= 0 && rank_in >= nclaim) {
+      vstu(&S.state[mine], ES_PENDING);
+      mine = -1;
+    }
+    got = __ballot_sync(0xffffffffu, mine >= 0);
+  }
+  if (got) {
+    __threadfence_block();
+    // the wire: a data transmission is dropped (drawn per transmission), or reaches the
+    // receiver, which discards a duplicate (its landed bitmap has the packet) and copies
+    // a new packet
+    int fate = 0;  // 0 not data, 1 dropped, 2 duplicate, 3 copy
+    if (mine >= 0) {
+      const unsigned meta = vldu(&S.meta[mine]);
+      if ((meta & 3u) == EK_DATA) {
+        const int q = (int)((meta >> 8) & 0xffu);
+        const unsigned p = (meta >> 3) & 31u, wi = vldu(&S.wi[mine]);
+        Rng r = event_rng(c, q, wi, p, 1u, (unsigned)S.tries[mine]);
+        if (fb.loss_prob > 0.f && r.uni() < fb.loss_prob) {
+          fate = 1;
+        } else {
+          const unsigned old = atomicOr(&S.w_bits[S.ws[mine]], 1u << p);
+          fate = (old >> p) & 1u ? 2 : 3;
+        }
+      }
+    }
+    unsigned g2 = __ballot_sync(0xffffffffu, fate == 3);  // copies start <= deliver_lead_ns early
+    while (g2) {
+      const int src_lane = __ffs(g2) - 1;
+      g2 &= g2 - 1;
+      const int e = __shfl_sync(0xffffffffu, mine, src_lane);
+      copy_packet(reinterpret_cast<const uint8_t*>(vld64(&S.src[e])),
+                  reinterpret_cast<uint8_t*>(vld64(&S.dst[e])), vldu(&S.len[e]), lane);
+    }
+    __syncwarp();
+    // one fence: the batch's packets are visible before any completion that follows
+    if (__any_sync(0xffffffffu, fate == 3)) {
+      if (one_gpu) __threadfence();
+      else __threadfence_system();
+    }
+    // bookkeeping: each lane its own entry (shared-memory state of its WQE)
+    if (mine >= 0) {
+      const int e = mine;
+      const unsigned meta = vldu(&S.meta[e]);
+      const unsigned kind = meta & 3u;
+      const int q = (int)((meta >> 8) & 0xffu);
+      const unsigned wi = vldu(&S.wi[e]);
+      const unsigned p = (meta >> 3) & 31u;
+      const int ws = S.ws[e];
+      const unsigned long long t = gtime();
+      if (kind == EK_DATA && fate == 1) {  // dropped on the wire
+        ++c.n_drop;
+        const unsigned tries = S.tries[e];
+        if ((int)tries >= fb.max_retries) {
+          nic_account(w, S, e, t, true);  // gave up: an error CQE, the data never landed
+        } else {
+          S.tries[e] = (unsigned char)(tries + 1u);
+          ++c.n_retx;
+          Rng r = event_rng(c, q, wi, p, 3u, tries + 1u);
+          const unsigned long long resend = S.sent[e] + (unsigned long long)fb.rto_ns;
+          S.sent[e] = resend;
+          entry_requeue(S, e, EK_DATA, (resend > t ? resend : t) + (unsigned long long)flight_ns(fb, r));
+        }
+      } else if (kind == EK_DATA && fate == 2) {  // a duplicate: discarded, ACKed again
+        ++c.n_dup;
+        nic_ack(w, c, S, e, q, wi, p, t);
+      } else if (kind == EK_DATA) {
+        ++c.n_pkt;
+        const unsigned long long due0 = vld64(&S.due[e]);
+        if (t > due0) c.n_late += t - due0;
+        else c.n_early += due0 - t;
+        // what the lateness is made of: the claim came this long after the packet could be
+        // claimed (due - lead; the warps were busy), then the batch took t - now
+        const unsigned long long ready = due0 > lead ? due0 - lead : 0ull;
+        if (now > ready) c.n_claim_lag += now - ready;
+        c.n_deliver += t - now;
+        const unsigned seqv = wi * 32u + p;
+        const unsigned prev = atomicMax(&S.q_last[q], seqv);
+        if (prev > seqv) ++c.n_reord;
+        const int rem = atomicSub(&S.w_land[ws], 1);
+        if (rem == 1 && (meta & 4u)) {  // write with immediate: receive completion at the target
+          vst64(&S.src[e], t);
+          entry_requeue(S, e, EK_RECV_CQE, t + (unsigned long long)fb.recv_completion_ns);
+        } else {
+          nic_ack(w, c, S, e, q, wi, p, t);
+        }
+      } else if (kind == EK_RECV_CQE) {
+        const int dest = (int)((meta >> 16) & 0xffu);
+        const int dqp = (int)(meta >> 24);
+        const RankPeer& P = w.peers[dest];
+        // the write's data (copied and fenced by the warp that landed it) before its CQE
+        if (one_gpu) __threadfence();
+        else __threadfence_system();
+        const unsigned slot = atomicAdd_system(P.rx_tail + dqp, 1u);
+        const lever_efa_nic_layout* rq = P.rx + dqp;
+        void* cqe = reinterpret_cast<void*>(lever_efa_cq_entry_dev(rq, slot));
+        const unsigned phase = lever_efa_cq_phase(slot, rq->cq_num_entries);
+        // an unsolicited RDMA-write receive (no posted receive), as v59 reports it
+        const unsigned flags = phase | ((unsigned)EFA_IO_RECV_QUEUE << CDESC_Q_TYPE_SHIFT) | CDESC_HAS_IMM |
+                               ((unsigned)EFA_IO_RDMA_WRITE << CDESC_OP_TYPE_SHIFT) | CDESC_UNSOLICITED;
+        uint4 v;
+        v.x = 0u | (flags << 24);  // req_id 0, status 0
+        // qp_num: the receiving QP; length: bytes of the packet that completed the write
+        v.y = (rq->qp_num & 0xffffu) | ((vldu(&S.len[e]) & 0xffffu) << 16);
+        v.z = 0xffffu | ((c.lay[q].qp_num & 0xffffu) << 16);  // ah unknown (0xffff), src_qp_num
+        v.w = vldu(&S.imm[e]);                                // the immediate
+        st_vol_v4(cqe, v);
+        ++c.n_rx;
+        nic_ack(w, c, S, e, q, wi, p, vld64(&S.src[e]));  // the last packet's ACK
+      } else {  // send completion (out of order across WQEs, like EFA)
+        __threadfence();
+        write_send_cqe(c, q, wi, (vldu(&S.w_flags[ws]) & WF_ERR) != 0u);
+        vstu(&S.w_flags[ws], 0u);  // the WQE's slot is free again
+        __threadfence_block();
+        atomicAdd(&S.wfree, 1);
+        entry_free(S, e);
+      }
+    }
+    __syncwarp();
+    return true;
+  }
+  return false;
 }
 
 __device__ void nic_warp(const World& w, const EpFlags& f, int lr, int nic, int wib, NicShared& S,
@@ -1518,21 +1707,24 @@ __device__ void nic_warp(const World& w, const EpFlags& f, int lr, int nic, int 
   c.nic = nic;
   c.nics = fb.nics_per_rank;
   c.nq = f.num_qps < NQ_MAX ? f.num_qps : NQ_MAX;
-  c.depth = (unsigned)w.sq_depth;
   c.proxy = f.proxy != 0;
   c.lay = c.proxy ? L.pnic : L.nic;
   c.flay = c.proxy ? L.fpnic : L.fnic;
   c.sq_host = c.lay[0].sq_buffer_mem != LEVER_EFA_MEM_GPU;
   c.cq_host = c.lay[0].cq_buffer_mem != LEVER_EFA_MEM_GPU;
+  c.rx_host = L.rx[0].cq_buffer_mem != LEVER_EFA_MEM_GPU;  // every rank's receive CQs sit alike
   c.seed = mix64(fb.seed ^ ((unsigned long long)nic << 36));
   c.n_pkt = c.n_retx = c.n_cqe = c.n_rx = c.n_reord = c.n_wqe = c.n_late = 0;
-  c.n_drop = c.n_dup = c.n_err = c.n_early = c.n_mirror = 0;
-  const unsigned depth = c.depth;
-  const size_t W = (size_t)NQ_MAX * depth;
-  // warp 0 faces the host when a queue is there: it mirrors host SQs and writes host CQEs,
-  // so no data warp waits on PCIe (its fences would wait for posted host writes)
-  const bool host_engine = (c.sq_host || c.cq_host) && w.nic_warps > 1;
+  c.n_drop = c.n_dup = c.n_err = c.n_early = c.n_mirror = c.n_claim_lag = c.n_deliver = 0;
+  // warp 0 faces the host when a queue is there: it mirrors host SQs and writes host CQEs
+  // (send and receive), so no data warp waits on PCIe (its fences would wait for posted
+  // host writes)
+  const bool host_engine = (c.sq_host || c.cq_host || c.rx_host) && w.nic_warps > 1;
   const bool is_host = host_engine && wib == 0;
+  // one warp only fetches (the next after the host engine), where there are warps enough
+  // for a deliverer besides; else every deliverer may fetch between its batches
+  const bool dedicated = fb.dedicated_fetcher != 0 && w.nic_warps >= (host_engine ? 3 : 2);
+  const bool is_fetcher = dedicated && wib == (host_engine ? 1 : 0);
   unsigned my_mdb = 0;
   if (is_host && c.sq_host && c.nic + lane * c.nics < c.nq)
     my_mdb = ld_acq_gpu32(reinterpret_cast<const unsigned*>(c.flay[c.nic + lane * c.nics].sq_doorbell_dev));
@@ -1546,153 +1738,25 @@ __device__ void nic_warp(const World& w, const EpFlags& f, int lr, int nic, int 
   while (true) {
     // 0. the host-facing engine: mirror host SQs (without one, warp 0 does it between batches)
     if (c.sq_host && (is_host || (!host_engine && wib == 0))) nic_mirror(w, c, my_mdb);
-    // 1. fetch (one warp at a time; never the host engine)
-    bool fetcher = false;
-    if (lane == 0 && !is_host) fetcher = atomicCAS(&S.fetch_lock, 0u, 1u) == 0u;
-    fetcher = __shfl_sync(0xffffffffu, fetcher, 0);
+    // 1. fetch: the dedicated fetcher, or one warp at a time by try-lock (never the host engine)
+    bool fetcher = is_fetcher;
+    if (!dedicated) {
+      if (lane == 0 && !is_host) fetcher = atomicCAS(&S.fetch_lock, 0u, 1u) == 0u;
+      fetcher = __shfl_sync(0xffffffffu, fetcher, 0);
+    }
+    int fetched = 0;
     if (fetcher) {
-      int r = nic_fetch(w, c, S);
+      fetched = nic_fetch(w, c, S);
       __syncwarp();
-      if (lane == 0) {
+      if (!dedicated && lane == 0) {
         __threadfence_block();
         atomicExch(&S.fetch_lock, 0u);
       }
-      if (r < 0) break;
+      if (fetched < 0) break;
     }
-    // 2. claim up to NCLAIM due entries: data packets deliver_lead_ns early (their copy and
-    //    fence take about that long), completions when due. With a host engine, send CQEs
-    //    of a host-memory CQ are its alone.
-    const unsigned long long now = gtime();
-    int mine = -1;
-    rot += 32u;
-    for (int k = 0; k < NP / 32; ++k) {
-      const int e = (int)((rot + (unsigned)(k * 32 + lane)) % NP);
-      if (mine < 0 && vldu(&S.state[e]) == ES_PENDING) {
-        const unsigned kind = vldu(&S.meta[e]) & 3u;
-        const bool host_kind = host_engine && c.cq_host && kind == EK_SEND_CQE;
-        const bool for_me = is_host ? host_kind : !host_kind;
-        const unsigned long long due = vld64(&S.due[e]);
-        if (for_me && (kind == EK_DATA ? due <= now + lead : due <= now) &&
-            atomicCAS(&S.state[e], ES_PENDING, ES_CLAIMED) == ES_PENDING)
-          mine = e;
-      }
-      if (__popc(__ballot_sync(0xffffffffu, mine >= 0)) >= nclaim) break;
-    }
-    unsigned got = __ballot_sync(0xffffffffu, mine >= 0);
-    // keep NCLAIM, release the rest
-    {
-      const int rank_in = __popc(got & ((1u << lane) - 1u));
-      if (mine >= 0 && rank_in >= nclaim) {
-        vstu(&S.state[mine], ES_PENDING);
-        mine = -1;
-      }
-      got = __ballot_sync(0xffffffffu, mine >= 0);
-    }
-    if (got) {
-      __threadfence_block();
-      // the wire: a data transmission is dropped (drawn per transmission), or reaches the
-      // receiver, which discards a duplicate (its landed bitmap has the packet) and copies
-      // a new packet
-      int fate = 0;  // 0 not data, 1 dropped, 2 duplicate, 3 copy
-      if (mine >= 0) {
-        const unsigned meta = vldu(&S.meta[mine]);
-        if ((meta & 3u) == EK_DATA) {
-          const int q = (int)((meta >> 8) & 0xffu);
-          const unsigned p = (meta >> 3) & 31u, wi = vldu(&S.wi[mine]);
-          Rng r = event_rng(c, q, wi, p, 1u, (unsigned)S.tries[mine]);
-          if (fb.loss_prob > 0.f && r.uni() < fb.loss_prob) {
-            fate = 1;
-          } else {
-            const int old = atomicOr(&L.nic_rem[2 * W + (size_t)q * depth + (wi % depth)], 1 << p);
-            fate = (old >> p) & 1 ? 2 : 3;
-          }
-        }
-      }
-      unsigned g2 = __ballot_sync(0xffffffffu, fate == 3);  // copies start <= deliver_lead_ns early
-      while (g2) {
-        const int src_lane = __ffs(g2) - 1;
-        g2 &= g2 - 1;
-        const int e = __shfl_sync(0xffffffffu, mine, src_lane);
-        copy_packet(reinterpret_cast<const uint8_t*>(vld64(&S.src[e])),
-                    reinterpret_cast<uint8_t*>(vld64(&S.dst[e])), vldu(&S.len[e]), lane);
-      }
-      __syncwarp();
-      // one system fence: the batch's packets are visible before any completion that follows
-      if (__any_sync(0xffffffffu, fate == 3)) {
-        if (one_gpu) __threadfence();
-        else __threadfence_system();
-      }
-      // bookkeeping: each lane its own entry
-      if (mine >= 0) {
-        const int e = mine;
-        const unsigned meta = vldu(&S.meta[e]);
-        const unsigned kind = meta & 3u;
-        const int q = (int)((meta >> 8) & 0xffu);
-        const unsigned wi = vldu(&S.wi[e]);
-        const unsigned p = (meta >> 3) & 31u;
-        const size_t wslot = (size_t)q * depth + (wi % depth);
-        NicQp* NQ = L.nicqp + q;
-        const unsigned long long t = gtime();
-        if (kind == EK_DATA && fate == 1) {  // dropped on the wire
-          ++c.n_drop;
-          const unsigned tries = S.tries[e];
-          if ((int)tries >= fb.max_retries) {
-            nic_account(w, c, S, e, q, wi, t, true);  // gave up: an error CQE, the data never landed
-          } else {
-            S.tries[e] = (unsigned char)(tries + 1u);
-            ++c.n_retx;
-            Rng r = event_rng(c, q, wi, p, 3u, tries + 1u);
-            const unsigned long long resend = S.sent[e] + (unsigned long long)fb.rto_ns;
-            S.sent[e] = resend;
-            entry_requeue(S, e, EK_DATA, (resend > t ? resend : t) + (unsigned long long)flight_ns(fb, r));
-          }
-        } else if (kind == EK_DATA && fate == 2) {  // a duplicate: discarded, ACKed again
-          ++c.n_dup;
-          nic_ack(w, c, S, e, q, wi, p, t);
-        } else if (kind == EK_DATA) {
-          ++c.n_pkt;
-          const unsigned long long due0 = vld64(&S.due[e]);
-          if (t > due0) c.n_late += t - due0;
-          else c.n_early += due0 - t;
-          const unsigned seqv = wi * 32u + p;
-          const unsigned prev = atomicMax(&NQ->last_landed, seqv);
-          if (prev > seqv) ++c.n_reord;
-          const int rem = atomicSub(&L.nic_rem[wslot], 1);
-          if (rem == 1 && (meta & 4u)) {  // write with immediate: receive completion at the target
-            vst64(&S.src[e], t);
-            entry_requeue(S, e, EK_RECV_CQE, t + (unsigned long long)fb.recv_completion_ns);
-          } else {
-            nic_ack(w, c, S, e, q, wi, p, t);
-          }
-        } else if (kind == EK_RECV_CQE) {
-          const int dest = (int)((meta >> 16) & 0xffu);
-          const int dqp = (int)(meta >> 24);
-          const RankPeer& P = w.peers[dest];
-          const unsigned slot = atomicAdd_system(P.rx_tail + dqp, 1u);
-          const lever_efa_nic_layout* rq = P.rx + dqp;
-          void* cqe = reinterpret_cast<void*>(lever_efa_cq_entry_dev(rq, slot));
-          const unsigned phase = lever_efa_cq_phase(slot, rq->cq_num_entries);
-          // an unsolicited RDMA-write receive (no posted receive), as v59 reports it
-          const unsigned flags = phase | ((unsigned)EFA_IO_RECV_QUEUE << CDESC_Q_TYPE_SHIFT) | CDESC_HAS_IMM |
-                                 ((unsigned)EFA_IO_RDMA_WRITE << CDESC_OP_TYPE_SHIFT) | CDESC_UNSOLICITED;
-          uint4 v;
-          v.x = 0u | (flags << 24);  // req_id 0, status 0
-          // qp_num: the receiving QP; length: bytes of the packet that completed the write
-          v.y = (rq->qp_num & 0xffffu) | ((vldu(&S.len[e]) & 0xffffu) << 16);
-          v.z = 0xffffu | ((c.lay[q].qp_num & 0xffffu) << 16);  // ah unknown (0xffff), src_qp_num
-          v.w = vldu(&S.imm[e]);                                // the immediate
-          st_vol_v4(cqe, v);
-          ++c.n_rx;
-          nic_ack(w, c, S, e, q, wi, p, vld64(&S.src[e]));  // the last packet's ACK
-        } else {  // send completion (out of order across WQEs, like EFA)
-          __threadfence();
-          write_send_cqe(c, q, wi, L.nic_rem[3 * W + wslot] != 0);
-          entry_free(S, e);
-        }
-      }
-      __syncwarp();
-      continue;
-    }
+    // 2. deliver (every warp but the dedicated fetcher)
+    if (!is_fetcher && nic_deliver(w, c, S, host_engine, is_host, nclaim, lead, one_gpu, rot)) continue;
+    if (fetched > 0) continue;
     // 3. idle: exit when every EP block on this GPU is done and nothing is in flight (one
     //    decision for the whole warp)
     bool idle = false, stop = false;
@@ -1707,12 +1771,14 @@ __device__ void nic_warp(const World& w, const EpFlags& f, int lr, int nic, int 
     if (__shfl_sync(0xffffffffu, (int)(idle || stop), 0)) break;
   }
   // per-lane counters (each lane handled its own entries): warp sums
-  unsigned long long* cs[11] = {&c.n_pkt, &c.n_retx, &c.n_cqe, &c.n_rx, &c.n_reord, &c.n_late,
-                                &c.n_drop, &c.n_dup, &c.n_err, &c.n_early, &c.n_mirror};
-  const int st_idx[11] = {ST_PACKETS, ST_RETRANSMITS, ST_CQES, ST_RX_CQES, ST_REORDERED, ST_NIC_LATE_NS,
-                          ST_DROPS, ST_DUPS, ST_ERR_CQES, ST_NIC_EARLY_NS, ST_MIRRORED};
+  unsigned long long* cs[13] = {&c.n_pkt, &c.n_retx, &c.n_cqe, &c.n_rx, &c.n_reord, &c.n_late,
+                                &c.n_drop, &c.n_dup, &c.n_err, &c.n_early, &c.n_mirror,
+                                &c.n_claim_lag, &c.n_deliver};
+  const int st_idx[13] = {ST_PACKETS, ST_RETRANSMITS, ST_CQES, ST_RX_CQES, ST_REORDERED, ST_NIC_LATE_NS,
+                          ST_DROPS, ST_DUPS, ST_ERR_CQES, ST_NIC_EARLY_NS, ST_MIRRORED,
+                          ST_NIC_CLAIM_LAG_NS, ST_NIC_DELIVER_NS};
 #pragma unroll
-  for (int i = 0; i < 11; ++i) {
+  for (int i = 0; i < 13; ++i) {
     unsigned long long v = *cs[i];
     for (int o = 16; o; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
     if (lane == 0 && v) atomicAdd(&w.stats[st_idx[i]], v);
@@ -1741,13 +1807,18 @@ __device__ __forceinline__ void nic_block(const World& w, const EpFlags& f, NicS
     s_nic.state[i] = ES_FREE;
     s_nic.due[i] = ~0ull;
   }
+  for (int i = threadIdx.x; i < NWQ; i += blockDim.x) s_nic.w_flags[i] = 0u;
+  for (int i = threadIdx.x; i < NQ_MAX; i += blockDim.x) s_nic.q_last[i] = 0u;
   if (threadIdx.x == 0) {
     s_nic.nic_free = 0;
     s_nic.last_wqe = 0;
+    s_nic.t0 = gtime();  // the WQE table's ACK times count from here
     s_nic.nfree = NP;
+    s_nic.wfree = NWQ;
     s_nic.inflight = 0;
     s_nic.fetch_lock = 0;
     s_nic.cursor = 0;
+    s_nic.wcursor = 0;
   }
   __syncthreads();
   if (warp < w.nic_warps && lr < w.ranks_per_gpu)

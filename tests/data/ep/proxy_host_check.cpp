@@ -1,7 +1,7 @@
 // Drives the CPU proxy's pass (hw/ep/proxy_host.h) over ordinary memory, without a GPU:
 // descriptors become WQEs and one doorbell, completions are counted and written back, and
 // an error CQE (status 13, the NIC out of retries) reaches the sink that stops the run,
-// once per ring. tests/test_hw_testbed.py compiles this with the host compiler and reads
+// once per ring; and where the host setup puts a receive CQ. tests/test_hw_testbed.py compiles this with the host compiler and reads
 // its "key value ..." lines.
 #include <cstdio>
 #include <cstring>
@@ -92,5 +92,10 @@ int main() {
   write_cqe(cq, lay, 2, 2, emu::CQE_STATUS_UNRESP_REMOTE);
   const unsigned long long m2 = proxy_host::complete(r, st, sink);
   printf("later %llu done %llu bad %llu sink %zu\n", m2, pstate[8], st.bad.load(), g_seen.size());
+  // where the emulated NIC's host setup puts a receive CQ (hw/ep/emu_nic.h, --rxcq)
+  printf("rxcq host %u device %u (host is %u)\n",
+         emu_nic::recv_qp_layout(0, emu_nic::rx_qpn(0, 0, n_rx), 0x1000, 64, true).cq_buffer_mem,
+         emu_nic::recv_qp_layout(0, emu_nic::rx_qpn(0, 0, n_rx), 0x1000, 64, false).cq_buffer_mem,
+         (unsigned)LEVER_EFA_MEM_HOST);
   return 0;
 }

@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# Every emulated-NIC record the NIC change of wip/hwfix moves, re-measured in one call on one
+# H200 (nvidia-h200): the V1 testbed (hw/run_testbed_on_device.sh: a gated smoke run, both
+# exhausted-retries runs, baseline, every lever, proxy 1/4 threads, faults, unsafe-ordered,
+# the chain, lateness against the batch and the fetcher, write-with-immediate with the
+# receive CQs in GPU memory, the baseline repeated twice at the end), V2 on the testbed (hw/run_v2_on_device.sh, with its rxdev
+# steps) and the credit diagnostics whose baselines are calibration records
+# (hw/run_credit_diag_on_device.sh). One build serves all three (LEVER_BUILD_DIR). About
+# 8 minutes of device time with the build; $OUT/{bed,v2,diag} come back (7 files).
+# Then, here: python -m lever.hw.install_records --rev REV --from FILES_AT
+# LEVER_GIT_REV must name the clean 40-hex commit the tree came from.
+set -u
+cd "$(dirname "$0")/.."
+OUT=${OUT:-/tmp/hwfix_out}
+mkdir -p "$OUT"
+if ls .whl/*.whl >/dev/null 2>&1 && ! python3 -c 'import pydantic' 2>/dev/null; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
+  export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
+fi
+export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} LEVER_BUILD_DIR=/tmp/lever_build
+OUT=$OUT/bed bash hw/run_testbed_on_device.sh smoke,exhaust,base,placedev,chain,levers,proxy,faults,unsafe,late,rxdev,repeat
+if grep -q "smoke failed" "$OUT/bed/log.txt"; then echo "V1 smoke failed: V2 and the diagnostics not run"; exit 1; fi
+OUT=$OUT/v2 bash hw/run_v2_on_device.sh smoke,hybrid,levers,proxy,faults,direct,unsafe,rxdev
+OUT=$OUT/diag bash hw/run_credit_diag_on_device.sh
+echo "hwfix done"

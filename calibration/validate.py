@@ -177,7 +177,8 @@ class LeverRow:
         return {"record": self.record, "lever": self.lever, "op": self.op,
                 "predicted_delta_us": None if self.predicted_delta_us is None else round(self.predicted_delta_us, 4),
                 "band_us": None if self.band_us is None else [round(v, 4) for v in self.band_us],
-                "measured_delta_us": round(self.measured_delta_us, 4), "verdict": self.verdict}
+                "measured_delta_us": round(self.measured_delta_us, 4), "verdict": self.verdict,
+                "sign": self.sign}
 
 
 def tally(rows: list[LeverRow]) -> dict[str, int]:

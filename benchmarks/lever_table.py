@@ -16,7 +16,10 @@ from pathlib import Path
 
 
 def sign(row: dict) -> str:
-    """right / wrong / none: the prediction's sign against the measured delta's."""
+    """right / wrong / none: the row's own ``sign`` (validate's rule, which reads the measured
+    band); for older output without it, the prediction's sign against the measured value."""
+    if "sign" in row:
+        return row["sign"]
     p, m = row.get("predicted_delta_us"), row.get("measured_delta_us")
     if p is None or m is None or p == 0 or m == 0:
         return "none"

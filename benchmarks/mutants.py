@@ -278,6 +278,23 @@ MUTANTS: tuple[Mutant, ...] = (
            "worker.submit(_shard_peers(w, workers, r, remote, [pairs[r][p] * nbytes for p in remote],",
            "worker.submit(_shard_bytes(w, workers, r, remote, [pairs[r][p] * nbytes for p in remote],",
            "pplx-garden: a dispatch write is cut per NIC instead of one bulk write per peer"),
+    # -- the testbed's receive CQs and CQE writes (tests/test_mechanisms.py) ---------------------
+    Mutant("spinning-reads-unseen-by-fences", "sim/issuer.py",
+           "        for phase, rt in self.spinners.values():  # each spinner's read out at ``start``",
+           "        for phase, rt in ():  # each spinner's read out at ``start``",
+           "a system fence does not wait for the read a spinning receive-CQ poller has out"),
+    Mutant("dest-qp-cq-read-without-its-warp", "sim/recv_cq.py",
+           "if not self.busy and (self.spinning or not self.spins):",
+           "if not self.busy:",
+           "a destination QP's receive CQ is read as CQEs arrive, not only while its warp waits"),
+    Mutant("recv-cq-reads-a-line", "sim/recv_cq.py",
+           "self.per_line = d.recv_cq_cqes_per_read or max(1, CQ_LINE_BYTES // rp.cqe_bytes)",
+           "self.per_line = max(1, CQ_LINE_BYTES // rp.cqe_bytes)",
+           "a receive CQ read returns a line of CQEs whatever recv_cq_cqes_per_read says"),
+    Mutant("host-cqe-writes-off-the-engine", "sim/nic.py",
+           "        self.engine_free = start + led.cost(\"nic\", ns)\n        led.counters[\"nic_host_cqe_writes\"] += 1",
+           "        self.engine_free = start\n        led.counters[\"nic_host_cqe_writes\"] += 1",
+           "a CQE written into host memory costs the NIC's engine nothing"),
 )
 
 # A pytest plugin for the runs: the controller (not the xdist workers) writes one JSON line

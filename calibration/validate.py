@@ -44,6 +44,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 from lever.calibration.compare import measured_delta, verdict
 from lever.calibration.records import OPS, RecordError, RunRecord, SimLink
+from lever.calibration.repro import delta_halfwidth
 from lever.sim.params import FreeParam, Platform
 
 if TYPE_CHECKING:
@@ -176,7 +177,8 @@ class LeverRow:
         return {"record": self.record, "lever": self.lever, "op": self.op,
                 "predicted_delta_us": None if self.predicted_delta_us is None else round(self.predicted_delta_us, 4),
                 "band_us": None if self.band_us is None else [round(v, 4) for v in self.band_us],
-                "measured_delta_us": round(self.measured_delta_us, 4), "verdict": self.verdict}
+                "measured_delta_us": round(self.measured_delta_us, 4), "verdict": self.verdict,
+                "sign": self.sign}
 
 
 def tally(rows: list[LeverRow]) -> dict[str, int]:
@@ -204,7 +206,11 @@ def widen(delta: float, band: tuple[float, float], rel: float) -> tuple[float, f
     """``band`` combined per side, in quadrature, with a 90% discrepancy of ``rel`` x |delta|."""
     from lever.calibration.compare import Z90
 
-    m = Z90 * rel * abs(delta)
+    return widen_by(delta, band, Z90 * rel * abs(delta))
+
+
+def widen_by(delta: float, band: tuple[float, float], m: float) -> tuple[float, float]:
+    """``band`` combined per side, in quadrature, with a 90% half-width ``m`` (us)."""
     return delta - math.hypot(delta - band[0], m), delta + math.hypot(band[1] - delta, m)
 
 
@@ -249,6 +255,9 @@ class FoldTask:
     pred_seeds: int = 3
     param_samples: int = 8
     with_discrepancy: bool = True
+    run_noise: dict[str, float] = field(default_factory=dict)
+    """Per op, the measured sd (us) of one process's median between processes of one call
+    (calibration/repro.py): a measured delta carries it twice."""
 
 
 @dataclass
@@ -282,7 +291,10 @@ def run_fold(task: FoldTask) -> FoldResult:
                              list(case.ops), seeds=task.pred_seeds)
         for op in case.ops:
             p = pred[op]
-            p["band_us"] = list(widen(p["delta_us"], (p["band_us"][0], p["band_us"][1]), rel))
+            band = widen(p["delta_us"], (p["band_us"][0], p["band_us"][1]), rel)
+            if op in task.run_noise:  # what the measurement of a delta adds, measured
+                band = widen_by(p["delta_us"], band, delta_halfwidth(task.run_noise[op]))
+            p["band_us"] = list(band)
             rows.append(judge(case, op, p))
     return FoldResult(rows=rows, train=[r.id for r in task.train],
                       excluded=sorted({c.record.id for c in task.cases}), params=res.params(),
@@ -309,9 +321,14 @@ class ValidateResult:
     rows: list[LeverRow]
     folds: list[FoldResult]
     start_params: dict[str, list[dict[str, Any]]]
+    run_noise: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     def as_json(self) -> dict[str, Any]:
-        return contract(self.rows)
+        out = contract(self.rows)
+        out["run_noise"] = {nic: {op: {"sd_us": round(v["sd_us"], 3), "dof": v["dof"],
+                                       "groups": v["groups"]} for op, v in ops.items()}
+                            for nic, ops in sorted(self.run_noise.items())}
+        return out
 
     def fits(self, wall_s: float | None = None) -> dict[str, Any]:
         """What the fits found (``--fits-out``): the start fit per NIC and each fold's refit."""
@@ -324,11 +341,14 @@ class ValidateResult:
 def validate_levers(groups: Mapping[str, tuple[list[RunRecord], Platform, dict[str, Any]]], *,
                     seeds: int = 1, max_nfev: int = 3, start_nfev: int = 8, pred_seeds: int = 3,
                     param_samples: int = 8, with_discrepancy: bool = True,
+                    run_noise: Mapping[str, Mapping[str, Mapping[str, Any]]] | None = None,
                     workers: int | None = None, executor: str = "local", address: str | None = None,
                     progress: Callable[[str, int, int], None] | None = None) -> ValidateResult:
     """Leave-one-out over the lever records of each group (NIC kind -> records, base platform,
     its overrides). ``max_nfev`` bounds each fold's refit, ``start_nfev`` the start fit;
-    ``with_discrepancy`` widens each band by its refit's model discrepancy."""
+    ``with_discrepancy`` widens each band by its refit's model discrepancy; ``run_noise``
+    (:func:`lever.calibration.repro.run_noise`) by the measured run-to-run noise of its NIC."""
+    noise_all = {k: dict(v) for k, v in (run_noise or {}).items()}
     from lever.calibration.fit import FitError, fit, warm_cache
     from lever.calibration.pool import imap_unordered
 
@@ -364,7 +384,8 @@ def validate_levers(groups: Mapping[str, tuple[list[RunRecord], Platform, dict[s
         for f in plan_folds(usable, cases):
             train = [r for r in usable if r.id not in f.excluded]
             tasks.append(FoldTask(train, list(f.cases), plat, base_sets, free, start, cache, seeds,
-                                  max_nfev, pred_seeds, param_samples, with_discrepancy))
+                                  max_nfev, pred_seeds, param_samples, with_discrepancy,
+                                  {op: float(v["sd_us"]) for op, v in noise_all.get(nic, {}).items()}))
     folds: list[FoldResult] = []
     for i, (_k, fr) in enumerate(imap_unordered(run_fold, tasks, executor, workers, address), 1):
         folds.append(fr)
@@ -374,4 +395,4 @@ def validate_levers(groups: Mapping[str, tuple[list[RunRecord], Platform, dict[s
     order = {o: i for i, o in enumerate(OPS)}
     rows.sort(key=lambda r: (r.record, order.get(r.op, 9)))
     folds.sort(key=lambda f: f.excluded)
-    return ValidateResult(rows, folds, start_params)
+    return ValidateResult(rows, folds, start_params, noise_all)

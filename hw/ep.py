@@ -160,7 +160,11 @@ def scenario_overrides(ranks: int, faults: bool, extra: Mapping[str, Any],
         "design.forward_warps_per_sm": 0,
         # the kernels' combine sends one flag per destination rank, polled by every warp
         # (ep_kernels.cu post_signals / combine_rank), not DeepEP LL's flag per expert
-        "design.ll_combine_flags": "per-rank"}
+        "design.ll_combine_flags": "per-rank",
+        # write-with-immediate: a receive CQ per destination QP (local expert in dispatch,
+        # token channel in combine), read by the warp receiving on it, one 16-byte CQE per
+        # read (ep_kernels.cu dispatch_rank / combine_rank)
+        "design.recv_cq": "per-dest-qp", "design.recv_cq_cqes_per_read": 1}
     if path == "proxy":
         ov["design.path"] = "proxy"
     if faults:
@@ -168,10 +172,12 @@ def scenario_overrides(ranks: int, faults: bool, extra: Mapping[str, Any],
     return {**ov, **extra}
 
 
-def run_shape_overrides(num_sms: int, cq: str, nics_per_rank: int, scn) -> dict[str, Any]:
+def run_shape_overrides(num_sms: int, cq: str, nics_per_rank: int, scn,
+                        rxcq: str = "host") -> dict[str, Any]:
     """What the command line changed about the run that the model must be told, so that the
     record's ``sim`` link reproduces this run: the EP blocks per rank (``--num-sms``), a send
-    CQ in GPU memory (``--cq device``: credit reads are device loads), the emulated NICs per
+    CQ in GPU memory (``--cq device``: credit reads are device loads), the receive CQs where
+    they were when that is not where the send CQ is (``--rxcq``), the emulated NICs per
     rank (``--emu-set nics_per_rank``). A send queue in GPU memory (``--sq device``) changes
     store and fence costs the model has one value each for: such a record says where its
     queues were (``what.emulated_fabric``) and is not a calibration record."""
@@ -180,6 +186,8 @@ def run_shape_overrides(num_sms: int, cq: str, nics_per_rank: int, scn) -> dict[
         ov["design.num_sms"] = num_sms
     if cq == "device":
         ov["platform.gpu.completion_counter_in_device_memory"] = True
+    if (rxcq == "device") != (cq == "device"):
+        ov["platform.receiver.recv_cq_in_device_memory"] = rxcq == "device"
     if nics_per_rank != scn.platform.nic.nics_per_gpu:
         ov["platform.nic.nics_per_gpu"] = nics_per_rank
     return ov
@@ -994,7 +1002,7 @@ def main(args: argparse.Namespace) -> int:
             sets = scenario_overrides(args.ranks, args.faults, extra, args.path, loss)
             if args.path == "proxy":  # the host threads that ran: the model's proxy.threads
                 sets["platform.proxy.threads"] = runner.proxy_threads
-            sets.update(run_shape_overrides(args.num_sms, cq, emu.nics_per_rank, base))
+            sets.update(run_shape_overrides(args.num_sms, cq, emu.nics_per_rank, base, rxcq))
             tag = "-".join(levers) if levers else "baseline"
             rid = f"{args.id_prefix}{args.ranks}-{args.path}{place}-{tag}{'-faults' if args.faults else ''}"
             try:

@@ -126,11 +126,21 @@ class HostReadPath:
     128 warps; a warp reading 32 lines per poll does from 32 warps on (1.31 us at 16 warps,
     5.21 us at 128: about 1.27 ns per line)."""
 
-    __slots__ = ("free", "reads_until")
+    __slots__ = ("free", "reads_until", "spinners")
 
     def __init__(self) -> None:
         self.free = 0.0
         self.reads_until = 0.0  # when the last read issued so far is back
+        # warps spinning on a host-memory line (a receive CQ, sim/recv_cq.py): one read out
+        # at every instant, back to back from a phase: {owner: (phase, round trip)}
+        self.spinners: dict[object, tuple[float, float]] = {}
+
+    def spin(self, owner: object, phase: float, round_trip_ns: float) -> None:
+        """``owner`` reads a host line back to back from ``phase`` on, until :meth:`unspin`."""
+        self.spinners[owner] = (phase, round_trip_ns)
+
+    def unspin(self, owner: object) -> None:
+        self.spinners.pop(owner, None)
 
     def read(self, now: float, lines_ns: float, round_trip_ns: float) -> float:
         """The time from ``now`` until a read of ``lines_ns`` worth of lines is back."""
@@ -144,8 +154,15 @@ class HostReadPath:
 
     def fence_ns(self, start: float, fence_ns: float) -> float:
         """A system fence issued at ``start``: its own cost, or until every host read in
-        flight is back when that is later (``gpu.fence_waits_host_reads``)."""
-        wait = self.reads_until - start
+        flight is back when that is later (``gpu.fence_waits_host_reads``), spinning
+        pollers' reads included."""
+        until = self.reads_until
+        for phase, rt in self.spinners.values():  # each spinner's read out at ``start``
+            if rt > 0 and start > phase:
+                end = phase - ((phase - start) // rt) * rt  # phase + ceil((start - phase) / rt) * rt
+                if end > until:
+                    until = end
+        wait = until - start
         return wait if wait > fence_ns else fence_ns
 
 
@@ -239,7 +256,11 @@ class NativePort(WarpPort):
         # polls of this QP's CQ by the warps sharing it are served one after another
         self.cq = cq if (not in_device and nic.cq_shared_read_ns > 0) else None
         self.cq_interval_ns = nic.cq_shared_read_ns
-        self.fence_host = self.host if g.fence_waits_host_reads else None
+        # a system fence waits for the GPU's host reads in flight: credit polls (above) and
+        # warps spinning on a host-memory receive CQ (sim/recv_cq.py), wherever this CQ is
+        spinners = ctx.design.recv_cq == "per-dest-qp"
+        self.fence_host = (host if g.fence_waits_host_reads and (self.host is not None or spinners)
+                           else None)
         self.inline_bytes = nic.inline_bytes
         self.wqe_room = max(0, 64 - nic.wqe_meta_bytes)  # inline bytes beside the descriptor
         # fixed for the run: what post() would look up per put

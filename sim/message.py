@@ -27,6 +27,7 @@ class Message:
         "src", "dst", "nbytes", "tag", "kind", "value", "qp", "npkts",
         "landed", "acked", "seen_pkts", "t_post", "on_complete", "on_visible", "seq",
         "ring", "port", "host_done", "t_complete", "parent", "parts", "parts_done", "ack_rec",
+        "rx_cq",
     )
 
     def __init__(
@@ -61,6 +62,7 @@ class Message:
         self.parts = 1
         self.parts_done = 0
         self.ack_rec: Any = None  # critical path: the flight of the ACK that came last
+        self.rx_cq = -1  # imm-counting per-dest-qp: the receive CQ it completes on (-1: by tag)
 
 
 class Messages:

@@ -82,9 +82,17 @@ class World:
             for g in range(R)
             for i in range(per)
         ]
+        pl = self.platform
+        rx_in_device = pl.receiver.recv_cq_in_device_memory
+        if rx_in_device is None:
+            rx_in_device = pl.gpu.completion_counter_in_device_memory
         for n in self.nics:
             n.peers = self.nics
             n.per_gpu = per
+            if not (pl.gpu.completion_counter_in_device_memory or pl.nic.hw_counters):
+                n.send_cqe_engine_ns = pl.nic.host_cqe_write_ns
+            if not rx_in_device:
+                n.recv_cqe_engine_ns = pl.nic.host_cqe_write_ns
         d = self.design
         self.qps = [
             [QueuePair(self.env, q, r, self.nics[r * per + q % per]) for q in range(d.qps_allocated)]
@@ -120,6 +128,8 @@ class World:
         self.counts_on_notify_qp = d.protocol == "v1-ll" and d.notify_qp_reserved
         self._ports: dict[tuple, Port] = {}
         self._host_reads: dict[int, HostReadPath] = {}
+        for rcv in self.receivers:  # receive CQs polled through PCIe share the GPU's read path
+            rcv.host = self.host_read(rcv.rank)
         self._cq_reads: dict[int, CqReadQueue] = {}
         self._turns: dict[int, SlotTurn] = {}
         for r in range(R):

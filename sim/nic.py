@@ -97,6 +97,11 @@ class Nic:
         self._draws: Draws | None = None  # this NIC's random stream (Fabric.stream), once used
         self.peers: list[Nic] = []  # filled by the model: global NIC table
         self.per_gpu = 1  # NICs per GPU, set by the model
+        # CQEs this NIC writes into host memory on its engine (nic.host_cqe_write_ns): send CQEs
+        # where the send CQ is in host memory, receive CQEs of write-with-immediate where the
+        # receive CQ is (set by the model; 0: off the engine)
+        self.send_cqe_engine_ns = 0.0
+        self.recv_cqe_engine_ns = 0.0
 
     # -- egress -----------------------------------------------------------
     def doorbell(self, msgs: list[Message]) -> None:
@@ -254,10 +259,30 @@ class Nic:
         if msg.acked == msg.npkts:
             t = msg.t_complete + self._completion
             path = self.ledger.path
+            done = self._complete if not self.send_cqe_engine_ns else self._send_cqe
             if path is None:
-                call_at(self.env, t, self._complete, msg)
+                call_at(self.env, t, done, msg)
             else:
-                path.call_at(t, (msg.t_complete, t, "nic", msg.ack_rec), self._complete, msg)
+                path.call_at(t, (msg.t_complete, t, "nic", msg.ack_rec), done, msg)
+
+    def engine_write(self, ns: float, then, *args) -> None:
+        """A CQE write into host memory on the engine: it starts when the engine is free (now
+        at the earliest), takes ``ns``, and ``then(*args)`` runs when it is written."""
+        led = self.ledger
+        now = self.env.now
+        busy = self.engine_free > now
+        start = self.engine_free if busy else now
+        self.engine_free = start + led.cost("nic", ns)
+        led.counters["nic_host_cqe_writes"] += 1
+        path = led.path
+        if path is None:
+            call_at(self.env, self.engine_free, then, *args)
+        else:
+            self.engine_rec = (start, self.engine_free, "nic", self.engine_rec if busy else path.cur)
+            path.call_at(self.engine_free, self.engine_rec, then, *args)
+
+    def _send_cqe(self, msg: Message) -> None:
+        self.engine_write(self.send_cqe_engine_ns, self._complete, msg)
 
     def _complete(self, msg: Message) -> None:
         msg.t_complete = self.env.now

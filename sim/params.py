@@ -96,6 +96,11 @@ class NicParams(Strict):
     sq_depth: int = Field(4096, ge=1, description="send-queue entries per QP")
     max_batch: int = Field(16, ge=1, description="doorbell must be rung at least every max_batch WQEs")
     completion_ns: float = Field(300.0, ge=0, description="CQE/counter write after the last ACK")
+    host_cqe_write_ns: float = Field(
+        0.0, ge=0, description="engine time per CQE the NIC writes into a CQ in host memory, "
+        "send and receive alike, on the same serial engine that parses its WQEs (the emulated "
+        "NIC's host-engine warp: a system-scope atomic on the CQ tail and a 16-byte store over "
+        "PCIe); 0: CQE writes are DMA off the engine's path (a real NIC)")
     inline_bytes: int = Field(32, ge=0, description="largest payload written inline into the WQE")
     wqe_meta_bytes: int = Field(
         32, ge=0, description="WQE descriptor before any inline data (EFA: efa_io_tx_meta_desc); "
@@ -148,6 +153,10 @@ class ReceiverParams(Strict):
     rq_repost_ns: float = Field(
         100.0, ge=0, description="reposting one receive WR (a 16 B RQ entry and its doorbell) after "
         "a write-with-immediate consumed it, unless the QP has unsolicited write receive")
+    recv_cq_in_device_memory: bool | None = Field(
+        None, description="where the receive CQs of write-with-immediate sit: GPU memory (a read is "
+        "a device load) or host memory polled through PCIe (p5/p5en, the testbed's default); None: "
+        "where the send completions sit (gpu.completion_counter_in_device_memory)")
 
 
 class ProxyParams(Strict):
@@ -434,6 +443,15 @@ class Design(Strict):
         "per-expert", description="v1-ll combine: a flag per (expert, source rank) after its rows "
         "(DeepEP LL), or one flag per destination rank after all rows to it, which every "
         "receiving warp polls (the hw/ep kernels)")
+    recv_cq: Literal["per-rail", "per-dest-qp"] = Field(
+        "per-rail", description="imm-counting: one receive CQ per NIC of the rank, read as its CQEs "
+        "arrive (a GIN context's CQ per device), or one per destination QP, each read only by the "
+        "warp that receives on it, spinning on it while it waits (hw/ep: a QP per local expert in "
+        "dispatch, per token channel in combine; counts travel as immediates on the same CQ)")
+    recv_cq_cqes_per_read: int = Field(
+        0, ge=0, description="receive CQEs one read of the CQ returns: 0, a 64 B line's worth "
+        "(64 / receiver.cqe_bytes); 1: one entry per read (hw/ep: a 16-byte load at the consumer "
+        "index)")
     notify_bytes: int = Field(64, ge=1)
     reduce_warps: int = Field(
         0, ge=0, description="warps that run a rank's final combine reduction together (DeepEP "

@@ -35,6 +35,7 @@ from lever.sim.recv_cq import RecvCq
 if TYPE_CHECKING:
     from lever.sim.context import Context
     from lever.sim.fabric import Draws
+    from lever.sim.issuer import HostReadPath
     from lever.sim.message import Message
     from lever.sim.tags import Tag
 
@@ -69,15 +70,18 @@ class Receiver:
         self._host_busy_until = [0.0] * n
         self._host_rec: list[Rec] = [ROOT] * n  # critical path: each thread's last segment
         self._held: dict[Tag, list[int]] = defaultdict(list)  # proxy: signals awaiting their data
-        # native imm-counting: one receive CQ per NIC (rail) of this rank, made when first used
+        # native imm-counting: one receive CQ per NIC (rail) of this rank, or per destination
+        # QP (design.recv_cq), made when first used
         self.cqs: dict[int, RecvCq] = {}
         self._rails = ctx.platform.nic.nics_per_gpu
+        self.per_qp = ctx.design.recv_cq == "per-dest-qp" and mode == "imm-counting" and not self.proxy
+        self.host: HostReadPath | None = None  # the GPU's read path to host memory (World sets it)
 
     # -- arrivals ----------------------------------------------------------------
     def on_visible(self, msg: Message) -> None:
         """Called by the NIC when every byte of ``msg`` is visible in this GPU's memory."""
         ctx = self.ctx
-        rp, led = ctx.platform.receiver, ctx.ledger
+        led = ctx.ledger
         tag = msg.tag
         if msg.kind == "notify":
             self.data[tag].add(1)
@@ -86,6 +90,13 @@ class Receiver:
         if self.proxy:
             self._host_handle(msg)
             return
+        if self.per_qp and msg.rx_cq >= 0:
+            # a receive CQE on the CQ of the destination QP the write was sent to (a count
+            # travels as an immediate on it too)
+            if msg.kind == "data":
+                self.data[tag].add(1)
+            self._recv_cqe(msg, self.cq(msg.rx_cq).cqe, (tag, msg.kind == "data", msg.value))
+            return
         if msg.kind == "data":
             self.data[tag].add(1)
             if self.mode == "imm-counting":  # a receive CQE on the CQ of the rail it came in on
@@ -93,7 +104,7 @@ class Receiver:
                 cq = self.cqs.get(rail)
                 if cq is None:
                     cq = self.cqs[rail] = RecvCq(ctx, self._counted)
-                ctx.later("signal", led.cost("signal", rp.recv_completion_ns), cq.cqe, tag)
+                self._recv_cqe(msg, cq.cqe, tag)
             elif self.mode == "hw-counter":
                 ctx.later("signal", led.cost("signal", ctx.platform.nic.completion_ns), self._know, tag, 1)
             elif self.mode == "unordered-counting":
@@ -111,12 +122,40 @@ class Receiver:
                 k.add(msg.value - k.value)
         self.flags[tag].add(1)
 
+    def _recv_cqe(self, msg: Message, cqe, item) -> None:
+        """The receive CQE of ``msg`` is generated ``recv_completion_ns`` after it became
+        visible; where the NIC writes it into host memory on its engine (the sending NIC's,
+        as the emulated NIC's host engine does), it waits for that engine too."""
+        ctx = self.ctx
+        dt = ctx.ledger.cost("signal", ctx.platform.receiver.recv_completion_ns)
+        nic = msg.qp.nic if msg.qp is not None else None
+        if nic is not None and nic.recv_cqe_engine_ns:
+            ctx.later("signal", dt, nic.engine_write, nic.recv_cqe_engine_ns, cqe, item)
+        else:
+            ctx.later("signal", dt, cqe, item)
+
     def _know(self, tag, n: int) -> None:
         self.known[tag].add(n)
 
     def _counted(self, tag) -> None:
         """The CQ's owner consumed one receive CQE of ``tag``: the count moves."""
         self.known[tag].add(1)
+
+    def cq(self, key: int) -> RecvCq:
+        """The receive CQ of destination QP ``key`` (per-dest-qp), made when first used."""
+        cq = self.cqs.get(key)
+        if cq is None:
+            cq = self.cqs[key] = RecvCq(self.ctx, self._consumed, spins=True, host=self.host)
+        return cq
+
+    def _consumed(self, item) -> None:
+        """The owning warp consumed a receive CQE of a destination QP's CQ: a data write of
+        ``tag`` counted, or a signal (a count as an immediate) arrived."""
+        tag, is_data, _value = item
+        if is_data:
+            self.known[tag].add(1)
+        else:
+            self.flags[tag].add(1)
 
     def _advance_prefix(self, tag) -> None:
         seen = self._prefix[tag]
@@ -186,7 +225,8 @@ class Receiver:
 
     # -- polling -------------------------------------------------------------------
     def wait(self, tag, n: int, track: str, cat: str = "poll_wait", flags: int = 0,
-             check: bool = True, then: tuple[str, float] | None = None, total: bool = False):
+             check: bool = True, then: tuple[str, float] | None = None, total: bool = False,
+             spin: int = -1):
         """A warp polls until it may conclude ``n`` writes of ``tag`` landed
         (and, with ``flags``, until that many signals of ``tag`` arrived).
 
@@ -195,7 +235,8 @@ class Receiver:
         when the check at the poll's end can not fail (the writes are visible already, so they
         still are then); else after it, as a separate wait. ``total``: ``n`` is every write
         of ``tag`` there will be, NVLink writes booked ahead on ``tallies[tag]`` (landed when
-        booked: nothing to check)."""
+        booked: nothing to check). ``spin``: the destination QP whose receive CQ this warp
+        reads while it waits (per-dest-qp imm-counting: the count moves only as it does)."""
         led, tr = self.ctx.ledger, self.ctx.trace
         env = self.env
         t0 = env._now
@@ -206,10 +247,16 @@ class Receiver:
             check = False
         else:
             k = self.known[tag]
+            cq = None
+            if spin >= 0 and self.per_qp and ((flags and self.flags[tag].value < flags) or k.value < n):
+                cq = self.cq(spin)
+                cq.spin_start()
             if flags and self.flags[tag].value < flags:
                 yield self.flags[tag].reach(flags)
             if k.value < n:
                 yield k.reach(n)
+            if cq is not None:
+                cq.spin_end()
         now = env._now
         led.waited(cat, now - t0)
         poll = led.issue(cat, self.poll_ns())  # the poll that sees it: ``poll_wait`` on the path

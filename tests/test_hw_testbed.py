@@ -321,8 +321,13 @@ def test_a_record_tells_the_model_what_the_command_line_changed():
     scn = load_scenario(2, False, {}, [], "native", 0.0)
     assert run_shape_overrides(0, "host", scn.platform.nic.nics_per_gpu, scn) == {}
     ov = run_shape_overrides(6, "device", 1, scn)
+    # the receive CQs stayed in host memory (--rxcq host) while the send CQ moved
     assert ov == {"design.num_sms": 6, "platform.gpu.completion_counter_in_device_memory": True,
-                  "platform.nic.nics_per_gpu": 1}
+                  "platform.nic.nics_per_gpu": 1, "platform.receiver.recv_cq_in_device_memory": False}
+    assert run_shape_overrides(0, "device", scn.platform.nic.nics_per_gpu, scn, "device") == {
+        "platform.gpu.completion_counter_in_device_memory": True}
+    assert run_shape_overrides(0, "host", scn.platform.nic.nics_per_gpu, scn, "device") == {
+        "platform.receiver.recv_cq_in_device_memory": True}
     from lever.sim import scenario
 
     moved = scenario.load("platforms/emulated-nvlink", {**ov, "workload.ep_ranks": 2})
@@ -340,3 +345,27 @@ def test_committed_exhausted_retries_proxy_outcome_names_the_error_cqe():
     assert "EFA_IO_COMP_STATUS_LOCAL_ERROR_UNRESP_REMOTE" in v["error"]
     native = _outcome("retries-exhausted-native-outcome.json")
     assert native["provenance"]["git_rev"] == d["provenance"]["git_rev"]
+
+
+def test_every_v1_testbed_record_tells_the_model_its_receive_cqs():
+    """The kernels' write-with-immediate receive CQs (one per destination QP, one CQE per
+    read) and where they were (--rxcq) are in every V1 testbed record's sim link, as
+    hw/ep.py scenario_overrides and run_shape_overrides write them."""
+    from lever.calibration.records import DATA_DIR, load_record
+
+    seen = 0
+    for p in sorted(DATA_DIR.glob("*.json")) + sorted((DATA_DIR / "testbed").glob("emu-*.json")):
+        r = load_record(p)
+        if r.superseded_by or r.sim is None or r.sim.set.get("design.name") != "v1-ll-emulated":
+            continue
+        ef = r.what.emulated_fabric or {}
+        if "rxcq" not in ef:
+            continue
+        seen += 1
+        st = r.sim.set
+        assert st["design.recv_cq"] == "per-dest-qp" and st["design.recv_cq_cqes_per_read"] == 1, p.name
+        moved = (ef["rxcq"] == "device") != (ef.get("cq", "host") == "device")
+        assert ("platform.receiver.recv_cq_in_device_memory" in st) == moved, p.name
+        if moved:
+            assert st["platform.receiver.recv_cq_in_device_memory"] == (ef["rxcq"] == "device"), p.name
+    assert seen > 30

@@ -483,3 +483,114 @@ def test_every_post_turn_under_aggregation_passes_the_turn_per_group_and_rings_t
     assert seen["db"] > 0 and seen["take"] >= 4 * seen["db"]  # most groups hand the turn on
     assert seen["wqes"] / seen["db"] > 4  # the pool rings many groups' WQEs at once
     assert counts["take"] == 0 and counts["db"] > 0
+
+
+# -- receive CQs per destination QP, spun on by their warp; CQE writes on the NIC's engine ----
+
+def test_a_fence_waits_for_the_read_a_spinning_poller_has_out():
+    """A warp spinning on a host line (a receive CQ) has one read out at every instant, back
+    to back from its phase: a fence waits for the one out when it issues, and only while the
+    warp spins."""
+    from lever.sim.issuer import HostReadPath
+
+    h = HostReadPath()
+    owner = object()
+    h.spin(owner, 0.0, 1000.0)
+    assert h.fence_ns(2300.0, 100.0) == pytest.approx(700.0)  # the read issued at 2000 is back at 3000
+    assert h.fence_ns(2950.0, 100.0) == pytest.approx(100.0)  # its own cost is longer
+    h.unspin(owner)
+    assert h.fence_ns(2300.0, 100.0) == 100.0
+
+
+def _dest_qp_cq(sets: dict) -> tuple[simpy.Environment, RecvCq, list[float], Context]:
+    scn = _load({"design.recv_cq": "per-dest-qp", "design.recv_cq_cqes_per_read": 1, **sets})
+    env = simpy.Environment()
+    ctx = Context(env, Ledger(), Trace(), scn.platform, scn.design)
+    seen: list[float] = []
+    return env, RecvCq(ctx, lambda _item: seen.append(env.now), spins=True), seen, ctx
+
+
+def test_a_destination_qps_cq_is_read_only_while_its_warp_waits_one_cqe_per_read():
+    """per-dest-qp: CQEs written before the owning warp polls wait for it; then each read
+    returns one CQE (recv_cq_cqes_per_read = 1), so n CQEs cost n reads."""
+    env, cq, seen, ctx = _dest_qp_cq({"platform.gpu.completion_counter_in_device_memory": False})
+    g, rp, nic = ctx.platform.gpu, ctx.platform.receiver, ctx.platform.nic
+    per_cqe = rp.cq_poll_ns + (0.0 if nic.unsolicited_write_recv else rp.rq_repost_ns)
+    for i in range(4):
+        cq.cqe(i)
+    env.run(until=50_000)
+    assert seen == [] and cq.reads == 0  # nobody polls it yet
+    cq.spin_start()
+    env.run()
+    assert cq.reads == 4
+    assert seen[-1] == pytest.approx(50_000 + 4 * (g.pcie_read_ns + per_cqe))
+
+
+def test_a_cqe_written_mid_spin_is_seen_by_the_next_read_of_the_spin():
+    """The warp spins from t = 0 with reads of one round trip each: a CQE written at 0.3 of a
+    round trip is caught by the read issued at 1 round trip, back at 2."""
+    env, cq, seen, ctx = _dest_qp_cq({"platform.gpu.completion_counter_in_device_memory": False})
+    rp, nic = ctx.platform.receiver, ctx.platform.nic
+    rt = ctx.platform.gpu.pcie_read_ns
+    per = rp.cq_poll_ns + (0.0 if nic.unsolicited_write_recv else rp.rq_repost_ns)
+    cq.spin_start()
+    env.run(until=0.3 * rt)
+    cq.cqe("x")
+    env.run()
+    assert seen == [pytest.approx(2 * rt + per)]
+
+
+def _write_imm(sets: dict):
+    """V1 EP2 write-with-immediate on the emulated testbed's shape (hw/ep): a receive CQ per
+    destination QP, one CQE per read."""
+    base = {"workload.ep_ranks": 2, "workload.gpus_per_node": 1, "workload.tokens_per_rank": 32,
+            "design.protocol": "v1-ll", "design.forward_warps_per_sm": 0,
+            "design.signal_mode": "imm-counting", "design.ll_combine_flags": "per-rank",
+            "design.recv_cq": "per-dest-qp", "design.recv_cq_cqes_per_read": 1,
+            "design.num_sms": 4, **QUIET}
+    return scenario.load("emu-ep2-native", {**base, **sets})
+
+
+@pytest.mark.parametrize("op", ["dispatch", "combine"])
+def test_receive_cqes_written_into_host_memory_queue_on_the_sending_nics_engine(op):
+    """The emulated NIC writes every CQE into host memory on its one host-engine warp
+    (nic.host_cqe_write_ns): with the receive CQs in host memory write-with-immediate's CQEs
+    queue there with the send CQEs and the WQE work, and the op slows; with them in GPU memory
+    (hw/ep --rxcq device) only the send CQEs pay. Without the engine cost the two are alike."""
+    lat = {}
+    for w in (0.0, 2000.0):
+        for rx_dev in (False, True):
+            scn = _write_imm({"platform.nic.host_cqe_write_ns": w,
+                              "platform.receiver.recv_cq_in_device_memory": rx_dev})
+            res = simulate_op(scn, op, 0)
+            lat[(w, rx_dev)] = max(res.latency_us)
+            if w:
+                writes = res.ledger.counters["nic_host_cqe_writes"]
+                cqes = res.ledger.counters["recv_cqes"]
+                assert writes >= cqes > 0 if not rx_dev else writes > 0
+    assert lat[(2000.0, False)] > lat[(2000.0, True)] + 20.0
+    assert abs(lat[(0.0, False)] - lat[(0.0, True)]) < 0.2 * (lat[(2000.0, False)] - lat[(2000.0, True)])
+
+
+def test_send_cqes_in_host_memory_cost_the_nics_engine():
+    """The baseline's send CQEs: written on the engine when the send CQ is in host memory,
+    off it in GPU memory; the engine's cost shows only in the first."""
+    base = {"design.signal_mode": "flush", "platform.nic.host_cqe_write_ns": 3000.0}
+    host = simulate_op(_write_imm({**base}), "dispatch", 0)
+    free = simulate_op(_write_imm({**base, "platform.nic.host_cqe_write_ns": 0.0}), "dispatch", 0)
+    assert host.ledger.counters["nic_host_cqe_writes"] > 0
+    assert free.ledger.counters["nic_host_cqe_writes"] == 0
+    assert max(host.latency_us) > max(free.latency_us)
+
+
+def test_spinning_on_a_host_receive_cq_slows_the_fences_of_the_same_gpu():
+    """While warps spin on host-memory receive CQs, the system fences of the GPU's posts wait
+    for their reads (gpu.fence_waits_host_reads); with the CQs in GPU memory they do not. (A
+    fence shorter than a PCIe round trip: else the read out is back before the fence is.)"""
+    fence = {}
+    for rx_dev in (False, True):
+        res = simulate_op(_write_imm({"platform.nic.host_cqe_write_ns": 0.0, "platform.gpu.fence_ns": 200.0,
+                                      "platform.receiver.recv_cq_in_device_memory": rx_dev}),
+                          "dispatch", 0)
+        fence[rx_dev] = res.ledger.busy["fence"]
+    assert fence[False] > fence[True]

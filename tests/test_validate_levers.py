@@ -89,9 +89,12 @@ def test_the_leak_check_has_power():
 
 def test_json_has_the_contract_shape(honest_and_poisoned):
     out = honest_and_poisoned[0].as_json()
-    assert list(out) == ["levers", "validated", "total", "wrong_sign"]
+    # the contract first; what the run used and each row's sign beside it
+    assert list(out) == ["levers", "validated", "total", "wrong_sign", "run_noise"]
     (row,) = out["levers"]
-    assert list(row) == ["record", "lever", "op", "predicted_delta_us", "band_us", "measured_delta_us", "verdict"]
+    assert list(row) == ["record", "lever", "op", "predicted_delta_us", "band_us", "measured_delta_us", "verdict",
+                         "sign"]
+    assert row["sign"] in ("right", "wrong", "none")
     assert row["record"] == "tiny-bd" and row["lever"] == "batched-doorbells" and row["op"] == "dispatch"
     assert len(row["band_us"]) == 2 and row["verdict"] in val.VERDICTS
     assert out["total"] == 1 and out["validated"] == (row["verdict"] == "validated")

@@ -71,6 +71,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     v.add_argument("--no-discrepancy", dest="discrepancy", action="store_false",
                    help="--levers: bands from seed noise and parameter draws only, without the refit's "
                         "model discrepancy")
+    v.add_argument("--no-run-noise", dest="run_noise", action="store_false",
+                   help="--levers: bands without the measured run-to-run noise of a delta "
+                        "(repeated configurations among the shipped records, calibration/repro.py)")
     v.add_argument("--fits-out", metavar="FITS.json", type=output_file(".json"),
                    help="--levers: also write the start fits and every fold's refit (parameters, "
                         "identifiability, discrepancy, training records)")
@@ -296,9 +299,14 @@ def main_validate_levers(args: argparse.Namespace) -> int:
             bar.update(task, completed=done, total=total, description=label[:60])
 
         try:
+            noise = None
+            if args.run_noise:
+                from lever.calibration.repro import repeat_records, run_noise
+                noise = run_noise(repeat_records())
             res = validate_levers(groups, max_nfev=args.max_nfev or 6, start_nfev=args.start_nfev,
                                   pred_seeds=args.pred_seeds, param_samples=args.param_samples,
-                                  with_discrepancy=args.discrepancy, workers=args.workers, executor=args.executor, address=args.address,
+                                  with_discrepancy=args.discrepancy, run_noise=noise,
+                                  workers=args.workers, executor=args.executor, address=args.address,
                                   progress=progress)
         except FitError as e:
             raise UserError(str(e)) from None

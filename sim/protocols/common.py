@@ -14,13 +14,19 @@ if TYPE_CHECKING:
     from lever.sim.receiver import Receiver
 
 
-def put(w: World, port: Port, src: int, dst: int, nbytes: int, tag, seq: int = 0):
-    """One RDMA write from ``port`` (native or proxy)."""
-    yield from port.post(w.message(src, dst, nbytes, tag, seq=seq))
+def put(w: World, port: Port, src: int, dst: int, nbytes: int, tag, seq: int = 0,
+        rx_cq: int = -1):
+    """One RDMA write from ``port`` (native or proxy); ``rx_cq``: the destination QP's receive
+    CQ it completes on, where the protocol picks one (``design.recv_cq = "per-dest-qp"``)."""
+    m = w.message(src, dst, nbytes, tag, seq=seq)
+    m.rx_cq = rx_cq
+    yield from port.post(m)
 
 
-def publish(w: World, port: Port, src: int, dst: int, tag, value: int, flushed: bool = False):
-    """A count/flag/tail signal vouching for ``value`` writes of ``tag`` sent so far.
+def publish(w: World, port: Port, src: int, dst: int, tag, value: int, flushed: bool = False,
+            rx_cq: int = -1):
+    """A count/flag/tail signal vouching for ``value`` writes of ``tag`` sent so far
+    (``rx_cq``: as for :func:`put`, the receive CQ an immediate-carried count lands on).
 
     Native ``flush`` mode waits for the send completions of this warp's data
     first (SRD-safe, one round trip); with ``provider_batched_tail`` that wait
@@ -42,6 +48,7 @@ def publish(w: World, port: Port, src: int, dst: int, tag, value: int, flushed: 
             return
         yield from port.flush("signal")
     m = w.message(src, dst, d.notify_bytes, tag, kind="signal", value=value)
+    m.rx_cq = rx_cq
     group = min(d.signal_post_group, w.platform.nic.max_batch)
     if d.path == "native" and group > 1:
         # signals gathered into post groups: the group is written, fenced and rung once when

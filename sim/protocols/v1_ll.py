@@ -72,10 +72,12 @@ def run(w: World) -> list:
             k = 0
             for e in rt.experts_of(s):
                 for src in range(R):
-                    for _t in got.get((e, src), ()):
-                        # one flag per (expert, source), or per source rank for all its rows
+                    for t in got.get((e, src), ()):
+                        # one flag per (expert, source), or per source rank for all its rows;
+                        # the token rides along: its channel at the source is the receive CQ
+                        # its row completes on (design.recv_cq = "per-dest-qp")
                         key = (s, src, -1) if per_rank else (s, src, e)
-                        items[s].append((k % C, src, RankTag(s) if per_rank else ExpertTag(s, e), k))
+                        items[s].append((k % C, src, RankTag(s) if per_rank else ExpertTag(s, e), t))
                         counts[key] = counts.get(key, 0) + 1
                         k += 1
     done = []
@@ -116,8 +118,8 @@ def _rank(w: World, r: int, items, counts, nbytes: int, dispatch: bool):
             last_token = tok
             if nvl and w.same_node(r, dst):
                 yield from nvlink_put(w, r, dst, nbytes, tag, track)
-            else:
-                yield from put(w, port, r, dst, nbytes, tag)
+            else:  # the destination QP: the expert's (dispatch), the token's channel (combine)
+                yield from put(w, port, r, dst, nbytes, tag, rx_cq=tag.expert if dispatch else tok % C)
         if w.signal_mode == "flush" and w.design.path == "native":
             yield from port.flush("signal")
         else:
@@ -130,14 +132,14 @@ def _rank(w: World, r: int, items, counts, nbytes: int, dispatch: bool):
             if nvl and w.same_node(r, p):
                 nvlink_flag(w, r, p, tag, n)
             else:
-                yield from publish(w, sport, r, p, tag, n, flushed=True)
+                yield from publish(w, sport, r, p, tag, n, flushed=True, rx_cq=e if dispatch else -1)
         yield from sport.finish()
         # receive phase, on the same warps: each polls the counts of its experts (per-rank
         # combine flags: every warp polls every source's flag)
         if per_rank:
             rcv = w.receivers[r]
             for s in range(R):
-                yield from rcv.wait(RankTag(s), counts.get((s, r, -1), 0), track, flags=1)
+                yield from rcv.wait(RankTag(s), counts.get((s, r, -1), 0), track, flags=1, spin=c)
             return
         for e in rx_experts[c::C]:
             yield from expert_rx(e, track)
@@ -147,7 +149,8 @@ def _rank(w: World, r: int, items, counts, nbytes: int, dispatch: bool):
         srcs = range(R) if dispatch else [rt.rank_of(e)]
         for s in srcs:
             n = counts.get((s, r, e), 0)
-            yield from rcv.wait(ExpertTag(s, e), n, track, flags=0 if cached else 1)
+            yield from rcv.wait(ExpertTag(s, e), n, track, flags=0 if cached else 1,
+                                spin=e if dispatch else -1)
 
     rx_experts = list(rt.experts_of(r)) if dispatch else list(range(rt.num_experts))
     yield env.all_of([env.process(warp(c)) for c in range(C)])

@@ -1,0 +1,76 @@
+"""The measured run-to-run noise a lever delta carries (calibration/repro.py) and its place in
+the leave-one-lever-out bands (calibration/validate.py)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+from lever.calibration.compare import Z90, verdict
+from lever.calibration.records import DATA_DIR, load_record
+from lever.calibration.repro import delta_halfwidth, repeat_records, run_noise
+from lever.calibration.validate import ValidateResult, widen_by
+
+BASE = DATA_DIR / "emu-bed-ep2-native-baseline.json"
+
+
+def _copy(rec, rid: str, dispatch: float, rev: str | None = None, **what):
+    d = rec.model_dump(mode="json")
+    d["id"] = rid
+    d["latency_us"]["dispatch"] = {"median": dispatch}
+    if rev is not None:
+        d["provenance"]["git_rev"] = rev
+    d["what"].update(what)
+    return type(rec).model_validate(d)
+
+
+def test_repeats_are_one_configuration_from_one_revision():
+    """Records with the same what, sim link and git revision are repeats: their medians' sd
+    per op is the noise; another revision or another configuration is not a repeat."""
+    base = load_record(BASE)
+    a = _copy(base, "a", 1000.0)
+    b = _copy(base, "b", 1040.0)
+    other_rev = _copy(base, "c", 1500.0, rev="f" * 40)
+    other_what = _copy(base, "d", 700.0, levers=["lazy-completion-dispatch"])
+    n = run_noise([a, b, other_rev, other_what])
+    (nic,) = n
+    assert n[nic]["dispatch"]["groups"] == [["a", "b"]]
+    assert n[nic]["dispatch"]["sd_us"] == pytest.approx(math.sqrt(2 * 20.0**2))
+    assert n[nic]["dispatch"]["dof"] == 1
+    assert run_noise([a, other_rev, other_what]) == {}
+
+
+def test_the_testbed_measures_its_baseline_three_times_in_one_call():
+    """The shipped testbed records: the baseline and its two repeats (hw/run_testbed_on_device.sh
+    repeat) are the one group, and dispatch moves more between processes than combine."""
+    n = run_noise(repeat_records())["emulated-srd"]
+    (group,) = n["dispatch"]["groups"]
+    assert "emu-bed-ep2-native-baseline" in group and len(group) == 3
+    assert 5.0 < n["dispatch"]["sd_us"] < 200.0
+    assert n["combine"]["sd_us"] < n["dispatch"]["sd_us"]
+
+
+def test_a_predicted_no_change_is_judged_against_the_noise_of_a_measured_delta():
+    """A lever the model says does not touch combine (band [0, 0]) measured at +6 us on a
+    testbed whose combine moves 4.3 us (sd) between processes: refuted by a band without the
+    noise, validated with it; a delta far outside the noise stays refuted."""
+    sd = 4.3
+    m = delta_halfwidth(sd)
+    assert m == pytest.approx(Z90 * math.sqrt(2) * sd)
+    band = widen_by(0.0, (0.0, 0.0), m)
+    assert band == pytest.approx((-m, m))
+    assert verdict(0.0, [0.0, 0.0], 6.0, [5.0, 7.0])["verdict"] == "refuted"
+    assert verdict(0.0, list(band), 6.0, [5.0, 7.0])["verdict"] == "validated"
+    assert verdict(0.0, list(band), 60.0, [59.0, 61.0])["verdict"] == "refuted"
+    # in quadrature with the model's own band, per side
+    lo, hi = widen_by(-100.0, (-130.0, -90.0), 10.0)
+    assert lo == pytest.approx(-100.0 - math.hypot(30.0, 10.0))
+    assert hi == pytest.approx(-100.0 + math.hypot(10.0, 10.0))
+
+
+def test_the_json_says_which_noise_it_used():
+    res = ValidateResult([], [], {}, {"emulated-srd": {"dispatch": {"sd_us": 33.06, "dof": 2,
+                                                                    "groups": [["x", "y", "z"]]}}})
+    out = res.as_json()
+    assert out["run_noise"]["emulated-srd"]["dispatch"] == {"sd_us": 33.06, "dof": 2, "groups": [["x", "y", "z"]]}
+    assert out["validated"] == 0 and out["levers"] == []

@@ -143,7 +143,7 @@ MUTANTS: tuple[Mutant, ...] = (
            "reads = 1 + -(-new // self.cqes_per_read)",
            "the device's completion counter is read like a CQ, one read per CQE"),
     Mutant("credit-poll-one-cqe-per-read", "sim/issuer.py",
-           "self.cqes_per_read = g.credit_read_lines", "self.cqes_per_read = 1",
+           "self.cqes_per_read = lines  # CQEs one poll reads (one per lane)", "self.cqes_per_read = 1",
            "a poll reading 32 CQEs at once still pays one read per CQE consumed"),
     Mutant("cq-polls-overlap", "sim/issuer.py",
            "self.cq = cq if (not in_device and nic.cq_shared_read_ns > 0) else None",

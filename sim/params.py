@@ -75,9 +75,6 @@ class GpuParams(Strict):
         False, description="a system fence completes only once the host-memory reads this GPU "
         "has in flight when it issues are back (the fence's flush is ordered behind them), so "
         "fences slow down as credit polls of a host-memory CQ do")
-    credit_read_lines: int = Field(
-        1, ge=1, description="lines one credit poll of a host-memory CQ requests at once (a "
-        "warp reading 32 CQEs, one per lane: 32)")
 
 
 class NicParams(Strict):
@@ -425,6 +422,10 @@ class Design(Strict):
         2, ge=0, description="system fences per doorbell: after the WQE stores and after the doorbell"
     )
     put_many_span: int = Field(1, ge=1, description="reserve this many SQ slots at once")
+    credit_read_lines: int = Field(
+        1, ge=1, description="lines (CQEs) one credit poll of the send CQ reads at once: the "
+        "kernel's choice, not the GPU's (hw/ep cq_poll: the warp's 32 lanes read 32; one per "
+        "poll where a completion counter or a single CQE is read)")
     lazy_completion_dispatch: bool = False
     lazy_completion_combine: bool = False
     credit_check_every: int = Field(1, ge=1, description="puts between two credit checks when not lazy")

@@ -303,7 +303,7 @@ def test_many_warps_polling_a_host_memory_cq_queue_on_the_read_path():
     CQ in device memory the path is not used."""
     sets = {**EP2, **QUIET, "design.protocol": "v1-ll", "design.forward_warps_per_sm": 0,
             "platform.gpu.completion_counter_in_device_memory": False,
-            "platform.gpu.credit_read_lines": 32,
+            "design.credit_read_lines": 32,
             # the line queue alone: polls of one CQ waiting their turn bypass it (CqReadQueue)
             "platform.nic.cq_shared_read_ns": 0.0}
     base = simulate_op(scenario.load(NATIVE, {**sets, "platform.gpu.host_read_line_ns": 0.0}), "dispatch", 0)
@@ -338,7 +338,7 @@ def _credit_world(sets: dict) -> World:
 def test_a_credit_poll_reads_until_a_read_finds_no_new_cqe(lines):
     """40 CQEs written since the last poll: a poll reading one CQE at a time reads 41 times,
     one reading 32 at once (hw/ep cq_poll) reads 3 times (32, 8, then none new)."""
-    w = _credit_world({"platform.gpu.credit_read_lines": lines, "platform.nic.cq_shared_read_ns": 0.0})
+    w = _credit_world({"design.credit_read_lines": lines, "platform.nic.cq_shared_read_ns": 0.0})
     port = w.port(0, 0)
     port.qp.completions.value = 40
     reads = 1 + -(-40 // lines)
@@ -390,7 +390,7 @@ def test_doorbells_of_a_shared_qp_ring_in_the_order_slots_were_reserved():
                                  "design.forward_warps_per_sm": 0, "workload.tokens_per_rank": 32,
                                  "design.qps_per_call": 2,
                                  "platform.gpu.completion_counter_in_device_memory": False,
-                                 "platform.gpu.credit_read_lines": 1,
+                                 "design.credit_read_lines": 1,
                                  "platform.nic.cq_shared_read_ns": 0.0})
     posted: dict[int, list[int]] = {}
     rung: dict[int, list[int]] = {}
@@ -437,7 +437,7 @@ def test_fences_slow_down_as_credit_polls_of_a_host_cq_do(in_device):
     sets = {**EP2, **QUIET, "design.protocol": "v1-ll", "design.forward_warps_per_sm": 0,
             "workload.tokens_per_rank": 32, "design.qps_per_call": 2,
             "platform.gpu.completion_counter_in_device_memory": in_device,
-            "platform.gpu.credit_read_lines": 32, "platform.nic.cq_shared_read_ns": 1150.0}
+            "design.credit_read_lines": 32, "platform.nic.cq_shared_read_ns": 1150.0}
     off = simulate_op(scenario.load(NATIVE, {**sets, "platform.gpu.fence_waits_host_reads": False}), "dispatch", 0)
     on = simulate_op(scenario.load(NATIVE, {**sets, "platform.gpu.fence_waits_host_reads": True}), "dispatch", 0)
     if in_device:

@@ -143,7 +143,7 @@ MUTANTS: tuple[Mutant, ...] = (
            "reads = 1 + -(-new // self.cqes_per_read)",
            "the device's completion counter is read like a CQ, one read per CQE"),
     Mutant("credit-poll-one-cqe-per-read", "sim/issuer.py",
-           "self.cqes_per_read = g.credit_read_lines", "self.cqes_per_read = 1",
+           "self.cqes_per_read = lines  # CQEs one poll reads (one per lane)", "self.cqes_per_read = 1",
            "a poll reading 32 CQEs at once still pays one read per CQE consumed"),
     Mutant("cq-polls-overlap", "sim/issuer.py",
            "self.cq = cq if (not in_device and nic.cq_shared_read_ns > 0) else None",
@@ -292,9 +292,13 @@ MUTANTS: tuple[Mutant, ...] = (
            "self.per_line = max(1, CQ_LINE_BYTES // rp.cqe_bytes)",
            "a receive CQ read returns a line of CQEs whatever recv_cq_cqes_per_read says"),
     Mutant("host-cqe-writes-off-the-engine", "sim/nic.py",
-           "        self.engine_free = start + led.cost(\"nic\", ns)\n        led.counters[\"nic_host_cqe_writes\"] += 1",
-           "        self.engine_free = start\n        led.counters[\"nic_host_cqe_writes\"] += 1",
-           "a CQE written into host memory costs the NIC's engine nothing"),
+           "end = self.host_free = start + led.cost(\"nic\", ns)",
+           "end = self.host_free = start",
+           "a CQE written into host memory costs the NIC's host engine nothing"),
+    Mutant("wqe-parsed-before-mirrored", "sim/nic.py",
+           "if self.host_free > self.engine_free:  # parsing waits for the mirror",
+           "if False:  # parsing waits for the mirror",
+           "with a host engine, a WQE is parsed before the doorbell's mirror of it is done"),
 )
 
 # A pytest plugin for the runs: the controller (not the xdist workers) writes one JSON line

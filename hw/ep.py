@@ -164,7 +164,9 @@ def scenario_overrides(ranks: int, faults: bool, extra: Mapping[str, Any],
         # write-with-immediate: a receive CQ per destination QP (local expert in dispatch,
         # token channel in combine), read by the warp receiving on it, one 16-byte CQE per
         # read (ep_kernels.cu dispatch_rank / combine_rank)
-        "design.recv_cq": "per-dest-qp", "design.recv_cq_cqes_per_read": 1}
+        "design.recv_cq": "per-dest-qp", "design.recv_cq_cqes_per_read": 1,
+        # credit polls: the warp's 32 lanes read 32 send CQEs at once (cq_poll)
+        "design.credit_read_lines": 32}
     if path == "proxy":
         ov["design.path"] = "proxy"
     if faults:

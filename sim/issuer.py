@@ -251,8 +251,9 @@ class NativePort(WarpPort):
         self.counter_read_ns = g.device_load_ns if in_device else g.pcie_read_ns
         # a poll of a CQ in host memory queues on the GPU's read path with every other warp's
         self.host = host if (not in_device and g.host_read_line_ns > 0) else None
-        self.poll_lines_ns = g.credit_read_lines * g.host_read_line_ns
-        self.cqes_per_read = g.credit_read_lines  # CQEs one poll reads (one per lane)
+        lines = ctx.design.credit_read_lines
+        self.poll_lines_ns = lines * g.host_read_line_ns
+        self.cqes_per_read = lines  # CQEs one poll reads (one per lane)
         # polls of this QP's CQ by the warps sharing it are served one after another
         self.cq = cq if (not in_device and nic.cq_shared_read_ns > 0) else None
         self.cq_interval_ns = nic.cq_shared_read_ns
@@ -521,7 +522,7 @@ class NativePort(WarpPort):
     def _credit_read(self) -> float:
         """The completion poll before a post: the unscaled time of its reads (a completion
         counter is one read; a CQ is read until a read finds no new CQE: one read, plus one
-        per ``gpu.credit_read_lines`` CQEs it consumes). The CQEs it consumes are those
+        per ``design.credit_read_lines`` CQEs it consumes). The CQEs it consumes are those
         written by now. Polls of a shared host-memory CQ wait their turn (``CqReadQueue``)."""
         qp = self.qp
         new = qp.completions.value - qp.consumed

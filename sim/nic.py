@@ -102,6 +102,8 @@ class Nic:
         # receive CQ is (set by the model; 0: off the engine)
         self.send_cqe_engine_ns = 0.0
         self.recv_cqe_engine_ns = 0.0
+        self.host_free = 0.0  # the host engine that writes them: its own serial timeline
+        self.host_rec: Rec = ROOT
 
     # -- egress -----------------------------------------------------------
     def doorbell(self, msgs: list[Message]) -> None:
@@ -111,7 +113,19 @@ class Nic:
         now = self.env.now
         wqe_ns = led.cost("nic", self.wqe_ns)
         rec = None
-        if self.p.doorbell_process_ns:  # once per doorbell, before its WQEs are parsed
+        if self.p.doorbell_process_ns and self.p.host_engine:
+            # the host engine reads the doorbell and mirrors the new WQEs; the WQE engine parses
+            # each once it is mirrored (and once it is free)
+            busy = self.host_free > now
+            start = self.host_free if busy else now
+            self.host_free = start + led.cost("nic", self.p.doorbell_process_ns)
+            if path is not None:
+                self.host_rec = (start, self.host_free, "nic", self.host_rec if busy else path.cur)
+            if self.host_free > self.engine_free:  # parsing waits for the mirror
+                self.engine_free = self.host_free
+                if path is not None:
+                    self.engine_rec = self.host_rec
+        elif self.p.doorbell_process_ns:  # once per doorbell, before its WQEs are parsed
             busy = self.engine_free > now
             start = max(self.engine_free, now)
             self.engine_free = max(self.engine_free, now) + led.cost("nic", self.p.doorbell_process_ns)
@@ -266,20 +280,30 @@ class Nic:
                 path.call_at(t, (msg.t_complete, t, "nic", msg.ack_rec), done, msg)
 
     def engine_write(self, ns: float, then, *args) -> None:
-        """A CQE write into host memory on the engine: it starts when the engine is free (now
-        at the earliest), takes ``ns``, and ``then(*args)`` runs when it is written."""
+        """A CQE write into host memory: on the NIC's host engine where it has one
+        (``nic.host_engine``: the emulated NIC's host-engine warp, apart from the warp that
+        parses WQEs), else on the WQE engine. It starts when that engine is free (now at the
+        earliest), takes ``ns``, and ``then(*args)`` runs when it is written."""
         led = self.ledger
         now = self.env.now
-        busy = self.engine_free > now
-        start = self.engine_free if busy else now
-        self.engine_free = start + led.cost("nic", ns)
-        led.counters["nic_host_cqe_writes"] += 1
         path = led.path
-        if path is None:
-            call_at(self.env, self.engine_free, then, *args)
+        if self.p.host_engine:
+            busy = self.host_free > now
+            start = self.host_free if busy else now
+            end = self.host_free = start + led.cost("nic", ns)
+            if path is not None:
+                rec = self.host_rec = (start, end, "nic", self.host_rec if busy else path.cur)
         else:
-            self.engine_rec = (start, self.engine_free, "nic", self.engine_rec if busy else path.cur)
-            path.call_at(self.engine_free, self.engine_rec, then, *args)
+            busy = self.engine_free > now
+            start = self.engine_free if busy else now
+            end = self.engine_free = start + led.cost("nic", ns)
+            if path is not None:
+                rec = self.engine_rec = (start, end, "nic", self.engine_rec if busy else path.cur)
+        led.counters["nic_host_cqe_writes"] += 1
+        if path is None:
+            call_at(self.env, end, then, *args)
+        else:
+            path.call_at(end, rec, then, *args)
 
     def _send_cqe(self, msg: Message) -> None:
         self.engine_write(self.send_cqe_engine_ns, self._complete, msg)

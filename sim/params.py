@@ -75,9 +75,6 @@ class GpuParams(Strict):
         False, description="a system fence completes only once the host-memory reads this GPU "
         "has in flight when it issues are back (the fence's flush is ordered behind them), so "
         "fences slow down as credit polls of a host-memory CQ do")
-    credit_read_lines: int = Field(
-        1, ge=1, description="lines one credit poll of a host-memory CQ requests at once (a "
-        "warp reading 32 CQEs, one per lane: 32)")
 
 
 class NicParams(Strict):
@@ -96,11 +93,17 @@ class NicParams(Strict):
     sq_depth: int = Field(4096, ge=1, description="send-queue entries per QP")
     max_batch: int = Field(16, ge=1, description="doorbell must be rung at least every max_batch WQEs")
     completion_ns: float = Field(300.0, ge=0, description="CQE/counter write after the last ACK")
+    host_engine: bool = Field(
+        False, description="the NIC's host-memory work (reading the doorbell and mirroring new "
+        "WQEs from a host-memory SQ: doorbell_process_ns; writing CQEs into host-memory CQs: "
+        "host_cqe_write_ns) runs on an engine of its own, apart from the one parsing WQEs "
+        "(the emulated NIC: a host-engine warp per NIC block, ep_kernels.cu nic_warp)")
     host_cqe_write_ns: float = Field(
         0.0, ge=0, description="engine time per CQE the NIC writes into a CQ in host memory, "
-        "send and receive alike, on the same serial engine that parses its WQEs (the emulated "
-        "NIC's host-engine warp: a system-scope atomic on the CQ tail and a 16-byte store over "
-        "PCIe); 0: CQE writes are DMA off the engine's path (a real NIC)")
+        "send and receive alike, on its host engine (nic.host_engine), else on the serial engine "
+        "that parses its WQEs (the emulated NIC's host-engine warp: a system-scope atomic on the "
+        "CQ tail and a 16-byte store over PCIe); 0: CQE writes are DMA off the engine's path (a "
+        "real NIC)")
     inline_bytes: int = Field(32, ge=0, description="largest payload written inline into the WQE")
     wqe_meta_bytes: int = Field(
         32, ge=0, description="WQE descriptor before any inline data (EFA: efa_io_tx_meta_desc); "
@@ -425,6 +428,10 @@ class Design(Strict):
         2, ge=0, description="system fences per doorbell: after the WQE stores and after the doorbell"
     )
     put_many_span: int = Field(1, ge=1, description="reserve this many SQ slots at once")
+    credit_read_lines: int = Field(
+        1, ge=1, description="lines (CQEs) one credit poll of the send CQ reads at once: the "
+        "kernel's choice, not the GPU's (hw/ep cq_poll: the warp's 32 lanes read 32; one per "
+        "poll where a completion counter or a single CQE is read)")
     lazy_completion_dispatch: bool = False
     lazy_completion_combine: bool = False
     credit_check_every: int = Field(1, ge=1, description="puts between two credit checks when not lazy")

@@ -47,12 +47,7 @@ KNOWN_MISSES: dict[tuple[str, str], str] = {
         "as for ib-ep16-ll-reference combine (-5.1%, at the edge)",
     ("ib-ep8-ll-rdma-reference", "dispatch.p50"): IB_SPLIT,
     ("ib-ep8-ll-rdma-reference", "combine.p50"): IB_SPLIT,
-    ("efa-ep16-native-headline", "combine.p50"):
-        "the reduction and token preparation are one Hopper value for every platform, and since "
-        "the testbed's receive CQs, CQE writes and delivery lateness are modelled (6df930f) its "
-        "records pull them up (token preparation 83 -> 116 ns, reduction 198 -> 219 ns/KiB per "
-        "warp): EFA's native combine goes +6.4% over (0.7% before); its proxy combine stays "
-        "within 3%. Where EFA's combine spends less than the shared values say is not found",
+    ("ib-ep16-ll-rdma-reference", "dispatch.p50"): IB_SPLIT,  # +5.1% at c8eefd5, at the edge
 }
 TOLERANCE_PCT = 5.0
 

@@ -364,6 +364,7 @@ def test_every_v1_testbed_record_tells_the_model_its_receive_cqs():
         seen += 1
         st = r.sim.set
         assert st["design.recv_cq"] == "per-dest-qp" and st["design.recv_cq_cqes_per_read"] == 1, p.name
+        assert st["design.credit_read_lines"] == 32, p.name  # cq_poll: 32 lanes, 32 CQEs
         moved = (ef["rxcq"] == "device") != (ef.get("cq", "host") == "device")
         assert ("platform.receiver.recv_cq_in_device_memory" in st) == moved, p.name
         if moved:

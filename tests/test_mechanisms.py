@@ -303,7 +303,7 @@ def test_many_warps_polling_a_host_memory_cq_queue_on_the_read_path():
     CQ in device memory the path is not used."""
     sets = {**EP2, **QUIET, "design.protocol": "v1-ll", "design.forward_warps_per_sm": 0,
             "platform.gpu.completion_counter_in_device_memory": False,
-            "platform.gpu.credit_read_lines": 32,
+            "design.credit_read_lines": 32,
             # the line queue alone: polls of one CQ waiting their turn bypass it (CqReadQueue)
             "platform.nic.cq_shared_read_ns": 0.0}
     base = simulate_op(scenario.load(NATIVE, {**sets, "platform.gpu.host_read_line_ns": 0.0}), "dispatch", 0)
@@ -338,7 +338,7 @@ def _credit_world(sets: dict) -> World:
 def test_a_credit_poll_reads_until_a_read_finds_no_new_cqe(lines):
     """40 CQEs written since the last poll: a poll reading one CQE at a time reads 41 times,
     one reading 32 at once (hw/ep cq_poll) reads 3 times (32, 8, then none new)."""
-    w = _credit_world({"platform.gpu.credit_read_lines": lines, "platform.nic.cq_shared_read_ns": 0.0})
+    w = _credit_world({"design.credit_read_lines": lines, "platform.nic.cq_shared_read_ns": 0.0})
     port = w.port(0, 0)
     port.qp.completions.value = 40
     reads = 1 + -(-40 // lines)
@@ -390,7 +390,7 @@ def test_doorbells_of_a_shared_qp_ring_in_the_order_slots_were_reserved():
                                  "design.forward_warps_per_sm": 0, "workload.tokens_per_rank": 32,
                                  "design.qps_per_call": 2,
                                  "platform.gpu.completion_counter_in_device_memory": False,
-                                 "platform.gpu.credit_read_lines": 1,
+                                 "design.credit_read_lines": 1,
                                  "platform.nic.cq_shared_read_ns": 0.0})
     posted: dict[int, list[int]] = {}
     rung: dict[int, list[int]] = {}
@@ -437,7 +437,7 @@ def test_fences_slow_down_as_credit_polls_of_a_host_cq_do(in_device):
     sets = {**EP2, **QUIET, "design.protocol": "v1-ll", "design.forward_warps_per_sm": 0,
             "workload.tokens_per_rank": 32, "design.qps_per_call": 2,
             "platform.gpu.completion_counter_in_device_memory": in_device,
-            "platform.gpu.credit_read_lines": 32, "platform.nic.cq_shared_read_ns": 1150.0}
+            "design.credit_read_lines": 32, "platform.nic.cq_shared_read_ns": 1150.0}
     off = simulate_op(scenario.load(NATIVE, {**sets, "platform.gpu.fence_waits_host_reads": False}), "dispatch", 0)
     on = simulate_op(scenario.load(NATIVE, {**sets, "platform.gpu.fence_waits_host_reads": True}), "dispatch", 0)
     if in_device:
@@ -558,7 +558,7 @@ def test_receive_cqes_written_into_host_memory_queue_on_the_sending_nics_engine(
     queue there with the send CQEs and the WQE work, and the op slows; with them in GPU memory
     (hw/ep --rxcq device) only the send CQEs pay. Without the engine cost the two are alike."""
     lat = {}
-    for w in (0.0, 2000.0):
+    for w in (0.0, 4000.0):  # beyond the engine's share of a CQE's interval: it queues
         for rx_dev in (False, True):
             scn = _write_imm({"platform.nic.host_cqe_write_ns": w,
                               "platform.receiver.recv_cq_in_device_memory": rx_dev})
@@ -568,8 +568,8 @@ def test_receive_cqes_written_into_host_memory_queue_on_the_sending_nics_engine(
                 writes = res.ledger.counters["nic_host_cqe_writes"]
                 cqes = res.ledger.counters["recv_cqes"]
                 assert writes >= cqes > 0 if not rx_dev else writes > 0
-    assert lat[(2000.0, False)] > lat[(2000.0, True)] + 20.0
-    assert abs(lat[(0.0, False)] - lat[(0.0, True)]) < 0.2 * (lat[(2000.0, False)] - lat[(2000.0, True)])
+    assert lat[(4000.0, False)] > lat[(4000.0, True)] + 20.0
+    assert abs(lat[(0.0, False)] - lat[(0.0, True)]) < 0.2 * (lat[(4000.0, False)] - lat[(4000.0, True)])
 
 
 def test_send_cqes_in_host_memory_cost_the_nics_engine():
@@ -594,3 +594,38 @@ def test_spinning_on_a_host_receive_cq_slows_the_fences_of_the_same_gpu():
                           "dispatch", 0)
         fence[rx_dev] = res.ledger.busy["fence"]
     assert fence[False] > fence[True]
+
+
+def test_cqe_writes_on_a_host_engine_of_their_own_leave_the_wqe_engine_free():
+    """nic.host_engine (the emulated NIC's host-engine warp): CQE writes into host memory queue
+    on their own engine, so WQE parsing does not wait behind them; on the WQE engine (a NIC
+    without one) they hold up the next WQEs. The writes are the same in number either way."""
+    lat, writes = {}, {}
+    for apart in (False, True):
+        scn = _write_imm({"platform.nic.host_cqe_write_ns": 3000.0, "platform.nic.host_engine": apart,
+                          "platform.nic.doorbell_process_ns": 0.0})
+        res = simulate_op(scn, "dispatch", 0)
+        lat[apart], writes[apart] = max(res.latency_us), res.ledger.counters["nic_host_cqe_writes"]
+    assert writes[True] == writes[False] > 0
+    assert lat[True] < lat[False]
+
+
+def test_a_host_engine_mirrors_the_doorbells_wqes_before_they_are_parsed():
+    """With nic.host_engine the doorbell's work (read it, mirror the new WQEs from the host SQ)
+    is the host engine's, and a WQE is parsed only once mirrored: a slow mirror delays the
+    first packet of a lone put by its cost."""
+    from lever.sim.engine import Ledger, Trace
+    from lever.sim.fabric import Fabric
+    from lever.sim.message import Message
+    from lever.sim.nic import Nic
+
+    scn = _write_imm({"platform.nic.host_engine": True, "platform.nic.doorbell_process_ns": 5000.0})
+    env = simpy.Environment()
+    led = Ledger()
+    fab = Fabric(env, scn.platform.fabric, np.random.default_rng(0), led)
+    nic = Nic(env, 0, 0, scn.platform.nic, scn.platform.receiver, fab, led, Trace())
+    sent = []
+    nic._transmit = lambda msg, t0, rec=None: sent.append(t0)
+    nic.doorbell([Message(0, 1, 64, RankTag(0))])
+    assert sent == [pytest.approx(5000.0 + nic.wqe_ns)]
+    assert nic.host_free == pytest.approx(5000.0)

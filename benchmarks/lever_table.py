@@ -3,9 +3,8 @@
     python benchmarks/lever_table.py [benchmarks/validate_levers.json]
 
 Prints the summary line and one markdown row per (record, op): predicted delta, band,
-measured delta, verdict and whether the predicted sign matched the measured one ("none"
-where either is zero or the predicted band straddles zero), so the table in the README is
-the JSON's, not retyped.
+measured delta, verdict and the row's sign (validate's rule: right, wrong or none), so the
+table in the README is the JSON's, not retyped.
 """
 
 from __future__ import annotations
@@ -13,20 +12,6 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
-
-
-def sign(row: dict) -> str:
-    """right / wrong / none: the row's own ``sign`` (validate's rule, which reads the measured
-    band); for older output without it, the prediction's sign against the measured value."""
-    if "sign" in row:
-        return row["sign"]
-    p, m = row.get("predicted_delta_us"), row.get("measured_delta_us")
-    if p is None or m is None or p == 0 or m == 0:
-        return "none"
-    b = row.get("band_us")
-    if b and b[0] < 0 < b[1]:  # the prediction does not commit to a sign
-        return "none"
-    return "right" if (p > 0) == (m > 0) else "wrong"
 
 
 def table(d: dict) -> str:
@@ -39,7 +24,7 @@ def table(d: dict) -> str:
         ps = "-" if p is None or r["verdict"] == "refused" else f"{p:+.1f}"
         bs = "-" if not b else f"[{b[0]:+.1f}, {b[1]:+.1f}]"
         lines.append(f"| `{r['record']}` | {r['op']} | {ps} | {bs} | {r['measured_delta_us']:+.1f} | "
-                     f"{r['verdict']} | {sign(r)} |")
+                     f"{r['verdict']} | {r['sign']} |")
     return "\n".join(lines)
 
 

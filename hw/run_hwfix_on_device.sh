@@ -13,11 +13,9 @@ set -u
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/hwfix_out}
 mkdir -p "$OUT"
-if ls .whl/*.whl >/dev/null 2>&1 && ! python3 -c 'import pydantic' 2>/dev/null; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
-  export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
-fi
-export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} LEVER_BUILD_DIR=/tmp/lever_build
+. hw/device_lib.sh
+use_carried_wheels
+export LEVER_BUILD_DIR=/tmp/lever_build
 OUT=$OUT/bed bash hw/run_testbed_on_device.sh smoke,exhaust,base,placedev,chain,levers,proxy,faults,unsafe,late,rxdev,repeat
 if grep -q "smoke failed" "$OUT/bed/log.txt"; then echo "V1 smoke failed: V2 and the diagnostics not run"; exit 1; fi
 OUT=$OUT/v2 bash hw/run_v2_on_device.sh smoke,hybrid,levers,proxy,faults,direct,unsafe,rxdev

@@ -18,12 +18,8 @@ OUT=${OUT:-/tmp/bed_out}
 REC=/tmp/bed_rec; mkdir -p "$REC" "$OUT"
 export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 export LEVER_BUILD_DIR=/tmp/lever_build TORCH_CUDA_ARCH_LIST=9.0 MAX_JOBS=16
-# pydantic and simpy are not on the device image: carried wheels (.whl) go to /tmp/site
-if ls .whl/*.whl >/dev/null 2>&1 && ! python3 -c 'import pydantic' 2>/dev/null; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
-  export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
-fi
-export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
+. hw/device_lib.sh  # use_carried_wheels, step
+use_carried_wheels
 STEPS=${1:-smoke,base,place,chain,levers,proxy,faults,exhaust,unsafe,ep4,late,rxdev,repeat,prim}
 ITERS=${ITERS:-60}
 LOG="$OUT/log.txt"
@@ -40,18 +36,6 @@ has prim && timeout 300 python3 -c 'from lever.hw.primitives import load_primiti
 wait
 tail -3 "$OUT"/build_*.log | tee -a "$LOG"
 echo "build wall $(( $(date +%s) - t0 ))s" | tee -a "$LOG"
-step() {  # name, timeout, args...
-  local name=$1 to=$2; shift 2
-  echo "=== $name: lever hw ep $*" | tee -a "$LOG"
-  local s0=$(date +%s)
-  timeout "$to" python3 -m lever.cli hw ep "$@" 2>&1 | tee -a "$LOG"
-  local rc=${PIPESTATUS[0]}
-  echo "=== $name rc=$rc wall=$(( $(date +%s) - s0 ))s" | tee -a "$LOG"
-  [[ $name == smoke* && $rc != 0 ]] && SMOKE_FAILED=1
-  tar czf "$OUT/records.tgz" -C /tmp bed_rec  # what ran so far comes back even if a later step is cut off
-  return 0
-}
-SMOKE_FAILED=0
 P=emu-bed-ep
 C="--ranks 2 --gpus 1 --iters $ITERS --out-dir $REC --id-prefix $P"
 LEVERS="lazy-completion-dispatch;lazy-completion-combine;batched-doorbells;qp-fanout-fix;qp17-ownership;write-imm-counting;put-many;deferred-doorbell-aggregation;provider-batched-tail;cached-dispatch;lazy-completion-dispatch,deferred-doorbell-aggregation"

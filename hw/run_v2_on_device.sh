@@ -16,25 +16,10 @@ export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 
 export LEVER_BUILD_DIR=${LEVER_BUILD_DIR:-/tmp/lever_build} TORCH_CUDA_ARCH_LIST=9.0
 STEPS=${1:-smoke,hybrid,levers,proxy,faults,direct,unsafe,rxdev}
 ITERS=${ITERS:-60}
-if ls .whl/*.whl >/dev/null 2>&1 && ! python3 -c 'import pydantic' 2>/dev/null; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
-  export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
-fi
-export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
+. hw/device_lib.sh  # use_carried_wheels, step
+use_carried_wheels
 LOG="$OUT/log.txt"
 nvidia-smi --query-gpu=name,driver_version,clocks.sm --format=csv | tee -a "$LOG"
-step() {  # name, timeout, args...
-  local name=$1 to=$2; shift 2
-  echo "=== $name: lever hw ep $*" | tee -a "$LOG"
-  local t0=$(date +%s)
-  timeout "$to" python3 -m lever.cli hw ep "$@" 2>&1 | tee -a "$LOG"
-  local rc=${PIPESTATUS[0]}
-  echo "=== $name rc=$rc wall=$(( $(date +%s) - t0 ))s" | tee -a "$LOG"
-  [[ $name == smoke* && $rc != 0 ]] && SMOKE_FAILED=1
-  tar czf "$OUT/records.tgz" -C /tmp v2_rec  # what ran so far comes back even if a later step is cut off
-  return 0
-}
-SMOKE_FAILED=0
 has() { [[ ",$STEPS," == *",$1,"* ]]; }
 t0=$(date +%s)
 timeout 400 python3 -c 'from lever.hw.ep import load_ext; m = load_ext(); print("built", m.layout_sizes(), m.v2_layout_sizes())' 2>&1 | tail -20 | tee -a "$LOG"

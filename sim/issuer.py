@@ -247,7 +247,7 @@ class NativePort(WarpPort):
         # the send completions are read from a completion counter (the device's own, or one the
         # NIC writes into GPU memory) or from the CQ itself; in host memory each read crosses PCIe
         self.counter = nic.hw_counters
-        in_device = g.completion_counter_in_device_memory or nic.hw_counters
+        in_device = ctx.platform.send_completions_in_device_memory
         self.counter_read_ns = g.device_load_ns if in_device else g.pcie_read_ns
         # a poll of a CQ in host memory queues on the GPU's read path with every other warp's
         self.host = host if (not in_device and g.host_read_line_ns > 0) else None

@@ -83,15 +83,12 @@ class World:
             for i in range(per)
         ]
         pl = self.platform
-        rx_in_device = pl.receiver.recv_cq_in_device_memory
-        if rx_in_device is None:
-            rx_in_device = pl.gpu.completion_counter_in_device_memory
         for n in self.nics:
             n.peers = self.nics
             n.per_gpu = per
-            if not (pl.gpu.completion_counter_in_device_memory or pl.nic.hw_counters):
+            if not pl.send_completions_in_device_memory:
                 n.send_cqe_engine_ns = pl.nic.host_cqe_write_ns
-            if not rx_in_device:
+            if not pl.recv_cq_in_device_memory:
                 n.recv_cqe_engine_ns = pl.nic.host_cqe_write_ns
         d = self.design
         self.qps = [

@@ -116,11 +116,7 @@ class Nic:
         if self.p.doorbell_process_ns and self.p.host_engine:
             # the host engine reads the doorbell and mirrors the new WQEs; the WQE engine parses
             # each once it is mirrored (and once it is free)
-            busy = self.host_free > now
-            start = self.host_free if busy else now
-            self.host_free = start + led.cost("nic", self.p.doorbell_process_ns)
-            if path is not None:
-                self.host_rec = (start, self.host_free, "nic", self.host_rec if busy else path.cur)
+            self._on_host_engine(self.p.doorbell_process_ns)
             if self.host_free > self.engine_free:  # parsing waits for the mirror
                 self.engine_free = self.host_free
                 if path is not None:
@@ -288,11 +284,7 @@ class Nic:
         now = self.env.now
         path = led.path
         if self.p.host_engine:
-            busy = self.host_free > now
-            start = self.host_free if busy else now
-            end = self.host_free = start + led.cost("nic", ns)
-            if path is not None:
-                rec = self.host_rec = (start, end, "nic", self.host_rec if busy else path.cur)
+            end, rec = self._on_host_engine(ns)
         else:
             busy = self.engine_free > now
             start = self.engine_free if busy else now
@@ -304,6 +296,20 @@ class Nic:
             call_at(self.env, end, then, *args)
         else:
             path.call_at(end, rec, then, *args)
+
+    def _on_host_engine(self, ns: float) -> tuple[float, Rec | None]:
+        """Book ``ns`` of work on the host engine from now (behind what it has): its end, and
+        its critical-path segment when the path is recorded."""
+        led = self.ledger
+        now = self.env.now
+        path = led.path
+        busy = self.host_free > now
+        start = self.host_free if busy else now
+        end = self.host_free = start + led.cost("nic", ns)
+        if path is None:
+            return end, None
+        self.host_rec = (start, end, "nic", self.host_rec if busy else path.cur)
+        return end, self.host_rec
 
     def _send_cqe(self, msg: Message) -> None:
         self.engine_write(self.send_cqe_engine_ns, self._complete, msg)

@@ -285,6 +285,19 @@ class Platform(Strict):
                 raise ValueError(f"sources: '{path}' is not a platform parameter")
         return self
 
+    @property
+    def send_completions_in_device_memory(self) -> bool:
+        """The send completions a credit poll reads are in GPU memory: the NIC writes its
+        counter or CQ there, or the device has completion counters (else: host memory, PCIe)."""
+        return self.gpu.completion_counter_in_device_memory or self.nic.hw_counters
+
+    @property
+    def recv_cq_in_device_memory(self) -> bool:
+        """Where the receive CQs sit: ``receiver.recv_cq_in_device_memory``, else where the
+        NIC writes the send completions (``gpu.completion_counter_in_device_memory``)."""
+        v = self.receiver.recv_cq_in_device_memory
+        return self.gpu.completion_counter_in_device_memory if v is None else v
+
     def numeric_parameters(self) -> dict[str, float]:
         """Every numeric parameter by dotted path (``gpu.fence_ns`` -> value)."""
         out: dict[str, float] = {}

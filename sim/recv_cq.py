@@ -59,9 +59,7 @@ class RecvCq:
         self.env = ctx.env
         self.deliver = deliver
         g, nic, rp, d = ctx.platform.gpu, ctx.platform.nic, ctx.platform.receiver, ctx.design
-        in_device = rp.recv_cq_in_device_memory
-        if in_device is None:
-            in_device = g.completion_counter_in_device_memory
+        in_device = ctx.platform.recv_cq_in_device_memory
         self.read_ns = g.device_load_ns if in_device else g.pcie_read_ns
         self.per_line = d.recv_cq_cqes_per_read or max(1, CQ_LINE_BYTES // rp.cqe_bytes)
         self.per_cqe_ns = rp.cq_poll_ns + (0.0 if nic.unsolicited_write_recv else rp.rq_repost_ns)

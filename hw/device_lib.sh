@@ -1,0 +1,28 @@
+# Shared by the device scripts (hw/run_*_on_device.sh): source it from the repository root.
+#
+# use_carried_wheels: pydantic and simpy are not on the device image; the wheels a call
+# carries in .whl/ go to /tmp/site, and the tree itself is put on PYTHONPATH.
+use_carried_wheels() {
+  if ls .whl/*.whl >/dev/null 2>&1 && ! python3 -c 'import pydantic' 2>/dev/null; then
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
+    export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
+  fi
+  export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
+}
+
+# step NAME TIMEOUT ARGS...: one bounded `lever hw ep ARGS...`, logged to $LOG with its exit
+# status and wall time; a failing smoke* step sets SMOKE_FAILED=1. $REC (the records folder)
+# is re-tarred into $OUT/records.tgz after every step, so what ran so far comes back even if
+# a later step is cut off. A failing step never stops the script.
+SMOKE_FAILED=0
+step() {
+  local name=$1 to=$2; shift 2
+  echo "=== $name: lever hw ep $*" | tee -a "$LOG"
+  local s0=$(date +%s)
+  timeout "$to" python3 -m lever.cli hw ep "$@" 2>&1 | tee -a "$LOG"
+  local rc=${PIPESTATUS[0]}
+  echo "=== $name rc=$rc wall=$(( $(date +%s) - s0 ))s" | tee -a "$LOG"
+  [[ $name == smoke* && $rc != 0 ]] && SMOKE_FAILED=1
+  tar czf "$OUT/records.tgz" -C "$(dirname "$REC")" "$(basename "$REC")"
+  return 0
+}

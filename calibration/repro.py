@@ -78,8 +78,21 @@ def run_noise(records: Iterable[RunRecord]) -> dict[str, dict[str, dict]]:
     return dict(out)
 
 
-def delta_halfwidth(sd_us: float) -> float:
-    """The 90% half-width this noise adds to a delta of two processes' medians."""
+def delta_halfwidth(sd_us: float, dof: int | None = None) -> float:
+    """The 90% half-width this noise adds to a delta of two processes' medians.
+
+    With ``dof`` (the degrees of freedom the sd was estimated with) the quantile is Student's
+    t, not the normal's: an sd from three runs is itself uncertain (t = 2.92 at 2 dof against
+    1.645), and a band built on it as if it were exact is too narrow about one time in four.
+    The pooled estimate gets closer to the normal quantile as repeats are added
+    (1.86 at 8 dof), which is what more repeats buy."""
     from lever.calibration.compare import Z90
 
-    return Z90 * math.sqrt(2.0) * sd_us
+    q = Z90
+    if dof is not None:
+        if dof < 1:
+            raise ValueError(f"run noise needs at least 1 degree of freedom, got {dof}")
+        from scipy.stats import t
+
+        q = float(t.ppf(0.95, dof))
+    return q * math.sqrt(2.0) * sd_us

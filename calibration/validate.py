@@ -255,7 +255,7 @@ class FoldTask:
     pred_seeds: int = 3
     param_samples: int = 8
     with_discrepancy: bool = True
-    run_noise: dict[str, float] = field(default_factory=dict)
+    run_noise: dict[str, tuple[float, int]] = field(default_factory=dict)  # op -> (sd us, dof)
     """Per op, the measured sd (us) of one process's median between processes of one call
     (calibration/repro.py): a measured delta carries it twice."""
 
@@ -293,7 +293,7 @@ def run_fold(task: FoldTask) -> FoldResult:
             p = pred[op]
             band = widen(p["delta_us"], (p["band_us"][0], p["band_us"][1]), rel)
             if op in task.run_noise:  # what the measurement of a delta adds, measured
-                band = widen_by(p["delta_us"], band, delta_halfwidth(task.run_noise[op]))
+                band = widen_by(p["delta_us"], band, delta_halfwidth(*task.run_noise[op]))
             p["band_us"] = list(band)
             rows.append(judge(case, op, p))
     return FoldResult(rows=rows, train=[r.id for r in task.train],
@@ -385,7 +385,7 @@ def validate_levers(groups: Mapping[str, tuple[list[RunRecord], Platform, dict[s
             train = [r for r in usable if r.id not in f.excluded]
             tasks.append(FoldTask(train, list(f.cases), plat, base_sets, free, start, cache, seeds,
                                   max_nfev, pred_seeds, param_samples, with_discrepancy,
-                                  {op: float(v["sd_us"]) for op, v in noise_all.get(nic, {}).items()}))
+                                  {op: (float(v["sd_us"]), int(v["dof"])) for op, v in noise_all.get(nic, {}).items()}))
     folds: list[FoldResult] = []
     for i, (_k, fr) in enumerate(imap_unordered(run_fold, tasks, executor, workers, address), 1):
         folds.append(fr)

@@ -76,8 +76,9 @@ ERR_NAMES = {
 STAT_NAMES = ["stamp_bad_dispatch", "stamp_bad_combine", "packets", "retransmits", "wqes",
               "doorbells", "fences", "cqes", "rx_cqes", "locks", "credit_polls", "reordered", "turn_waits",
               "descriptors", "ring_polls", "nic_late_ns", "drops", "duplicates", "error_cqes",
-              "nic_early_ns", "local_puts", "mirrored_wqes", "nic_claim_lag_ns", "nic_deliver_ns"]
-ST_WORDS = 24  # hw/ep/efa_emu.cuh ST_NUM
+              "nic_early_ns", "local_puts", "mirrored_wqes", "nic_claim_lag_ns", "nic_deliver_ns",
+              "nic_scan_ns", "nic_copy_ns", "nic_fence_ns"]
+ST_WORDS = 27  # hw/ep/efa_emu.cuh ST_NUM
 
 
 def cqe_status_name(st: int) -> str:
@@ -836,6 +837,9 @@ def _run_variant(runner: Runner, scn, args, levers: list[str], sets: Mapping[str
         # this long from the claim to visible (the batch's copies and fence)
         metrics["nic_claim_lag_per_packet_ns"] = {"median": round(st["nic_claim_lag_ns"] / st["packets"], 1)}
         metrics["nic_deliver_per_packet_ns"] = {"median": round(st["nic_deliver_ns"] / st["packets"], 1)}
+        # and the delivery's parts: the claim scan, the batch's copies, the fence after them
+        for part in ("scan", "copy", "fence"):
+            metrics[f"nic_{part}_per_packet_ns"] = {"median": round(st[f"nic_{part}_ns"] / st["packets"], 1)}
     if args.path == "proxy":
         pst = dict(runner.ext.proxy_stats())
         if pst.get("descriptors"):

@@ -47,6 +47,7 @@ FAMILIES_1GPU = (
     "proxy_ring",
     "shared_queue",
     "host_read",
+    "fence_reads",
 )
 FAMILIES_2GPU = ("nvlink",)
 WARMUP = 10

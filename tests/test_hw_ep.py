@@ -327,3 +327,22 @@ def test_a_stuck_kernel_names_rank_block_warp_and_what_it_waited_for():
     msg = str(e.value)
     assert "doorbell turn" in msg and "rank 1 (block 54, warp 2)" in msg and "expected 5" in msg
     assert "\n" not in msg
+
+
+@pytest.mark.skipif(NVCC is None, reason="nvcc not installed")
+def test_the_harness_reads_every_stat_word_the_kernels_write(tmp_path):
+    """hw/ep.py names the kernels' stat words by position: its count and the positions of the
+    lateness parts must be the kernels' own enum values (a compiled check, not a text match)."""
+    from lever.hw.ep import ST_WORDS, STAT_NAMES
+
+    assert len(STAT_NAMES) == ST_WORDS
+    checks = [f"static_assert(emu::ST_NUM == {ST_WORDS}, \"ST_NUM\");"]
+    for name, enum in (("nic_deliver_ns", "ST_NIC_DELIVER_NS"), ("nic_scan_ns", "ST_NIC_SCAN_NS"),
+                       ("nic_copy_ns", "ST_NIC_COPY_NS"), ("nic_fence_ns", "ST_NIC_FENCE_NS"),
+                       ("packets", "ST_PACKETS"), ("nic_late_ns", "ST_NIC_LATE_NS")):
+        checks.append(f"static_assert(emu::{enum} == {STAT_NAMES.index(name)}, \"{enum}\");")
+    src = tmp_path / "stats_check.cu"
+    src.write_text(f'#include "{EP / "efa_emu.cuh"}"\n' + "\n".join(checks) + "\n")
+    r = subprocess.run([NVCC, "-arch=sm_90", "-std=c++17", "-c", str(src), "-o", str(tmp_path / "s.o")],
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]

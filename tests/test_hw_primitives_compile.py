@@ -29,6 +29,7 @@ FAMILIES = {
     "proxy_ring",
     "shared_queue",
     "host_read",
+    "fence_reads",
     "nvlink",
 }
 

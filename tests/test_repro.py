@@ -57,6 +57,7 @@ def test_a_predicted_no_change_is_judged_against_the_noise_of_a_measured_delta()
     sd = 4.3
     m = delta_halfwidth(sd)
     assert m == pytest.approx(Z90 * math.sqrt(2) * sd)
+    assert delta_halfwidth(sd, 10**6) == pytest.approx(m, rel=1e-5)
     band = widen_by(0.0, (0.0, 0.0), m)
     assert band == pytest.approx((-m, m))
     assert verdict(0.0, [0.0, 0.0], 6.0, [5.0, 7.0])["verdict"] == "refuted"
@@ -74,3 +75,14 @@ def test_the_json_says_which_noise_it_used():
     out = res.as_json()
     assert out["run_noise"]["emulated-srd"]["dispatch"] == {"sd_us": 33.06, "dof": 2, "groups": [["x", "y", "z"]]}
     assert out["validated"] == 0 and out["levers"] == []
+
+
+def test_an_sd_from_few_repeats_widens_by_students_t():
+    """Three runs (2 dof) give an sd that is itself uncertain: its 90% half-width uses t(0.95, 2)
+    = 2.920, not 1.645; more repeats bring it down toward the normal's (8 dof: 1.860)."""
+    sd = 10.0
+    assert delta_halfwidth(sd, 2) == pytest.approx(2.919986 * math.sqrt(2) * sd, rel=1e-5)
+    assert delta_halfwidth(sd, 8) == pytest.approx(1.859548 * math.sqrt(2) * sd, rel=1e-5)
+    assert delta_halfwidth(sd, 2) > delta_halfwidth(sd, 8) > delta_halfwidth(sd)
+    with pytest.raises(ValueError):
+        delta_halfwidth(sd, 0)

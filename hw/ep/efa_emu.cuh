@@ -120,7 +120,12 @@ enum Stat : int {
   // where the lateness comes from, summed over data packets that landed:
   ST_NIC_CLAIM_LAG_NS = 22,  // claimed this long after it could be (due - deliver_lead_ns): warps busy
   ST_NIC_DELIVER_NS = 23,    // claim to visible: the batch's copies and fence
-  ST_NUM = 24,
+  // and what the delivery is made of, summed over data packets that landed (per batch, each
+  // packet of it counted): the claim scan, the copies, the fence after them
+  ST_NIC_SCAN_NS = 24,
+  ST_NIC_COPY_NS = 25,
+  ST_NIC_FENCE_NS = 26,
+  ST_NUM = 27,
 };
 
 // Send CQE status the emulated NIC writes when a packet's retries run out (rdma-core

@@ -1165,6 +1165,7 @@ struct NicCtx {
   unsigned long long seed;
   unsigned long long n_pkt, n_retx, n_cqe, n_rx, n_reord, n_wqe, n_late;
   unsigned long long n_drop, n_dup, n_err, n_early, n_mirror, n_claim_lag, n_deliver;
+  unsigned long long n_scan, n_copy, n_fence;
 };
 
 __device__ __forceinline__ Rng pkt_rng(const NicCtx& c, int q, unsigned wi, unsigned p) {
@@ -1580,6 +1581,7 @@ __device__ bool nic_deliver(const World& w, NicCtx& c, NicShared& S, bool host_e
     got = __ballot_sync(0xffffffffu, mine >= 0);
   }
   if (got) {
+    const unsigned long long t_claimed = gtime();
     __threadfence_block();
     // the wire: a data transmission is dropped (drawn per transmission), or reaches the
     // receiver, which discards a duplicate (its landed bitmap has the packet) and copies
@@ -1608,11 +1610,13 @@ __device__ bool nic_deliver(const World& w, NicCtx& c, NicShared& S, bool host_e
                   reinterpret_cast<uint8_t*>(vld64(&S.dst[e])), vldu(&S.len[e]), lane);
     }
     __syncwarp();
+    const unsigned long long t_copied = gtime();
     // one fence: the batch's packets are visible before any completion that follows
     if (__any_sync(0xffffffffu, fate == 3)) {
       if (one_gpu) __threadfence();
       else __threadfence_system();
     }
+    const unsigned long long t_fenced = gtime();
     // bookkeeping: each lane its own entry (shared-memory state of its WQE)
     if (mine >= 0) {
       const int e = mine;
@@ -1649,6 +1653,9 @@ __device__ bool nic_deliver(const World& w, NicCtx& c, NicShared& S, bool host_e
         const unsigned long long ready = due0 > lead ? due0 - lead : 0ull;
         if (now > ready) c.n_claim_lag += now - ready;
         c.n_deliver += t - now;
+        c.n_scan += t_claimed - now;
+        c.n_copy += t_copied - t_claimed;
+        c.n_fence += t_fenced - t_copied;
         const unsigned seqv = wi * 32u + p;
         const unsigned prev = atomicMax(&S.q_last[q], seqv);
         if (prev > seqv) ++c.n_reord;
@@ -1716,6 +1723,7 @@ __device__ void nic_warp(const World& w, const EpFlags& f, int lr, int nic, int 
   c.seed = mix64(fb.seed ^ ((unsigned long long)nic << 36));
   c.n_pkt = c.n_retx = c.n_cqe = c.n_rx = c.n_reord = c.n_wqe = c.n_late = 0;
   c.n_drop = c.n_dup = c.n_err = c.n_early = c.n_mirror = c.n_claim_lag = c.n_deliver = 0;
+  c.n_scan = c.n_copy = c.n_fence = 0;
   // warp 0 faces the host when a queue is there: it mirrors host SQs and writes host CQEs
   // (send and receive), so no data warp waits on PCIe (its fences would wait for posted
   // host writes)
@@ -1771,14 +1779,15 @@ __device__ void nic_warp(const World& w, const EpFlags& f, int lr, int nic, int 
     if (__shfl_sync(0xffffffffu, (int)(idle || stop), 0)) break;
   }
   // per-lane counters (each lane handled its own entries): warp sums
-  unsigned long long* cs[13] = {&c.n_pkt, &c.n_retx, &c.n_cqe, &c.n_rx, &c.n_reord, &c.n_late,
+  unsigned long long* cs[16] = {&c.n_pkt, &c.n_retx, &c.n_cqe, &c.n_rx, &c.n_reord, &c.n_late,
                                 &c.n_drop, &c.n_dup, &c.n_err, &c.n_early, &c.n_mirror,
-                                &c.n_claim_lag, &c.n_deliver};
-  const int st_idx[13] = {ST_PACKETS, ST_RETRANSMITS, ST_CQES, ST_RX_CQES, ST_REORDERED, ST_NIC_LATE_NS,
+                                &c.n_claim_lag, &c.n_deliver, &c.n_scan, &c.n_copy, &c.n_fence};
+  const int st_idx[16] = {ST_PACKETS, ST_RETRANSMITS, ST_CQES, ST_RX_CQES, ST_REORDERED, ST_NIC_LATE_NS,
                           ST_DROPS, ST_DUPS, ST_ERR_CQES, ST_NIC_EARLY_NS, ST_MIRRORED,
-                          ST_NIC_CLAIM_LAG_NS, ST_NIC_DELIVER_NS};
+                          ST_NIC_CLAIM_LAG_NS, ST_NIC_DELIVER_NS, ST_NIC_SCAN_NS, ST_NIC_COPY_NS,
+                          ST_NIC_FENCE_NS};
 #pragma unroll
-  for (int i = 0; i < 13; ++i) {
+  for (int i = 0; i < 16; ++i) {
     unsigned long long v = *cs[i];
     for (int o = 16; o; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
     if (lane == 0 && v) atomicAdd(&w.stats[st_idx[i]], v);

@@ -24,7 +24,7 @@ from pathlib import Path
 
 from lever.calibration.records import DATA_DIR, RunRecord, load_record
 
-REPEAT_DIRS = ("", "testbed")
+REPEAT_DIRS = ("", "testbed", "testbed/noise")
 """Where repeats live: the training records and the testbed's own records beside them (the
 credit-diag folder holds copies of training records, so it is not read: a copy is no repeat)."""
 

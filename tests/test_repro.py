@@ -40,12 +40,23 @@ def test_repeats_are_one_configuration_from_one_revision():
     assert run_noise([a, other_rev, other_what]) == {}
 
 
-def test_the_testbed_measures_its_baseline_three_times_in_one_call():
-    """The shipped testbed records: the baseline and its two repeats (hw/run_testbed_on_device.sh
-    repeat) are the one group, and dispatch moves more between processes than combine."""
+def test_the_testbed_measures_its_baseline_and_levers_again_in_one_call():
+    """The shipped testbed records: the baseline and its two repeats at 972e2e1
+    (hw/run_testbed_on_device.sh repeat) are one group; hw/run_noise_on_device.sh at 509a5a8
+    measured the baseline seven times and every lever three times (testbed/noise), one group
+    each; dispatch moves more between processes than combine, and the pooled estimate has the
+    degrees of freedom of all of them."""
     n = run_noise(repeat_records())["emulated-srd"]
-    (group,) = n["dispatch"]["groups"]
-    assert "emu-bed-ep2-native-baseline" in group and len(group) == 3
+    groups = n["dispatch"]["groups"]
+    first = next(g for g in groups if "emu-bed-ep2-native-baseline" in g)
+    assert len(first) == 3
+    base = next(g for g in groups if "emu-noise-base-r1-2-native-baseline" in g)
+    # three in the lever rounds' processes, three alone, and the lateness step's run at the
+    # file's own deliver_lead_ns (900 ns: the same configuration, so a repeat too)
+    assert len(base) == 7 and "emu-late-lead900-2-native-baseline" in base
+    put_many = next(g for g in groups if "emu-noise-r1-2-native-put-many" in g)
+    assert len(put_many) == 3
+    assert n["dispatch"]["dof"] == sum(len(g) - 1 for g in groups) >= 25
     assert 5.0 < n["dispatch"]["sd_us"] < 200.0
     assert n["combine"]["sd_us"] < n["dispatch"]["sd_us"]
 

@@ -180,3 +180,24 @@ def test_committed_records_agree_with_design_within_2x():
     assert {r[0] for r in rows} == set(CAMPAIGN_PRIMITIVES)
     off = [(name, m, lo, hi) for name, _w, m, lo, hi, ratio in rows if not 0.5 <= ratio <= 2.0]
     assert not off, off
+
+
+def test_the_fence_record_says_fences_wait_for_every_sms_host_reads():
+    """h200-primitives-fence-reads (hw/primitives/fence_reads.cu, hw/run_fence_on_device.sh):
+    the facts sim/issuer.py HostReadPath stands on. A system fence alone is ~0.5 us; one warp
+    on ANOTHER SM spinning on a host line makes it cost about a read more (the GPU's fences
+    wait for the whole GPU's host reads, not their SM's), as on the same SM; warps reading the
+    same lines queue, and a fence waits for the queue (it grows with the readers); W warps
+    fencing at once do not slow each other beyond ~1.5x."""
+    rec = load_record(DATA_DIR / "testbed" / "h200-primitives-fence-reads.json")
+    assert rec.gate.passed and any(c.startswith("PASS fence_reads:") for c in rec.gate.checks)
+    m = {k: v.median for k, v in rec.metrics.items()}
+    alone, rtt = m["fence_reads_shared_othersm_w0_ns"], m["fence_reads_step_shared_w1_ns"]
+    other, same = m["fence_reads_shared_othersm_w1_ns"], m["fence_reads_shared_samesm_w1_ns"]
+    assert alone < 0.6 * rtt
+    assert other > alone + 0.3 * rtt and abs(other - same) < 0.15 * other
+    ws = [m[f"fence_reads_shared_othersm_w{w}_ns"] for w in (1, 4, 8, 16)]
+    assert ws == sorted(ws) and ws[-1] > 3 * ws[0]
+    assert m["fence_reads_step_shared_w16_ns"] > 2 * rtt  # the readers themselves queue
+    assert m["fence_concurrent_host_w96_ns"] < 1.5 * m["fence_concurrent_host_w1_ns"]
+    assert m["fence_concurrent_device_w128_ns"] < 1.5 * m["fence_concurrent_device_w1_ns"]

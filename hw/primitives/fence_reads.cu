@@ -16,6 +16,11 @@
 //   fence_reads_step_{shared,private}_w{W}_ns
 //       the readers' own time per step in the same launches (one step = one round trip of
 //       their read, queued or not), so the fence can be read against it.
+//   fence_concurrent_{host,device}_w{W}_ns
+//       W warps, one per SM, lane 0 of each storing 8 bytes to its own line (pinned host
+//       memory: a WQE in a host-memory SQ; or device memory) and issuing __threadfence_system(),
+//       back to back, all starting together: what each fence costs when W warps fence at once
+//       (the testbed's 96 issuing warps), against one warp's (W = 1).
 //
 // Verification: every reader's chase ends on the line the host computes by walking the same
 // cycle for the step count the reader reports; the fencer's device word holds its last value.
@@ -101,6 +106,49 @@ std::vector<uint64_t> cycle(uint32_t seed) {
   return next;
 }
 
+__global__ void fence_concurrent_kernel(uint64_t* words, int warmup, int reps, unsigned* arrive,
+                                        unsigned long long* ns, Status* st) {
+  if (threadIdx.x != 0) return;
+  const unsigned w = blockIdx.x, W = gridDim.x;
+  atomicAdd(arrive, 1u);
+  if (!spin_until(st, 71, [&] { return *reinterpret_cast<volatile unsigned*>(arrive) >= W; })) return;
+  uint64_t* mine = words + size_t(w) * kLineWords;
+  uint64_t v = 0;
+  for (int s = -warmup; s < reps; ++s) {
+    const unsigned long long t0 = gtimer();
+    for (int k = 0; k < kPer; ++k) {
+      st_volatile(mine, ++v);
+      __threadfence_system();
+    }
+    const unsigned long long t1 = gtimer();
+    if (s >= 0) ns[size_t(w) * reps + s] = (t1 - t0) / kPer;
+  }
+}
+
+std::vector<double> concurrent(int W, bool host, int reps, const std::string& what) {
+  const int warmup = 4;
+  DevBuf<unsigned> arrive(1);
+  DevBuf<unsigned long long> ns(size_t(W) * reps);
+  HostBuf<Status> st(1);
+  std::vector<uint64_t> got(size_t(W) * kLineWords);
+  if (host) {
+    HostBuf<uint64_t> words(size_t(W) * kLineWords);
+    fence_concurrent_kernel<<<W, 32>>>(words.p, warmup, reps, arrive.p, ns.p, st.p);
+    finish(0, st.p, what);
+    std::memcpy(got.data(), words.p, got.size() * sizeof(uint64_t));
+  } else {
+    DevBuf<uint64_t> words(size_t(W) * kLineWords);
+    fence_concurrent_kernel<<<W, 32>>>(words.p, warmup, reps, arrive.p, ns.p, st.p);
+    finish(0, st.p, what);
+    got = words.to_host();
+  }
+  for (int w = 0; w < W; ++w)
+    verify(got[size_t(w) * kLineWords] == uint64_t(kPer) * uint64_t(warmup + reps),
+           what + ": warp " + std::to_string(w) + "'s word does not hold its last store");
+  auto raw = ns.to_host();
+  return std::vector<double>(raw.begin(), raw.end());
+}
+
 struct One {
   std::vector<double> fence, step;
 };
@@ -164,8 +212,15 @@ Result run_fence_reads(int device, int reps) {
       }
     }
   }
+  for (bool host : {true, false})
+    for (int W : {1, 2, 4, 8, 16, 32, 64, 96, 128}) {
+      if (W > sms) continue;
+      const std::string name = std::string("fence_concurrent_") + (host ? "host" : "device") + "_w" +
+                               std::to_string(W) + "_ns";
+      res.first[name] = concurrent(W, host, reps, name);
+    }
   res.second.push_back("fence_reads: every reader's chase ended on the host-computed line for its "
-                       "step count, the fencer's word holds its last store");
+                       "step count, every fencer's word holds its last store");
   return res;
 }
 

@@ -96,7 +96,11 @@ def add_args(p: argparse.ArgumentParser) -> None:
                    help="emulated: the SRD NIC emulated on the GPU; efa: a real EFA device, one process "
                         "per GPU under torchrun (hw/efa/README.md; not yet run on a device)")
     p.add_argument("--efa-device", default="",
-                   help="--nic efa: the EFA device of this rank (default: the nearest to its GPU on PCIe)")
+                   help="--nic efa: the EFA device(s) of this rank, NAME[,NAME...] (default: --efa-devices "
+                        "of those nearest its GPU on PCIe)")
+    p.add_argument("--efa-devices", default="all",
+                   help="--nic efa: how many EFA devices a rank stripes its send QPs over, N or 'all' (default: "
+                        "every device at its GPU's minimal PCIe distance: 2 on p5en, 4 on p5)")
     p.add_argument("--dist-timeout-s", type=float, default=300.0,
                    help="--nic efa: timeout of the torch.distributed (gloo) exchanges and barriers")
     p.add_argument("--path", choices=["native", "proxy"], default="native")

@@ -271,7 +271,8 @@ def add_args(p: argparse.ArgumentParser) -> None:
                         "between two nodes' EFA devices under torchrun (hw/efa/prims.py; not yet run on "
                         "a device)")
     p.add_argument("--efa-device", default="",
-                   help="--nic efa: the EFA device to use (default: the nearest to the GPU on PCIe)")
+                   help="--nic efa: the EFA device to use (default: the nearest to the GPU on PCIe; the "
+                        "families post on one QP, so one device, where lever hw ep stripes over all)")
     p.add_argument(
         "--gpus",
         type=int,

@@ -6,7 +6,9 @@ on a real device, from the recorded v59 query shapes (tests/data/efa/query_v59.j
 QPs get increasing numbers, every queue's layout comes from ``layout_from_query`` on the
 recorded ``query_wqs``/``query_cq`` answer (each QP's rings at its own addresses, mapped
 for the GPU at a fixed offset), AHs are made once per peer GID, and every object is
-logged when made and destroyed so the tests can check the order.
+logged when made and destroyed so the tests can check the order. A rank may have several
+(``rail`` 0, 1, ...: the EFA devices next to its GPU): each has its own name, GID, lkey and
+rkey, QP numbers and AH numbers, as two devices' contexts and PDs do.
 """
 
 from __future__ import annotations
@@ -34,31 +36,35 @@ class FakeDevice:
     """One rank's EFA device, as the binding's ``Device`` behaves (see module docstring)."""
 
     def __init__(self, rank: int, window: int = 0x7F3000000000, length: int = 1 << 30,
-                 log: list[str] | None = None, max_qp: int = 256, caps_bits: int | None = None) -> None:
+                 log: list[str] | None = None, max_qp: int = 256, caps_bits: int | None = None,
+                 rail: int = 0) -> None:
         self.rec = recorded()
-        self.rank = rank
+        self.rank, self.rail = rank, rail
+        self.tag = str(rank) if rail == 0 else f"{rank}.{rail}"
         self.window, self.length = window, length
         self.log = log if log is not None else []
-        self.gid = bytes([0xFE, 0x80] + [0] * 12 + [0x10 + rank, 0x01])
+        self.gid = bytes([0xFE, 0x80] + [0] * 12 + [0x10 + rank, 0x01 + rail])
         dev = self.rec["efa_device_attr"]
         bits = dev["device_caps"] if caps_bits is None else caps_bits
-        self._caps = {"device_name": f"rdmap{16 + rank}s27", "max_sq_wr": dev["max_sq_wr"],
+        self._caps = {"device_name": f"rdmap{16 + rank}s{27 + rail}", "max_sq_wr": dev["max_sq_wr"],
                       "max_rq_wr": dev["max_rq_wr"], "inline_buf_size": dev["inline_buf_size"],
                       "device_caps": bits, "max_rdma_size": dev["max_rdma_size"], "max_qp": max_qp,
                       "max_cq": max_qp, "max_cqe": 32768, "max_tx_batch": 16, "mr": "dma-buf",
                       "caps": {n: bool(bits & b) for n, b in efa_device.CAP_BITS.items()}}
         self.qps: dict[int, dict[str, Any]] = {}
-        self.next_qpn = self.rec["qp_num"] + 100 * rank
+        self.next_qpn = self.rec["qp_num"] + 100 * rank + 1000 * rail
+        self.ah_base = 3 + 100 * rail  # AH numbers are per device: make two devices' differ
         self.ahs: dict[bytes, int] = {}
         self.table: list[dict[str, int]] = []
         self.closed = False
-        self.log.append(f"create device {rank}")
+        self.log.append(f"create device {self.tag}")
 
     def caps(self) -> dict[str, Any]:
         return dict(self._caps)
 
     def local(self) -> dict[str, Any]:
-        return {"lkey": 0x00A100 + self.rank, "rkey": 0xC0FFEE00 + self.rank, "addr": self.window,
+        return {"lkey": 0x00A100 + self.rank + 0x10000 * self.rail, "rkey": 0xC0FFEE00 + self.rank + 0x100 * self.rail,
+                "addr": self.window,
                 "gid": self.gid}
 
     def open_qp(self, sq_depth: int, rq_depth: int, cq_depth: int, qkey: int, unsolicited: bool) -> int:
@@ -85,7 +91,7 @@ class FakeDevice:
     def add_peer(self, gid: bytes, qpn: int, qkey: int, rkey: int, addr: int) -> int:
         gid = bytes(gid)
         if gid not in self.ahs:
-            self.ahs[gid] = 3 + len(self.ahs)
+            self.ahs[gid] = self.ah_base + len(self.ahs)
             self.log.append(f"create ah {self.ahs[gid]}")
         self.table.append({"ahn": self.ahs[gid], "remote_qpn": qpn, "remote_qkey": qkey, "rkey": rkey,
                            "remote_addr": addr})
@@ -102,10 +108,10 @@ class FakeDevice:
         assert q["open"], "layout of a closed QP"
         sq = dict(self.rec["wqs"]["sq"], num_entries=q["sq_depth"])
         cq = dict(self.rec["cq"], num_entries=q["cq_depth"])
-        stride = 1 << 20  # each QP's rings at their own addresses
-        sq["buffer_addr"] = _num(sq["buffer_addr"]) + h * stride
-        sq["doorbell_addr"] = _num(sq["doorbell_addr"]) + h * stride
-        cq["buffer_addr"] = _num(cq["buffer_addr"]) + h * stride
+        at = h * (1 << 20) + self.rail * (1 << 32)  # each QP's rings at their own addresses (and device's)
+        sq["buffer_addr"] = _num(sq["buffer_addr"]) + at
+        sq["doorbell_addr"] = _num(sq["doorbell_addr"]) + at
+        cq["buffer_addr"] = _num(cq["buffer_addr"]) + at
         dev = self.rec["efa_device_attr"]
         no_sq = bool(flags & 1)
         lay = efa_device.layout_from_query(
@@ -124,7 +130,7 @@ class FakeDevice:
         for gid in reversed(list(self.ahs)):
             self.log.append(f"destroy ah {self.ahs[gid]}")
         self.closed = True
-        self.log.append(f"destroy device {self.rank}")
+        self.log.append(f"destroy device {self.tag}")
         return 0
 
 

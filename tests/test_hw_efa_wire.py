@@ -47,15 +47,21 @@ def _peer(blob: bytes, i: int) -> efa_device.NicPeer:
     return efa_device.NicPeer.from_buffer_copy(blob[i * wire.PEER_BYTES:(i + 1) * wire.PEER_BYTES])
 
 
-def world(R: int = 3, **plan_kw: Any):
-    """R simulated ranks wired as a torchrun world would be: (devices, plan, queues, tables)."""
-    plan = _plan(**plan_kw)
-    devs = [FakeDevice(r, window=0x7F3000000000 + (r << 32)) for r in range(R)]
+def world(R: int = 3, ndev: int = 1, **plan_kw: Any):
+    """R simulated ranks wired as a torchrun world would be, each over ``ndev`` EFA devices
+    (one log per rank, shared by its devices): (devices [rank][rail], plan, queues, gathered
+    addresses, tables)."""
+    plan = _plan(devices=ndev, **plan_kw)
+    devs = []
+    for r in range(R):
+        log: list[str] = []
+        devs.append([FakeDevice(r, window=0x7F3000000000 + (r << 32), rail=e, log=log) for e in range(ndev)])
     qs = [wire.open_queues(d, plan) for d in devs]
     addrs = []
     for r, (d, q) in enumerate(zip(devs, qs, strict=True)):
-        bufs = {k: d.window + 4096 * (i + 1) for i, k in enumerate(wire.PEER_BUFFERS)}
-        addrs.append(wire.local_address(d, plan, q, rank=r, world=R, buffers=bufs, barrier_words=d.window,
+        win = d[0].window
+        bufs = {k: win + 4096 * (i + 1) for i, k in enumerate(wire.PEER_BUFFERS)}
+        addrs.append(wire.local_address(d, plan, q, rank=r, world=R, buffers=bufs, barrier_words=win,
                                         fingerprint={"tokens": 128}, host=f"node{r}"))
     gathered = [wire.exchange(a, gather_world(list(reversed(addrs)))) for a in addrs]
     tables = []
@@ -100,16 +106,16 @@ def test_world_tables_name_every_peer_queue_and_the_local_rings():
     R, nrx = 3, 4
     devs, plan, qs, gathered, tables = world(R, imm=True)
     for r in range(R):
-        t, d, q = tables[r], devs[r], qs[r]
+        t, d, q = tables[r], devs[r][0], qs[r]
         # one AH per peer GID (self included), shared by that rank's receive slots
         assert d.num_ahs() == R
-        assert len(t["peers"]) == R * nrx * wire.PEER_BYTES
+        assert len(t["peers"]) == 1 and len(t["peers"][0]) == R * nrx * wire.PEER_BYTES
         for pr in range(R):
             for i in range(nrx):
-                e = _peer(t["peers"], pr * nrx + i)
+                e = _peer(t["peers"][0], pr * nrx + i)
                 assert e.remote_qpn == qs[pr].qpn[qs[pr].recv[i]]  # the peer's receive QP i
-                assert e.rkey == devs[pr].local()["rkey"] and e.remote_addr == devs[pr].window
-                assert e.ahn == d.ahs[devs[pr].gid] and e.remote_qkey == wire.QKEY
+                assert e.rkey == devs[pr][0].local()["rkey"] and e.remote_addr == devs[pr][0].window
+                assert e.ahn == d.ahs[devs[pr][0].gid] and e.remote_qkey == wire.QKEY
         # own receive slots: their CQ mapped for the GPU, their SQ not (never posted)
         for i in range(nrx):
             own = _lay(t["recv"], r * nrx + i)
@@ -127,10 +133,10 @@ def test_world_tables_name_every_peer_queue_and_the_local_rings():
             assert s.sq_buffer_dev == s.sq_buffer + GPU_MAP_OFFSET
             assert s.sq_doorbell_dev == s.sq_doorbell + GPU_MAP_OFFSET
             assert s.num_peers == R * nrx and s.lkey == d.local()["lkey"] and s.local_addr == d.window
-        assert t["psend"] == [b""]
+        assert t["psend"] == [b""] and t["send_table"] == [[0] * wire.NQ_MAX]
         assert _lay(t["barrier"]).qp_num == q.qpn[q.barrier]
     peers = wire.world_peers(gathered[0])
-    assert [p["recv_x"] for p in peers] == [d.window + 4096 for d in devs]
+    assert [p["recv_x"] for p in peers] == [d[0].window + 4096 for d in devs]
     assert all(p["rx_tail"] == 0 for p in peers)
 
 
@@ -138,7 +144,7 @@ def test_without_receive_counting_every_slot_is_one_qp():
     R, nrx = 2, 4
     devs, plan, qs, gathered, tables = world(R, imm=False)
     for r in range(R):
-        qpns = {_peer(tables[r]["peers"], 1 * nrx + i).remote_qpn for i in range(nrx)}
+        qpns = {_peer(tables[r]["peers"][0], 1 * nrx + i).remote_qpn for i in range(nrx)}
         assert qpns == {qs[1].qpn[qs[1].recv[0]]}
         own = {_lay(tables[r]["recv"], r * nrx + i).qp_num for i in range(nrx)}
         assert own == {qs[r].qpn[qs[r].recv[0]]}
@@ -148,21 +154,21 @@ def test_proxy_path_posts_on_the_same_qps_it_names():
     devs, plan, qs, gathered, tables = world(2, proxy=True)
     t = tables[0]
     assert t["psend"] == t["send"] and len(t["send"][0]) == wire.NQ_MAX * wire.LAYOUT_BYTES
-    opened = [ln for ln in devs[0].log if ln.startswith("create qp")]
+    opened = [ln for ln in devs[0][0].log if ln.startswith("create qp")]
     assert len(opened) == plan.send + plan.recv + 1  # no QP opened twice
 
 
 def test_send_qps_are_replaced_per_variant_and_peers_keep_theirs():
     devs, plan, qs, gathered, tables = world(2)
-    d, q = devs[0], qs[0]
+    d, q = devs[0][0], qs[0]
     old, recv_before = list(q.send), [q.qpn[h] for h in q.recv]
     n = len(d.log)
-    wire.open_send(d, plan, q)
+    wire.open_send(devs[0], plan, q)
     tail = d.log[n:]
-    assert tail[:3] == [f"destroy qp {d.qps[h]['qpn']}" for h in reversed(old)]  # old first, newest first
+    assert tail[:3] == [f"destroy qp {d.qps[h.handle]['qpn']}" for h in reversed(old)]  # old first, newest first
     assert all(ln.startswith("create qp") for ln in tail[3:]) and len(tail) == 6
     assert [q.qpn[h] for h in q.recv] == recv_before
-    st = wire.send_tables(d, plan, q)
+    st = wire.send_tables(devs[0], plan, q)
     assert [_lay(st["send"][0], i).qp_num for i in range(3)] == [q.qpn[h] for h in q.send]
     assert not set(q.send) & set(old)
 
@@ -173,8 +179,8 @@ def test_exchange_refuses_a_world_that_does_not_fit():
     plan = _plan()
     addrs = []
     for r, d in enumerate(devs):
-        q = wire.open_queues(d, plan)
-        addrs.append(wire.local_address(d, plan, q, rank=r, world=R,
+        q = wire.open_queues([d], plan)
+        addrs.append(wire.local_address([d], plan, q, rank=r, world=R,
                                         buffers={k: 1 for k in wire.PEER_BUFFERS}, barrier_words=0,
                                         fingerprint={"tokens": 128}))
 
@@ -188,7 +194,7 @@ def test_exchange_refuses_a_world_that_does_not_fit():
         (lambda g: g.pop(), "2 ranks answered, the world has 3"),
         (lambda g: g[2].update(rank=1), "ranks [0, 1, 1], want 0..2 once each"),
         (lambda g: g[1].update(plan={**g[1]["plan"], "tokens": 64}), "rank 1 runs another plan (tokens: 64"),
-        (lambda g: g[2].update(gid="00ff"), "rank 2 sent a GID that is not 16 bytes"),
+        (lambda g: g[2].update(rails=[{**g[2]["rails"][0], "gid": "00ff"}]), "rank 2 sent a GID that is not 16 bytes"),
         (lambda g: g[1].update(rx_qpns=[1]), "rank 1 sent 1 receive QPNs"),
     ]
     for mutate, msg in cases:
@@ -196,14 +202,14 @@ def test_exchange_refuses_a_world_that_does_not_fit():
             ex(mutate)
         assert msg in str(ei.value) and "\n" not in str(ei.value), str(ei.value)
     with pytest.raises(WireError, match="peer-visible buffer recv_cnt not in the window"):
-        wire.local_address(devs[0], plan, wire.open_queues(devs[0], plan), rank=0, world=R,
+        wire.local_address([devs[0]], plan, wire.open_queues([devs[0]], plan), rank=0, world=R,
                            buffers={"recv_x": 1}, barrier_words=0, fingerprint={})
 
 
 def test_teardown_after_the_wiring_is_reverse_order():
     devs, plan, qs, gathered, tables = world(2)
-    d = devs[0]
-    d.close()
+    d = devs[0][0]
+    assert wire.close_devices(devs[0]) == 0
     made = [ln.split(" ", 1)[1] for ln in d.log if ln.startswith("create ")]
     gone = [ln.split(" ", 1)[1] for ln in d.log if ln.startswith("destroy ")]
     # the QPs and AHs still open go newest first, the device last; nothing stays
@@ -211,6 +217,147 @@ def test_teardown_after_the_wiring_is_reverse_order():
     assert not live
     assert gone[-1] == "device 0"
     assert gone.index(f"qp {qs[0].qpn[qs[0].recv[0]]}") > gone.index(f"qp {qs[0].qpn[qs[0].barrier]}")
+
+
+# ============================================================ a rank over several EFA devices
+def _rail_of_qpn(devs_r: list[FakeDevice], qpn: int) -> int:
+    """The device (rail) of a rank whose QP has this number."""
+    (rail,) = [d.rail for d in devs_r for q in d.qps.values() if q["qpn"] == qpn]
+    return rail
+
+
+@pytest.mark.parametrize("imm", [False, True])
+def test_send_qps_are_striped_over_the_devices_each_with_its_keys_and_its_peer_table(imm):
+    """QP q on device q % 2: its layout's lkey is that device's MR's, its send_table entry
+    names that device's peer table, whose AHs were made on that device (an AH belongs to a
+    PD); every device has a table of its own."""
+    R, nrx, ndev = 3, 4, 2
+    devs, plan, qs, gathered, tables = world(R, ndev=ndev, imm=imm)
+    assert plan.devices == 2 and plan.send == 3
+    for r in range(R):
+        t, q, d = tables[r], qs[r], devs[r]
+        assert [h.rail for h in q.send] == [0, 1, 0]
+        slots = [_lay(t["send"][0], i) for i in range(wire.NQ_MAX)]
+        for i, s in enumerate(slots[:plan.send]):
+            rail = i % ndev
+            assert _rail_of_qpn(d, s.qp_num) == rail
+            assert s.lkey == d[rail].local()["lkey"] and s.num_peers == R * nrx
+            assert s.sq_buffer_dev == s.sq_buffer + GPU_MAP_OFFSET
+        assert len({s.lkey for s in slots[:plan.send]}) == 2
+        assert t["send_table"] == [[0, 1, 0] + [0] * (wire.NQ_MAX - 3)]  # unused slots repeat slot 0
+        assert len(t["peers"]) == ndev and t["peers"][0] != t["peers"][1]
+        for rail in range(ndev):
+            assert len(t["peers"][rail]) == R * nrx * wire.PEER_BYTES
+            own_ahs = set(d[rail].ahs.values())
+            for pr in range(R):
+                for i in range(nrx):
+                    e = _peer(t["peers"][rail], pr * nrx + i)
+                    # the peer's device this entry writes through: the same rail where it holds a
+                    # QP for the slot (plain writes: always), else the slot's own rail i % 2
+                    want = (i % ndev) if imm else rail
+                    dst = devs[pr][want]
+                    assert e.ahn in own_ahs and e.ahn == d[rail].ahs[dst.gid]
+                    assert e.rkey == dst.local()["rkey"] and e.remote_addr == dst.window
+                    assert _rail_of_qpn(devs[pr], e.remote_qpn) == want
+        # the barrier QP is on rail 0 and posts through rail 0's table
+        assert q.barrier.rail == 0 and _rail_of_qpn(d, _lay(t["barrier"]).qp_num) == 0
+
+
+def test_receive_slots_are_dealt_over_the_devices():
+    """With a receive QP per slot (write-imm counting) slot i's QP is on device i % 2 and its
+    CQ is what the kernels poll; without, each device has one receive QP for every slot, so
+    a sender's device d reaches the receiver's device d (rails match)."""
+    R, nrx = 2, 4
+    devs, plan, qs, gathered, tables = world(R, ndev=2, imm=True)
+    assert plan.recv == nrx and [h.rail for h in qs[0].recv] == [0, 1, 0, 1]
+    for r in range(R):
+        for i in range(nrx):
+            own = _lay(tables[r]["recv"], r * nrx + i)
+            assert _rail_of_qpn(devs[r], own.qp_num) == i % 2 and own.cq_buffer_dev
+            assert own.qp_num == gathered[r][r]["rx_qpns"][i]
+    a = gathered[0][1]
+    assert [rl["rx_qpns"][1] is None for rl in a["rails"]] == [True, False]
+    assert a["devices"] == ["rdmap17s27", "rdmap17s28"] and a["device"] == "rdmap17s27"
+    # AHs: a device that writes every slot makes one per peer device it reaches
+    assert devs[0][0].num_ahs() == devs[0][1].num_ahs() == 2 * R
+    devs, plan, qs, gathered, tables = world(R, ndev=2, imm=False)
+    assert plan.recv == 2 and [h.rail for h in qs[0].recv] == [0, 1]
+    assert devs[0][0].num_ahs() == devs[0][1].num_ahs() == R  # rail-matched: one peer device each
+    opened = [ln for ln in devs[0][0].log if ln.startswith("create qp")]
+    assert len(opened) == plan.qps() == 3 + 2 + 1
+
+
+def test_the_plan_counts_queues_per_device():
+    plan = _plan(num_qps=9, imm=True, nrx=4, devices=2)
+    assert plan.qps_on(0) == (5, 2, 1) and plan.qps_on(1) == (4, 2, 0)
+    with pytest.raises(WireError) as ei:
+        _plan(num_qps=9, imm=True, nrx=250, devices=2, caps={**CAPS, "max_qp": 128})
+    assert str(ei.value) == ("131 QPs on device 0 of 2 (5 send, 125 receive, 1 barrier) exceed the "
+                             "device's max_qp 128")
+    _plan(num_qps=9, imm=True, nrx=200, devices=2, caps={**CAPS, "max_qp": 128})  # 100 + 5 + 1 each
+    with pytest.raises(WireError, match="receive slots share one QP"):
+        wire.check_variant(_plan(nrx=1, devices=2), {"num_qps": 1, "imm_counting": 1, "cached": 0}, "v")
+    wire.check_variant(_plan(nrx=1, devices=1), {"num_qps": 1, "imm_counting": 1, "cached": 0}, "v")
+    with pytest.raises(WireError, match="2 EFA devices open, the plan stripes over 1"):
+        wire.open_queues([FakeDevice(0), FakeDevice(0, rail=1)], _plan())
+
+
+def test_devices_of_another_kind_or_count_are_refused_in_one_line():
+    a, b = FakeDevice(0), FakeDevice(0, rail=1)
+    assert wire.rail_caps([a.caps(), {**b.caps(), "max_qp": 64}])["max_qp"] == 64
+    with pytest.raises(WireError) as ei:
+        wire.rail_caps([a.caps(), {**b.caps(), "device_caps": 0x0F}])
+    assert str(ei.value) == ("EFA devices rdmap16s27 and rdmap16s28 differ in device_caps (31, 15): a rank "
+                             "stripes over devices of one kind")
+    # a world where rank 1 drives one device and the others two
+    R = 3
+    plans = {n: _plan(devices=n) for n in (1, 2)}
+    addrs = []
+    for r in range(R):
+        n = 1 if r == 1 else 2
+        d = [FakeDevice(r, rail=e) for e in range(n)]
+        q = wire.open_queues(d, plans[n])
+        addrs.append(wire.local_address(d, plans[n], q, rank=r, world=R, buffers={k: 1 for k in wire.PEER_BUFFERS},
+                                        barrier_words=0, fingerprint={}))
+    with pytest.raises(WireError) as ei:
+        wire.exchange(addrs[0], gather_world(addrs))
+    assert str(ei.value) == ("address exchange: rank 1 drives 1 EFA device(s), rank 0 2: every rank must "
+                             "stripe over as many (--efa-devices)")
+    # a rank whose slot's own device names no QP for it
+    bad = [dict(a) for a in addrs if a["rank"] != 1]
+    bad.insert(1, {**addrs[0], "rank": 1, "rails": [addrs[0]["rails"][0], {**addrs[0]["rails"][1],
+                                                                           "rx_qpns": [None] * 4}]})
+    with pytest.raises(WireError, match="rank 1 has no QP for receive slot 1 on its device 1"):
+        wire.exchange(addrs[0], lambda mine: bad)
+
+
+def test_teardown_covers_every_device_in_reverse_order():
+    """The last device opened goes first, each in the reverse of its build, the first device
+    last; a device whose close raises does not keep the others open."""
+    devs, plan, qs, gathered, tables = world(2, ndev=2, imm=True)
+    log = devs[0][0].log
+    n = len(log)
+    assert wire.close_devices(devs[0]) == 0
+    tail = log[n:]
+    d1, d0 = tail.index("destroy device 0.1"), tail.index("destroy device 0")
+    assert d0 == len(tail) - 1 and d1 < d0
+    assert all(ln.startswith("destroy") for ln in tail)
+    # every QP and AH of device 1 before any of device 0
+    q1 = {f"destroy qp {q['qpn']}" for q in devs[0][1].qps.values()}
+    q0 = {f"destroy qp {q['qpn']}" for q in devs[0][0].qps.values()}
+    assert max(tail.index(x) for x in q1) < d1 < min(tail.index(x) for x in q0)
+    made = [ln.split(" ", 1)[1] for ln in log if ln.startswith("create ")]
+    gone = [ln.split(" ", 1)[1] for ln in log if ln.startswith("destroy ")]
+    assert sorted(made) == sorted(gone)  # nothing stays on either device
+
+    class Fails(FakeDevice):
+        def close(self) -> int:
+            super().close()
+            raise RuntimeError("ibv_close_device failed")
+
+    log2: list[str] = []
+    pair = [FakeDevice(5, log=log2), Fails(5, rail=1, log=log2)]
+    assert wire.close_devices(pair) == -1 and log2[-1] == "destroy device 5" and pair[0].closed
 
 
 # ============================================================ which device, which host, torchrun
@@ -252,6 +399,27 @@ def test_efa_devices_and_the_nearest_one(tmp_path):
     assert wire.nearest_device("0000:21:00.0", devs, root) == "rdmap33s0"
     with pytest.raises(WireError, match="no EFA device"):
         wire.nearest_device("0000:11:00.0", {}, root)
+    # every device at the minimal distance (the same switch), or N of them, spread by local rank
+    assert wire.nearest_devices("0000:11:00.0", devs, root) == ["rdmap17s0", "rdmap18s0"]
+    assert wire.nearest_devices("0000:21:00.0", devs, root) == ["rdmap33s0"]
+    assert wire.nearest_devices("0000:11:00.0", devs, root, local_rank=1, count=1) == ["rdmap18s0"]
+    assert wire.nearest_devices("0000:11:00.0", devs, root, local_rank=1, count=2) == ["rdmap17s0", "rdmap18s0"]
+    with pytest.raises(WireError) as ei:
+        wire.nearest_devices("0000:11:00.0", devs, root, count=3)
+    assert str(ei.value) == ("--efa-devices 3: the GPU 0000:11:00.0 has 2 EFA device(s) at its PCIe distance "
+                             "(rdmap17s0, rdmap18s0)")
+    # the options: names as given (each an EFA device here), else the count or all nearest
+    bdf = lambda: "0000:11:00.0"  # noqa: E731
+    assert wire.choose_devices("", "all", bdf, devs, 0, root) == ["rdmap17s0", "rdmap18s0"]
+    assert wire.choose_devices("", "1", bdf, devs, 0, root) == ["rdmap17s0"]
+    assert wire.choose_devices("rdmap33s0,rdmap17s0", "all", lambda: 1 / 0, devs, 0, root) == ["rdmap33s0",
+                                                                                               "rdmap17s0"]
+    with pytest.raises(WireError, match="--efa-device mlx5_0: not an EFA device here"):
+        wire.choose_devices("mlx5_0", "all", bdf, devs, 0, root)
+    with pytest.raises(UserError, match="--efa-devices two: a number of EFA devices per rank, or 'all'"):
+        wire.parse_device_count("two")
+    with pytest.raises(UserError, match="at least one"):
+        wire.parse_device_count("0")
     assert wire.host_facts(root) == {"instance": "p5en.48xlarge", "efa_driver": "2.13.0g"}
     assert wire.host_facts(tmp_path / "nothing") == {"instance": "", "efa_driver": ""}
 
@@ -392,10 +560,16 @@ def test_window_holds_every_source_and_peer_buffer_aligned():
 # ============================================================ records of an EFA run
 class _FakeRunner:
     caps = {**CAPS, "device_name": "rdmap17s0"}
+    device_names = ["rdmap17s0"]
     R, me, nb, warps, depth = 16, 0, 24, 4, 1024
     env = {"local_world_size": 8}
     plan = QueuePlan(send=9, recv=1, nrx=96, sq_depth=1024, rx_depth=4096)
     rdma_core = 59
+
+
+class _FakeRunner2(_FakeRunner):
+    device_names = ["rdmap17s0", "rdmap18s0"]
+    plan = QueuePlan(send=9, recv=2, nrx=96, sq_depth=1024, rx_depth=4096, devices=2)
 
 
 def _emulated_shaped(path: str = "native") -> dict[str, Any]:
@@ -434,6 +608,21 @@ def test_efa_record_carries_the_device_and_links_the_instance_platform():
     scn = r.sim.load()  # the model can simulate what ran
     assert scn.platform.nic.nics_per_gpu == 1 and scn.workload.ep_ranks == 16
     assert scn.workload.gpus_per_node == 1 and scn.design.signal_mode == "flush"
+
+
+def test_efa_record_lists_the_devices_a_rank_striped_over():
+    from lever.calibration.records import parse_record
+    from lever.hw.efa.ep_run import efa_record
+
+    rec = efa_record(_emulated_shaped(), runner=_FakeRunner2(), path="native",
+                     facts={"instance": "p5en.48xlarge", "efa_driver": "2.13.0g"},
+                     platform_info={"gpu": "NVIDIA H200"})
+    r = parse_record(rec)
+    assert r.what.platform.nic.startswith("EFA rdmap17s0+rdmap18s0 (rdma-core 59;")
+    assert ("2 EFA devices per rank (rdmap17s0, rdmap18s0; send QP q on device q % 2, a receive QP per "
+            "device for every slot, a peer table per device)") in r.how.notes
+    assert r.sim.set["platform.nic.nics_per_gpu"] == 2
+    assert r.sim.load().platform.nic.nics_per_gpu == 2  # what p5en has: the model stripes QPs alike
 
 
 def test_efa_record_on_an_unknown_instance_uses_the_uncalibrated_efa_platform():
@@ -538,6 +727,62 @@ def test_runner_errors_and_gate_failures_of_any_rank_stop_every_rank():
     r.gate_rank = lambda rank, b: []
     r.bufs = [{}]
     assert r.gate_check() == ["rank 1: combine output differs in 3 elements"]
+
+
+def test_runner_opens_one_device_per_rail_and_closes_all_on_every_exit():
+    """EfaRunner._wire: one binding Device per EFA device over the same window; a device that
+    fails to open, or wiring that fails after, closes those opened (the last first); close()
+    closes every device after the proxy threads."""
+    from lever.hw.efa.ep_run import EfaRunner
+    from lever.hw.ep import EpError
+
+    log: list[str] = []
+    opened: list[tuple[str, int, int]] = []
+
+    class EfaExt:
+        def __init__(self, fail: str = "") -> None:
+            self.fail = fail
+
+        def Device(self, name, port, window, length, dmabuf, gpu):  # noqa: N802 (the binding's name)
+            if name == self.fail:
+                raise RuntimeError("ibv_open_device failed:\n  no such device")
+            opened.append((name, window, length))
+            return FakeDevice(0, window=window, rail=len(opened) - 1, log=log)
+
+    class Win:
+        def data_ptr(self) -> int:
+            return 0x7F3000000000
+
+    def runner(fail: str = "") -> EfaRunner:
+        r = object.__new__(EfaRunner)
+        r.efa_ext, r.window, r.win_len = EfaExt(fail), Win(), 1 << 21
+        r.device_names, r.efas, r.path = ["rdmap17s0", "rdmap18s0"], [], "native"
+        r.sync = lambda: None
+        return r
+
+    r = runner(fail="rdmap18s0")
+    with pytest.raises(EpError, match="^EFA device rdmap18s0: ibv_open_device failed: no such device$"):
+        r._wire()
+    assert log == ["create device 0", "destroy device 0"] and r.efas == []
+    log.clear()
+    opened.clear()
+    r = runner()
+
+    def broken() -> None:
+        raise WireError("address exchange: rank 1 drives 1 EFA device(s), rank 0 2")
+
+    r._wire_queues = broken
+    with pytest.raises(WireError):
+        r._wire()
+    assert [o[0] for o in opened] == ["rdmap17s0", "rdmap18s0"] and {o[1:] for o in opened} == {(0x7F3000000000, 1 << 21)}
+    assert log == ["create device 0", "create device 0.1", "destroy device 0.1", "destroy device 0"]
+    log.clear()
+    opened.clear()
+    r = runner()
+    r._wire_queues = lambda: None
+    r._wire()
+    assert len(r.efas) == 2
+    assert r.close() == 0 and log[-2:] == ["destroy device 0.1", "destroy device 0"] and r.efas == []
 
 
 def test_every_op_starts_after_the_local_reset_and_the_cross_node_barrier():

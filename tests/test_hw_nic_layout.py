@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import struct
 import subprocess
 import sys
 from pathlib import Path
@@ -254,41 +255,77 @@ def test_nic_efa_without_a_device_exits_2_with_one_line(argv, tmp_path):
     assert not (tmp_path / "x.json").exists()
 
 
-@needs_nvcc
-@pytest.mark.parametrize("proxy, imm", [(False, False), (False, True), (True, False)])
-def test_tables_the_efa_wiring_makes_pass_the_kernel_entry(entry, tmp_path, proxy, imm):
-    """The tables hw/efa/wire.py builds for a rank of a torchrun world (fake devices answering
-    from the recorded v59 queries, tests/efa_fake.py) go through the kernels' entry as
-    make_world hands them (its device copy of the peer table in every send layout) and build
-    a v59-correct WQE towards the last rank's last receive queue."""
-    import ctypes
+RAILS_PEERS_DEV, RAILS_PEERS_STRIDE = 0x7F4000000000, 1 << 32
+"""Where tests/data/efa/nic_entry_check.cu's rails mode puts each peer table's device copy."""
 
+
+def _rails_entry(entry: Path, tmp: Path, send: bytes, table_of: list[int], recv: bytes, nrx: int,
+                 peers: list[bytes], R: int) -> list[str]:
+    files = []
+    for name, blob in (("send", send), ("table_of", struct.pack(f"<{len(table_of)}i", *table_of)),
+                       ("recv", recv), ("peers", b"".join(peers))):
+        f = tmp / f"{name}.bin"
+        f.write_bytes(blob)
+        files.append(str(f))
+    r = _run([str(entry), "rails", files[0], str(len(table_of)), files[1], files[2], str(nrx), files[3],
+              str(len(peers)), str(R)], timeout=60)
+    assert r.returncode == 0, r.stderr
+    return r.stdout.splitlines()
+
+
+def _as_make_world(send: bytes, table_of: list[int]) -> bytearray:
+    """What make_world does to a rank's send layouts: each points at the device copy of the
+    peer table its send_table entry names (its device's)."""
+    out = bytearray(send)
+    for i, t in enumerate(table_of):
+        efa_device.NicLayout.from_buffer(out, i * 152).peers = RAILS_PEERS_DEV + t * RAILS_PEERS_STRIDE
+    return out
+
+
+@needs_nvcc
+@pytest.mark.parametrize("proxy, imm, ndev", [(False, False, 1), (False, True, 1), (True, False, 1),
+                                              (False, False, 2), (False, True, 2), (True, True, 2)])
+def test_tables_the_efa_wiring_makes_pass_the_kernel_entry(entry, tmp_path, proxy, imm, ndev):
+    """The tables hw/efa/wire.py builds for a rank of a torchrun world (fake devices answering
+    from the recorded v59 queries, tests/efa_fake.py; one or two EFA devices per rank) go
+    through the kernels' entry as make_world hands them (every send layout pointed at the
+    device copy of its own device's peer table) and build v59-correct WQEs: each send QP's
+    towards the last rank's last receive queue carries its own device's lkey and the AH its
+    own device made for the peer device that slot is written through, with that device's
+    rkey."""
     from lever.hw.efa import wire
 
     from tests.test_hw_efa_wire import world
 
     R, nrx = 3, 4
-    _devs, _plan, _qs, _gathered, tables = world(R, imm=imm, proxy=proxy)
+    devs, plan, _qs, gathered, tables = world(R, ndev=ndev, imm=imm, proxy=proxy)
     rank = 1
     t = tables[rank]
-    send = bytearray(t["psend"][0] if proxy else t["send"][0])
-    for i in range(wire.NQ_MAX):  # make_world points every send layout at its peer-table copy
-        lay = efa_device.NicLayout.from_buffer(send, i * wire.LAYOUT_BYTES)
-        lay.peers = 0x7F4000000000
+    (table_of,) = t["send_table"]
+    send = _as_make_world(t["psend"][0] if proxy else t["send"][0], table_of)
     recv = t["recv"][rank * nrx * wire.LAYOUT_BYTES:(rank + 1) * nrx * wire.LAYOUT_BYTES]
-    files = []
-    for name, blob in (("send", bytes(send)), ("recv", recv), ("peers", t["peers"])):
-        f = tmp_path / f"{name}.bin"
-        f.write_bytes(blob)
-        files.append(str(f))
-    r = _run([str(entry), "dev", files[0], str(wire.NQ_MAX), files[1], str(nrx), files[2], str(R)], timeout=60)
-    assert r.returncode == 0, r.stderr
-    rows = _rows(r.stdout)
-    assert rows["check"] == "ok", rows
-    assert rows["wqe"].startswith("ok first-lap-phase 0 second-lap-phase 1"), rows
-    last = efa_device.NicPeer.from_buffer_copy(t["peers"][-wire.PEER_BYTES:])
-    assert f"ah {last.ahn} qpn {last.remote_qpn} qkey {last.remote_qkey:#x}" in rows["wqe"], rows
-    assert ctypes.sizeof(efa_device.NicPeer) == wire.PEER_BYTES
+    out = _rails_entry(entry, tmp_path, bytes(send), table_of, recv, nrx, t["peers"], R)
+    assert out[0] == "check ok", out
+    last = gathered[rank][R - 1]
+    for q in range(wire.NQ_MAX):
+        rail = (q if q < plan.send else 0) % ndev
+        assert table_of[q] == rail
+        dst_rail, dst = wire.peer_entry(last, rail, nrx - 1)
+        dev = devs[rank][rail]
+        want = (f"wqe {q} ok table {rail} lkey {dev.local()['lkey']:#x} ah {dev.ahs[bytes.fromhex(dst['gid'])]} "
+                f"qpn {dst['rx_qpns'][nrx - 1]} qkey {wire.QKEY:#x} rkey {dst['rkey']:#x}")
+        assert out[1 + q] == want, (out[1 + q], want)
+        assert dst_rail == ((nrx - 1) % ndev if imm else rail)
+    if ndev == 2:  # a send layout left at the other device's table is refused, in one line
+        wrong = _as_make_world(bytes(send), [0] * wire.NQ_MAX)
+        out = _rails_entry(entry, tmp_path, bytes(wrong), table_of, recv, nrx, t["peers"], R)
+        assert out == ["check refused: send QP 1: peers: not the device copy of its own device's peer table"]
+        out = _rails_entry(entry, tmp_path, bytes(send), [2] + table_of[1:], recv, nrx, t["peers"], R)
+        assert out == ["check refused: send QP 0: names no peer table of this world"]
+        bad = bytearray(t["peers"][1])
+        efa_device.NicPeer.from_buffer(bad, 5 * wire.PEER_BYTES).remote_qkey = 0
+        out = _rails_entry(entry, tmp_path, bytes(send), table_of, recv, nrx, [t["peers"][0], bytes(bad)], R)
+        assert out == ["check refused: peer table 1: peer 5: qkey 0 (a QP's qkey comes from the peer, never 0 here)"]
 
 
 def test_pack_peers_mirrors_lever_efa_peer():

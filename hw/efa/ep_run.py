@@ -15,11 +15,17 @@ so the gate, the statistics, the profile and the per-iteration latency are gathe
 the world, and the buffers peers write (and the sources of every WQE) live in one GPU
 window registered once (dma-buf first), addressed by their virtual addresses.
 
+A rank stripes its send QPs over its EFA devices (every device at its GPU's minimal
+PCIe distance by default, ``--efa-devices N|all``, or ``--efa-device A,B``): one binding
+``Device`` per EFA device (its own context, PD and MR of the same window, so its own
+lkey/rkey and AHs), send QP ``q`` on device ``q % n``, receive slot ``i`` on device
+``i % n``, one peer table per device (hw/efa/wire.py says how a slot's device is chosen).
+
 Records: ``nic = "efa"``, ``what.platform`` with the instance type, the EFA kernel
-driver, rdma-core and the device's capabilities, ``sim`` naming the instance's platform
-with one EFA device per rank and every rank its own node for the network (the kernels
-send every token over EFA but the rank's own). Rank 0 writes them. Nothing here has run
-on an EFA device yet (hw/efa/README.md).
+driver, rdma-core and the devices used with their capabilities, ``sim`` naming the
+instance's platform with the rank's device count as ``nics_per_gpu`` and every rank its
+own node for the network (the kernels send every token over EFA but the rank's own).
+Rank 0 writes them. Nothing here has run on an EFA device yet (hw/efa/README.md).
 """
 
 from __future__ import annotations
@@ -80,14 +86,14 @@ def window_offsets(plan: list[tuple[str, int, str]]) -> tuple[dict[str, int], in
 class EfaRunner(v1.Runner):
     """One rank of the EP harness on its EFA device (see the module docstring)."""
 
-    def __init__(self, torch, ext, efa_ext, dist, env: Mapping[str, int], device_name: str, shape,
+    def __init__(self, torch, ext, efa_ext, dist, env: Mapping[str, int], device_names: list[str], shape,
                  ranks: int, scn, seed: int, num_sms: int, timeout_ms: float, path: str, proxy_threads: int,
                  emu, needs: Mapping[str, Any]) -> None:
         self.efa_ext, self.dist, self.env = efa_ext, dist, env
         self.me = int(env["rank"])
-        self.device_name = device_name
+        self.device_names = list(device_names) or [""]
         self.needs = dict(needs)
-        self.efa = None
+        self.efas: list[Any] = []  # one binding Device per EFA device (rail), in rail order
         super().__init__(torch, ext, shape, ranks, 1, scn, seed, num_sms, timeout_ms, path, proxy_threads,
                          emu=emu, sq="host", cq="host", faults=False)
 
@@ -150,48 +156,54 @@ class EfaRunner(v1.Runner):
         self._wire()
 
     def _wire(self) -> None:
-        """Open the device over the window, the receive and barrier QPs, exchange addresses,
-        make the peer table; the send QPs come per variant (:meth:`rebuild`)."""
+        """Open every device over the window (each registers it: its own MR, lkey, rkey), the
+        receive and barrier QPs, exchange addresses, make the peer tables; the send QPs come
+        per variant (:meth:`rebuild`). A failure closes what was opened, last device first."""
         base = self.window.data_ptr()
         try:
-            self.efa = self.efa_ext.Device(self.device_name, 1, base, self.win_len, True, 0)
-        except RuntimeError as e:
-            raise v1.EpError(f"EFA device {self.device_name or '(first)'}: {_line(e)}") from None
-        try:
+            for name in self.device_names:
+                try:
+                    self.efas.append(self.efa_ext.Device(name, 1, base, self.win_len, True, 0))
+                except RuntimeError as e:
+                    raise v1.EpError(f"EFA device {name or '(first)'}: {_line(e)}") from None
             self._wire_queues()
         except BaseException:
-            self.efa.close()  # before the window it registered goes
-            self.efa = None
+            wire.close_devices(self.efas)  # before the window they registered goes
+            self.efas = []
             raise
 
     def _wire_queues(self) -> None:
         t, b = self.t, self.bufs[0]
-        self.caps = dict(self.efa.caps())
+        self.rail_caps = [dict(d.caps()) for d in self.efas]
+        self.caps = wire.rail_caps(self.rail_caps)
+        self.device_names = [str(c.get("device_name") or n) for c, n in zip(self.rail_caps, self.device_names,
+                                                                            strict=True)]
         max_sq = int(self.caps["max_sq_wr"])
         self.depth = min(self.depth, 1 << (max_sq.bit_length() - 1) if max_sq > 0 else self.depth)
         if self.R - 1 >= self.depth:
             raise v1.EpError(f"{self.R} ranks: the barrier posts {self.R - 1} writes, the SQ holds {self.depth}")
         self.plan = wire.plan_queues(num_qps=int(self.needs["num_qps"]), imm=bool(self.needs["imm"]),
                                      nrx=self.n_rxcq, sq_depth=self.depth, rx_depth=self.rx_depth,
-                                     proxy=self.path == "proxy", caps=self.caps)
+                                     proxy=self.path == "proxy", caps=self.caps, devices=len(self.efas))
         try:
-            self.q = wire.open_queues(self.efa, self.plan)
+            self.q = wire.open_queues(self.efas, self.plan)
         except RuntimeError as e:
             raise v1.EpError(f"opening the receive/barrier QPs: {_line(e)}") from None
         s = self.shape
         fp = {"tokens": s.tokens, "hidden": s.hidden, "top_k": s.top_k, "experts": s.num_experts,
               "window_bytes": self.win_len, "offsets": sorted(self.win_off.items())}
-        addr = wire.local_address(self.efa, self.plan, self.q, rank=self.me, world=self.R,
+        addr = wire.local_address(self.efas, self.plan, self.q, rank=self.me, world=self.R,
                                   buffers={k: b[k].data_ptr() for k in wire.PEER_BUFFERS},
                                   barrier_words=b["bwords"].data_ptr(), fingerprint=fp, host=_pf.node())
         self.addrs = wire.exchange(addr, self.dist.all_gather)
         try:
-            self.ptables = wire.peer_tables(self.efa, self.plan, self.q, self.addrs, self.me)
+            self.ptables = wire.peer_tables(self.efas, self.plan, self.q, self.addrs, self.me)
         except RuntimeError as e:
             raise v1.EpError(f"peer table / receive layouts: {_line(e)}") from None
         dv = "cuda:0"
         self.barrier_lay = t.frombuffer(bytearray(self.ptables["barrier"]), dtype=t.uint8).to(dv)
-        self.barrier_peers = t.frombuffer(bytearray(self.ptables["peers"]), dtype=t.uint8).to(dv)
+        # the barrier QP is on device 0: its writes go through device 0's peer table
+        self.barrier_peers = t.frombuffer(bytearray(self.ptables["peers"][0]), dtype=t.uint8).to(dv)
         self.bcfg = {"lay": self.barrier_lay.data_ptr(), "peers": self.barrier_peers.data_ptr(),
                      "st": self.barrier_state.data_ptr(), "words": b["bwords"].data_ptr(),
                      "src": b["bsrc"].data_ptr(), "err": self.barrier_err.data_ptr(),
@@ -205,8 +217,8 @@ class EfaRunner(v1.Runner):
         self.sync()
         self.dist.barrier()
         try:
-            wire.open_send(self.efa, self.plan, self.q)
-            st = wire.send_tables(self.efa, self.plan, self.q)
+            wire.open_send(self.efas, self.plan, self.q)
+            st = wire.send_tables(self.efas, self.plan, self.q)
         except RuntimeError as e:
             raise v1.EpError(f"send QPs: {_line(e)}") from None
         lay0 = efa_device.NicLayout.from_buffer_copy(st["send"][0][:wire.LAYOUT_BYTES])
@@ -225,6 +237,7 @@ class EfaRunner(v1.Runner):
         m = {k: v.data_ptr() for k, v in self.bufs[0].items()}
         m["rank"] = self.me
         m.update(self.host[0] if self.host else {})
+        # one peer table per device; send_table points each send slot at its QP's device's
         tables = {"recv": self.ptables["recv"], "peers": self.ptables["peers"], **st}
         fab = self.emu.fabric_dict(seed, False)  # read by NIC blocks only: none run
         try:
@@ -325,21 +338,30 @@ class EfaRunner(v1.Runner):
         return {k: self.send_layout0.get(k, 0) for k in keys}
 
     def close(self) -> int:
-        """Proxy threads, then the rdma objects (reverse order, host.cpp), before the window."""
+        """Proxy threads, then the rdma objects of every device (the last device first, each
+        in reverse order, host.cpp), before the window."""
         rc = 0
         if self.path == "proxy":
             self.ext.proxy_stop()
         try:
             self.sync()
         finally:
-            if self.efa is not None:
-                rc = int(self.efa.close())
-                self.efa = None
+            if self.efas:
+                rc = wire.close_devices(self.efas)
+                self.efas = []
         return rc
 
 
 def _line(e: BaseException) -> str:
     return " ".join(str(e).split()) or type(e).__name__
+
+
+def _devices_note(names: list[str], plan: wire.QueuePlan) -> str:
+    if len(names) == 1:
+        return f"one EFA device per rank ({names[0]})"
+    rx = "receive slot i on device i % n" if plan.rx_per_slot else "a receive QP per device for every slot"
+    return (f"{len(names)} EFA devices per rank ({', '.join(names)}; send QP q on device q % {len(names)}, "
+            f"{rx}, a peer table per device)")
 
 
 def efa_record(rec: dict[str, Any], *, runner: EfaRunner, facts: Mapping[str, str],
@@ -351,7 +373,8 @@ def efa_record(rec: dict[str, Any], *, runner: EfaRunner, facts: Mapping[str, st
 
     caps = runner.caps
     rdma = getattr(runner, "rdma_core", None)
-    info = {"device": caps.get("device_name", ""), "rdma_core": rdma, "caps": caps.get("caps", {}),
+    names = list(runner.device_names)
+    info = {"device": "+".join(names), "rdma_core": rdma, "caps": caps.get("caps", {}),
             "max_tx_batch": caps.get("max_tx_batch"), "max_rdma_size": caps.get("max_rdma_size"),
             "inline_buf_size": caps.get("inline_buf_size")}
     nic = efa_device.record_platform(info)["nic"]
@@ -366,14 +389,14 @@ def efa_record(rec: dict[str, Any], *, runner: EfaRunner, facts: Mapping[str, st
     w["platform"] = {**{k: str(v) for k, v in platform_info.items()}, "nic": nic,
                      "instance": facts.get("instance", "")}
     out["sim"]["scenario"] = model_platform(facts.get("instance", ""))
-    out["sim"]["set"].update({"platform.nic.nics_per_gpu": 1, "platform.nic.hw_counters": False,
+    out["sim"]["set"].update({"platform.nic.nics_per_gpu": len(names), "platform.nic.hw_counters": False,
                               "design.name": "v1-ll-hw-efa"})
     out["metrics"] = {k: v for k, v in out["metrics"].items()
                       if not k.startswith(NIC_ONLY_METRICS) and not k.startswith("nic_")}
     p = runner.plan
     out["how"]["notes"] = (
-        f"{runner.nb} EP blocks x {runner.warps} warps per rank, no NIC blocks: one EFA device per rank "
-        f"({caps.get('device_name', '?')}); {p.send} {'proxy' if path == 'proxy' else 'native'} send QPs "
+        f"{runner.nb} EP blocks x {runner.warps} warps per rank, no NIC blocks: {_devices_note(names, p)}; "
+        f"{p.send} {'proxy' if path == 'proxy' else 'native'} send QPs "
         f"(fresh per variant), {p.recv} receive QP(s) behind {p.nrx} receive slots, 1 barrier QP; SQ "
         f"{runner.depth} x 64 B in the device BAR (LLQ), doorbell in the BAR, send CQ in host memory "
         f"mapped for the GPU; start: a GPU-posted write to every peer's barrier word (hw/efa/efa_kernels.cu); "
@@ -442,8 +465,8 @@ def main_efa(args: argparse.Namespace) -> int:
     facts = wire.host_facts()
     efa_ext = efa_run.load_efa_ext(pre["libs"])
     ext = v1.load_ext()
-    device_name = args.efa_device or wire.nearest_device(efa_run.gpu_bdf(torch), pre["devices"],
-                                                         local_rank=env["local_rank"])
+    device_names = wire.choose_devices(args.efa_device, getattr(args, "efa_devices", "all"),
+                                       lambda: efa_run.gpu_bdf(torch), pre["devices"], env["local_rank"])
     dist = efa_run.Dist(torch, env, args.dist_timeout_s)
     runner: EfaRunner | None = None
     outcomes: list[dict[str, Any]] = []
@@ -453,7 +476,7 @@ def main_efa(args: argparse.Namespace) -> int:
         shape = v1.Shape(num_ranks=args.ranks, tokens=base.workload.tokens_per_rank,
                          top_k=base.workload.top_k, num_experts=base.workload.num_experts)
         shape.check()
-        runner = EfaRunner(torch, ext, efa_ext, dist, env, device_name, shape, args.ranks, base, args.seed,
+        runner = EfaRunner(torch, ext, efa_ext, dist, env, device_names, shape, args.ranks, base, args.seed,
                            args.num_sms, args.timeout_ms, args.path, args.proxy_threads, emu, needs)
         runner.rdma_core = pre["libs"].get("rdma_core")
         info = v1._platform_info(torch)
@@ -471,8 +494,8 @@ def main_efa(args: argparse.Namespace) -> int:
                 sets = v1.scenario_overrides(args.ranks, False, extra, args.path, loss)
                 if args.path == "proxy":
                     sets["platform.proxy.threads"] = runner.proxy_threads
-                # --num-sms as the model must be told; the send CQ is host memory, one device a rank
-                sets.update(v1.run_shape_overrides(args.num_sms, "host", 1, base))
+                # --num-sms as the model must be told; the send CQ is host memory; the rank's devices
+                sets.update(v1.run_shape_overrides(args.num_sms, "host", len(runner.device_names), base))
                 rec = v1.run_variant(runner, scn, args, levers, sets, rid, info, args.unsafe_ordered)
                 rec = efa_record(rec, runner=runner, facts=facts, platform_info=info, path=args.path)
             except (v1.EpError, wire.WireError) as e:

@@ -71,8 +71,10 @@ typedef struct lever_efa_gpu_mapper {
 
 // One EFA device as one rank uses it: context, protection domain, the registered window
 // every WQE reads from and every peer writes to, the address handles of the peers and the
-// peer table the kernels index. Every QP of the rank lives on it, so one AH number per peer
-// GID serves every QP (an AH belongs to a PD) and one lkey/rkey covers every buffer.
+// peer table the kernels index. Every QP of the rank on this device shares them, so one AH
+// number per peer GID serves those QPs (an AH belongs to a PD) and one lkey/rkey covers
+// every buffer. A rank striped over several devices opens one of these per device (each
+// registers the same window: its own lkey/rkey, its own AHs and peer table; hw/efa/wire.py).
 typedef struct lever_efa_device_options {
   const char* device_name; // null: the first device of the EFA provider
   uint8_t port;            // 1 on EFA

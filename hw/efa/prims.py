@@ -64,8 +64,10 @@ def error_text(err: list[int]) -> str:
 
 def efa_primitives_record(samples: dict[str, list[float]], checks: list, *, reps: int,
                           platform: dict[str, str], provenance: dict[str, Any], caps: dict[str, Any],
-                          facts: dict[str, str], rdma_core: Any) -> Any:
-    """primitives.build_record's record, made an EFA one (nic, facts, id)."""
+                          facts: dict[str, str], rdma_core: Any, nearest: list[str] | None = None) -> Any:
+    """primitives.build_record's record, made an EFA one (nic, facts, id). ``nearest``: the
+    EFA devices at the GPU's PCIe distance, of which the families used one (each posts on
+    one QP: a second device would carry nothing), named in the notes."""
     from lever.calibration.records import parse_record
     from lever.hw import primitives as prim
 
@@ -81,8 +83,12 @@ def efa_primitives_record(samples: dict[str, list[float]], checks: list, *, reps
     d["id"] = f"efa-primitives-{facts.get('instance') or 'unknown'}-{provenance.get('date', '')[:10] or 'undated'}"
     d["what"]["design"] = "primitives over EFA (GPU-posted, two nodes)"
     d["what"]["platform"] = {**d["what"]["platform"], "nic": nic, "instance": facts.get("instance", "")}
+    used = caps.get("device_name", "") or "?"
+    others = [n for n in (nearest or []) if n != used]
     d["how"]["notes"] = ("rank 0 initiates, rank 1 answers, one process per node; one GPU thread posts on "
-                         "one SRD QP; every sample is the mean over its batch (hw/efa/prims.py INNER); "
+                         f"one SRD QP of one EFA device ({used}"
+                         + (f"; also nearest the GPU, unused: {', '.join(others)}" if others else "")
+                         + "); every sample is the mean over its batch (hw/efa/prims.py INNER); "
                          "the send CQ is the provider's host ring mapped for the GPU")
     d["provenance"]["source"] = "lever hw primitives --nic efa (hw/efa/efa_kernels.cu)"
     return parse_record(d, d["id"])
@@ -116,8 +122,10 @@ def main_efa_primitives(args: argparse.Namespace) -> int:
     provenance["kernel_sha256"] = pv.sources_sha256(efa_run.kernel_files())
     facts = wire.host_facts()
     efa_ext = efa_run.load_efa_ext(pre["libs"])
-    name = getattr(args, "efa_device", "") or wire.nearest_device(efa_run.gpu_bdf(torch), pre["devices"],
-                                                                  local_rank=env["local_rank"])
+    bdf = efa_run.gpu_bdf(torch)
+    nearest = wire.nearest_devices(bdf, pre["devices"], local_rank=env["local_rank"])
+    # one QP, so one device: the nearest (a rank's EP runs stripe over all of them)
+    name = getattr(args, "efa_device", "") or wire.nearest_device(bdf, pre["devices"], local_rank=env["local_rank"])
     dist = efa_run.Dist(torch, env, 300.0)
     me, other = env["rank"], 1 - env["rank"]
     t = torch
@@ -195,7 +203,8 @@ def main_efa_primitives(args: argparse.Namespace) -> int:
         try:
             rec = efa_primitives_record(samples, checks, reps=args.reps,
                                         platform=ep._platform_info(torch), provenance=provenance,
-                                        caps=caps, facts=facts, rdma_core=pre["libs"].get("rdma_core"))
+                                        caps=caps, facts=facts, rdma_core=pre["libs"].get("rdma_core"),
+                                        nearest=nearest)
         except ValueError as e:
             raise RecordError(f"{args.out}: {e}") from None
         dump_record(rec, args.out)

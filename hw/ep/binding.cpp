@@ -33,12 +33,14 @@ static std::vector<emu::World> g_worlds;
 struct HostNic {
   std::vector<lever_efa_nic_layout> send, psend;  // [NQ_MAX] per rank
   std::vector<lever_efa_nic_layout> fsend, fpsend;  // what the NIC fetches from (mirrors of host SQs)
+  std::vector<int> table_of;  // [NQ_MAX]: the peer table (EFA device) of each send slot
   int gpu = 0;              // the GPU whose world holds the rank
   unsigned* err = nullptr;  // that world's error words (a host thread stops the run there)
 };
 static std::map<int, HostNic> g_host_nic;            // by rank
-static std::vector<lever_efa_peer> g_host_peers;     // [num_ranks][n_rxcq]
+static std::vector<lever_efa_peer> g_host_peers;     // [tables][num_ranks][n_rxcq]
 static int g_n_rx = 0;
+static size_t g_n_peers = 0;                        // entries of one table: num_ranks x n_rxcq
 
 static int64_t need(const IntMap& m, const char* k) {
   auto it = m.find(k);
@@ -58,6 +60,19 @@ static T* opt_ptr(const IntMap& m, const char* k) {
 static std::string table_bytes(const py::dict& t, const char* k) {
   if (!t.contains(k)) throw std::runtime_error(std::string("NIC tables: missing ") + k);
   return t[k].cast<std::string>();
+}
+// The peer tables: "peers" is one table (bytes) or one per EFA device of the rank (a list
+// of bytes: an AH belongs to a device's PD, so each device has its own).
+static std::vector<std::string> peer_tables_of(const py::dict& t) {
+  if (!t.contains("peers")) throw std::runtime_error("NIC tables: missing peers");
+  std::vector<std::string> out;
+  if (py::isinstance<py::list>(t["peers"]))
+    for (const py::handle& b : t["peers"].cast<py::list>()) out.push_back(b.cast<std::string>());
+  else
+    out.push_back(t["peers"].cast<std::string>());
+  if (out.empty() || out.size() > (size_t)emu::NQ_MAX)
+    throw std::runtime_error("NIC tables: peers: 1..32 peer tables (one per EFA device)");
+  return out;
 }
 static std::vector<lever_efa_nic_layout> layouts_of(const py::bytes& b, int n, const char* what) {
   const std::string s = b;
@@ -181,16 +196,34 @@ static int make_world(int gpu, const IntMap& c, const FloatMap& fab, const std::
   const int R = w.num_ranks, nrx = w.n_rxcq, NQ = emu::NQ_MAX;
   if ((int)peers.size() != R) throw std::runtime_error("peers: one entry per rank");
   const size_t LS = sizeof(lever_efa_nic_layout);
-  const std::string recv_b = table_bytes(tables, "recv"), peers_b = table_bytes(tables, "peers");
+  // "peers": one table, or one per EFA device with "send_table" (per local rank, per send
+  // slot: which table its layout points at, i.e. the device its QP lives on; default 0)
+  const std::string recv_b = table_bytes(tables, "recv");
+  const std::vector<std::string> peer_tabs = peer_tables_of(tables);
+  const int ntab = (int)peer_tabs.size();
+  const size_t n_peers = (size_t)R * nrx;
   const py::list send_l = tables["send"].cast<py::list>(), psend_l = tables["psend"].cast<py::list>();
   const py::list fsend_l = tables.contains("fsend") ? tables["fsend"].cast<py::list>() : send_l;
   const py::list fpsend_l = tables.contains("fpsend") ? tables["fpsend"].cast<py::list>() : psend_l;
-  if (recv_b.size() != (size_t)R * nrx * LS || peers_b.size() != (size_t)R * nrx * sizeof(lever_efa_peer) ||
-      send_l.size() != locals.size() || psend_l.size() != locals.size())
-    throw std::runtime_error("NIC tables: need recv [ranks x n_rxcq] layouts, peers [ranks x n_rxcq], "
-                             "send and psend per local rank");
+  bool peers_ok = true;
+  for (const std::string& pt : peer_tabs) peers_ok = peers_ok && pt.size() == n_peers * sizeof(lever_efa_peer);
+  if (recv_b.size() != (size_t)R * nrx * LS || !peers_ok || send_l.size() != locals.size() ||
+      psend_l.size() != locals.size())
+    throw std::runtime_error("NIC tables: need recv [ranks x n_rxcq] layouts, peers [ranks x n_rxcq] (each "
+                             "table), send and psend per local rank");
+  std::vector<std::vector<int>> table_of(locals.size(), std::vector<int>((size_t)NQ, 0));
+  if (tables.contains("send_table")) {
+    const py::list st = tables["send_table"].cast<py::list>();
+    if (st.size() != locals.size()) throw std::runtime_error("NIC tables: send_table per local rank");
+    for (size_t li = 0; li < locals.size(); ++li) {
+      table_of[li] = st[li].cast<std::vector<int>>();
+      if ((int)table_of[li].size() != NQ) throw std::runtime_error("NIC tables: send_table: one per send slot");
+    }
+  }
+  if (ntab > 1 && w.nic_blocks > 0)
+    throw std::runtime_error("NIC tables: the emulated NIC serves one peer table (one device per rank)");
   const size_t n_lay = (size_t)R * nrx + locals.size() * 4 * NQ;
-  const size_t bytes = n_lay * LS + (size_t)R * nrx * sizeof(lever_efa_peer);
+  const size_t bytes = n_lay * LS + (size_t)ntab * n_peers * sizeof(lever_efa_peer);
   cudaSetDevice(gpu);
   void* dnic = nullptr;
   if (cudaMalloc(&dnic, bytes) != cudaSuccess) throw std::runtime_error("cudaMalloc of the NIC tables failed");
@@ -201,11 +234,14 @@ static int make_world(int gpu, const IntMap& c, const FloatMap& fab, const std::
   auto* d_fpsend = d_fsend + locals.size() * NQ;                       // [locals][NQ] proxy, NIC's view
   auto* d_peers = reinterpret_cast<lever_efa_peer*>(d_fpsend + locals.size() * NQ);
   std::vector<lever_efa_nic_layout> h_lay(n_lay);
-  std::vector<lever_efa_peer> h_peers((size_t)R * nrx);
+  std::vector<lever_efa_peer> h_peers((size_t)ntab * n_peers);
   memcpy(h_lay.data(), recv_b.data(), recv_b.size());
-  memcpy(h_peers.data(), peers_b.data(), peers_b.size());
-  // the peer table's device copy is the binding's: every send layout points to it
-  const uint64_t peers_dev = (uint64_t)(uintptr_t)d_peers;
+  for (int t = 0; t < ntab; ++t)
+    memcpy(h_peers.data() + (size_t)t * n_peers, peer_tabs[(size_t)t].data(), peer_tabs[(size_t)t].size());
+  // the peer tables' device copies are the binding's: every send layout points to its own
+  // device's (send_table), the kernels index whatever it points at
+  std::vector<uint64_t> tables_dev((size_t)ntab);
+  for (int t = 0; t < ntab; ++t) tables_dev[(size_t)t] = (uint64_t)(uintptr_t)(d_peers + (size_t)t * n_peers);
   for (size_t li = 0; li < locals.size(); ++li) {
     const int rank = (int)need(locals[li], "rank");
     HostNic& hn = g_host_nic[rank];
@@ -221,7 +257,11 @@ static int make_world(int gpu, const IntMap& c, const FloatMap& fab, const std::
     if (proxy != !hn.fpsend.empty()) throw std::runtime_error("NIC tables: fpsend exactly when psend");
     if (proxy != (opt_ptr<void>(locals[li], "pring") != nullptr))
       throw std::runtime_error("NIC tables: proxy QP layouts exactly when the rank has proxy rings");
+    hn.table_of = table_of[li];
     for (int q = 0; q < NQ; ++q) {
+      const int t = hn.table_of[(size_t)q];
+      if (t < 0 || t >= ntab) throw std::runtime_error("NIC tables: send_table names no peer table");
+      const uint64_t peers_dev = tables_dev[(size_t)t];
       hn.send[q].peers = peers_dev;
       hn.fsend[q].peers = peers_dev;
       h_lay[(size_t)R * nrx + li * NQ + q] = hn.send[q];
@@ -235,9 +275,11 @@ static int make_world(int gpu, const IntMap& c, const FloatMap& fab, const std::
     }
     char why[256];
     const lever_efa_nic_layout* rx = h_lay.data() + (size_t)rank * nrx;
-    if (lever_ep_check_nic(hn.send.data(), NQ, rx, nrx, h_peers.data(), R * nrx, R, why, sizeof why))
+    if (lever_ep_check_nic_rails(hn.send.data(), NQ, hn.table_of.data(), tables_dev.data(), ntab, rx, nrx,
+                                 h_peers.data(), R * nrx, R, why, sizeof why))
       throw std::runtime_error(std::string("rank ") + std::to_string(rank) + " native NIC tables: " + why);
-    if (proxy && lever_ep_check_nic(hn.psend.data(), NQ, rx, nrx, h_peers.data(), R * nrx, R, why, sizeof why))
+    if (proxy && lever_ep_check_nic_rails(hn.psend.data(), NQ, hn.table_of.data(), tables_dev.data(), ntab, rx,
+                                          nrx, h_peers.data(), R * nrx, R, why, sizeof why))
       throw std::runtime_error(std::string("rank ") + std::to_string(rank) + " proxy NIC tables: " + why);
     // the emulated NIC's own tables (packet bookkeeping) are sq_depth deep
     if (w.nic_blocks > 0)
@@ -248,6 +290,7 @@ static int make_world(int gpu, const IntMap& c, const FloatMap& fab, const std::
   }
   g_host_peers = h_peers;
   g_n_rx = nrx;
+  g_n_peers = n_peers;
   cudaMemcpy(dnic, h_lay.data(), n_lay * LS, cudaMemcpyHostToDevice);
   cudaMemcpy(d_peers, h_peers.data(), h_peers.size() * sizeof(lever_efa_peer), cudaMemcpyHostToDevice);
 
@@ -518,7 +561,7 @@ static int proxy_start(const std::vector<IntMap>& ranks, int num_qps, int ring_d
       g.cons = pstate + (size_t)q * 16;
       g.done = pstate + (size_t)q * 16 + 8;
       g.lay = it->second.psend[(size_t)q];
-      g.peers = g_host_peers.data();
+      g.peers = g_host_peers.data() + (size_t)it->second.table_of.at((size_t)q) * g_n_peers;  // its device's
       g.n_rx = g_n_rx;
       g.rank = rank;
       g.qp = q;

@@ -299,3 +299,15 @@ extern "C" int lever_ep_check_nic(const lever_efa_nic_layout* send, int nq,
                                   const lever_efa_nic_layout* recv, int n_rx,
                                   const lever_efa_peer* peers, int num_peers, int num_ranks,
                                   char* err, size_t err_len);
+// The same for a rank whose send QPs live on several EFA devices (rails): an AH belongs
+// to a device's PD and an lkey to its MR, so each device has its own peer table. peers
+// holds ntables tables of num_peers entries ([table][rank][receive queue]), tables_dev
+// where each table's device copy is; send QP q belongs to table table_of[q] and its
+// layout must point at that table's copy (the kernels index whatever their layout points
+// at and know nothing of devices). Every send QP must pass lever_ep_check_nic's send
+// checks, every table its peer checks; one table, every table_of 0: lever_ep_check_nic.
+extern "C" int lever_ep_check_nic_rails(const lever_efa_nic_layout* send, int nq, const int* table_of,
+                                        const uint64_t* tables_dev, int ntables,
+                                        const lever_efa_nic_layout* recv, int n_rx,
+                                        const lever_efa_peer* peers, int num_peers, int num_ranks,
+                                        char* err, size_t err_len);

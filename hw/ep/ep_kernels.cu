@@ -1944,6 +1944,53 @@ int nic_refuse(char* err, size_t len, const char* what, int i, const char* why) 
   if (err && len) snprintf(err, len, "%s %d: %s", what, i, why);
   return 1;
 }
+// What the kernels need of one send QP's layout beyond a usable layout (null: nothing).
+const char* send_problem(const lever_efa_nic_layout& l, int num_peers) {
+  if (const char* why = lever_efa_layout_problem(&l)) return why;
+  if (l.sq_buffer_dev == 0u || l.sq_doorbell_dev == 0u || l.cq_buffer_dev == 0u)
+    return "SQ, doorbell or CQ not mapped for the GPU (*_dev 0)";
+  if (l.sq_entry_size != 64u) return "the kernels write 64-byte WQEs (128-byte LLQ not yet)";
+  if (l.cq_entry_size < 16u) return "CQ entries smaller than the 16 bytes the kernels read";
+  if (l.cq_num_entries < l.sq_num_entries || l.cq_num_entries < 32u)
+    return "CQ shallower than the SQ (or than a warp's 32-entry poll)";
+  if (l.sq_num_entries < 32u) return "SQ shallower than 32 entries";
+  if (l.lkey > LEVER_EFA_LKEY_MASK) return "lkey wider than 24 bits";
+  if (l.peers == 0u || l.num_peers != (uint32_t)num_peers)
+    return "peers: not the peer table (device copy) of this world";
+  if (l.max_rdma_size != 0u && l.max_rdma_size < (uint32_t)CMSG) return "max_rdma_size below the largest message";
+  return nullptr;
+}
+const char* recv_problem(const lever_efa_nic_layout& l) {
+  if (l.version != LEVER_EFA_NIC_LAYOUT_VERSION) return "version";
+  if (l.cq_buffer_dev == 0u || (l.cq_buffer_dev & 15u) != 0u) return "CQ not mapped for the GPU or not 16-byte aligned";
+  if (l.cq_entry_size < 16u || !lever_efa_is_pow2(l.cq_num_entries) || l.cq_num_entries > LEVER_EFA_MAX_RING_ENTRIES)
+    return "CQ entry size below 16 or entries not a power of two";
+  if (l.cq_phase_first != LEVER_EFA_CQ_PHASE_FIRST_LAP) return "cq_phase_first: not 1";
+  return nullptr;
+}
+// The shape of the receive QPs and of the ntables peer tables (num_peers entries each).
+int shape_refused(const lever_efa_nic_layout* recv, int n_rx, const lever_efa_peer* peers, int num_peers,
+                  int num_ranks, char* err, size_t err_len) {
+  if (!recv || n_rx < 1 || n_rx > 256) return nic_refuse(err, err_len, "receive QPs", n_rx, "need 1..256 layouts");
+  if (!peers || num_ranks < 1 || num_peers != num_ranks * n_rx)
+    return nic_refuse(err, err_len, "peer table", num_peers, "need num_ranks x receive QPs entries");
+  return 0;
+}
+int entries_refused(const lever_efa_nic_layout* recv, int n_rx, const lever_efa_peer* peers, int ntables,
+                    int num_peers, char* err, size_t err_len) {
+  for (int i = 0; i < n_rx; ++i)
+    if (const char* why = recv_problem(recv[i])) return nic_refuse(err, err_len, "receive QP", i, why);
+  for (int t = 0; t < ntables; ++t)
+    for (int i = 0; i < num_peers; ++i)
+      if (peers[(size_t)t * num_peers + i].remote_qkey == 0u) {
+        const char* why = "qkey 0 (a QP's qkey comes from the peer, never 0 here)";
+        if (ntables == 1) return nic_refuse(err, err_len, "peer", i, why);
+        if (err && err_len) snprintf(err, err_len, "peer table %d: peer %d: %s", t, i, why);
+        return 1;
+      }
+  if (err && err_len) err[0] = 0;
+  return 0;
+}
 }  // namespace
 
 extern "C" int lever_ep_check_nic(const lever_efa_nic_layout* send, int nq,
@@ -1951,42 +1998,28 @@ extern "C" int lever_ep_check_nic(const lever_efa_nic_layout* send, int nq,
                                   const lever_efa_peer* peers, int num_peers, int num_ranks,
                                   char* err, size_t err_len) {
   if (!send || nq < 1 || nq > NQ_MAX) return nic_refuse(err, err_len, "send QPs", nq, "need 1..32 layouts");
-  if (!recv || n_rx < 1 || n_rx > 256) return nic_refuse(err, err_len, "receive QPs", n_rx, "need 1..256 layouts");
-  if (!peers || num_ranks < 1 || num_peers != num_ranks * n_rx)
-    return nic_refuse(err, err_len, "peer table", num_peers, "need num_ranks x receive QPs entries");
+  if (shape_refused(recv, n_rx, peers, num_peers, num_ranks, err, err_len)) return 1;
+  for (int q = 0; q < nq; ++q)
+    if (const char* why = send_problem(send[q], num_peers)) return nic_refuse(err, err_len, "send QP", q, why);
+  return entries_refused(recv, n_rx, peers, 1, num_peers, err, err_len);
+}
+
+extern "C" int lever_ep_check_nic_rails(const lever_efa_nic_layout* send, int nq, const int* table_of,
+                                        const uint64_t* tables_dev, int ntables,
+                                        const lever_efa_nic_layout* recv, int n_rx,
+                                        const lever_efa_peer* peers, int num_peers, int num_ranks,
+                                        char* err, size_t err_len) {
+  if (!send || !table_of || nq < 1 || nq > NQ_MAX)
+    return nic_refuse(err, err_len, "send QPs", nq, "need 1..32 layouts, each naming its peer table");
+  if (!tables_dev || ntables < 1 || ntables > NQ_MAX)
+    return nic_refuse(err, err_len, "peer tables", ntables, "need 1..32 (one per EFA device)");
+  if (shape_refused(recv, n_rx, peers, num_peers, num_ranks, err, err_len)) return 1;
   for (int q = 0; q < nq; ++q) {
-    const lever_efa_nic_layout& l = send[q];
-    if (const char* why = lever_efa_layout_problem(&l)) return nic_refuse(err, err_len, "send QP", q, why);
-    // what the kernels need beyond a usable layout
-    if (l.sq_buffer_dev == 0u || l.sq_doorbell_dev == 0u || l.cq_buffer_dev == 0u)
-      return nic_refuse(err, err_len, "send QP", q, "SQ, doorbell or CQ not mapped for the GPU (*_dev 0)");
-    if (l.sq_entry_size != 64u)
-      return nic_refuse(err, err_len, "send QP", q, "the kernels write 64-byte WQEs (128-byte LLQ not yet)");
-    if (l.cq_entry_size < 16u)
-      return nic_refuse(err, err_len, "send QP", q, "CQ entries smaller than the 16 bytes the kernels read");
-    if (l.cq_num_entries < l.sq_num_entries || l.cq_num_entries < 32u)
-      return nic_refuse(err, err_len, "send QP", q, "CQ shallower than the SQ (or than a warp's 32-entry poll)");
-    if (l.sq_num_entries < 32u)
-      return nic_refuse(err, err_len, "send QP", q, "SQ shallower than 32 entries");
-    if (l.lkey > LEVER_EFA_LKEY_MASK) return nic_refuse(err, err_len, "send QP", q, "lkey wider than 24 bits");
-    if (l.peers == 0u || l.num_peers != (uint32_t)num_peers)
-      return nic_refuse(err, err_len, "send QP", q, "peers: not the peer table (device copy) of this world");
-    if (l.max_rdma_size != 0u && l.max_rdma_size < (uint32_t)CMSG)
-      return nic_refuse(err, err_len, "send QP", q, "max_rdma_size below the largest message");
+    const int t = table_of[q];
+    if (t < 0 || t >= ntables) return nic_refuse(err, err_len, "send QP", q, "names no peer table of this world");
+    if (const char* why = send_problem(send[q], num_peers)) return nic_refuse(err, err_len, "send QP", q, why);
+    if (send[q].peers != tables_dev[t])
+      return nic_refuse(err, err_len, "send QP", q, "peers: not the device copy of its own device's peer table");
   }
-  for (int i = 0; i < n_rx; ++i) {
-    const lever_efa_nic_layout& l = recv[i];
-    if (l.version != LEVER_EFA_NIC_LAYOUT_VERSION) return nic_refuse(err, err_len, "receive QP", i, "version");
-    if (l.cq_buffer_dev == 0u || (l.cq_buffer_dev & 15u) != 0u)
-      return nic_refuse(err, err_len, "receive QP", i, "CQ not mapped for the GPU or not 16-byte aligned");
-    if (l.cq_entry_size < 16u || !lever_efa_is_pow2(l.cq_num_entries) || l.cq_num_entries > LEVER_EFA_MAX_RING_ENTRIES)
-      return nic_refuse(err, err_len, "receive QP", i, "CQ entry size below 16 or entries not a power of two");
-    if (l.cq_phase_first != LEVER_EFA_CQ_PHASE_FIRST_LAP) return nic_refuse(err, err_len, "receive QP", i, "cq_phase_first: not 1");
-  }
-  for (int i = 0; i < num_peers; ++i) {
-    if (peers[i].remote_qkey == 0u)
-      return nic_refuse(err, err_len, "peer", i, "qkey 0 (a QP's qkey comes from the peer, never 0 here)");
-  }
-  if (err && err_len) err[0] = 0;
-  return 0;
+  return entries_refused(recv, n_rx, peers, ntables, num_peers, err, err_len);
 }

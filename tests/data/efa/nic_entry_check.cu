@@ -9,8 +9,14 @@
 //
 //   nic_entry_check emu R NRX
 //   nic_entry_check dev SEND.bin NQ RECV.bin NRX PEERS.bin R
+//   nic_entry_check rails SEND.bin NQ TABLE_OF.bin RECV.bin NRX PEERS.bin NTABLES R
 // prints "check ok" or "check refused: <why>", then "wqe ok ..." or "wqe bad: <field>"
-// for a put from the first send QP to the last receive queue of the last rank.
+// for a put from the first send QP to the last receive queue of the last rank. rails: a
+// rank over several EFA devices (lever_ep_check_nic_rails): PEERS holds NTABLES tables,
+// TABLE_OF one int32 per send QP, table t's device copy is at RAILS_PEERS_DEV + t *
+// RAILS_PEERS_STRIDE (the send layouts must point there); then, for every send QP, the
+// WQE of a put to the last rank's last receive queue through the table its layout points
+// at, as the kernels find it ("wqe Q ok ... ah A qpn N qkey K rkey R").
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -114,6 +120,35 @@ static int run(const lever_efa_nic_layout* send, int nq, const lever_efa_nic_lay
   return 0;
 }
 
+static const uint64_t RAILS_PEERS_DEV = 0x7f4000000000ull, RAILS_PEERS_STRIDE = 0x100000000ull;
+
+static int run_rails(const lever_efa_nic_layout* send, int nq, const int* table_of, int ntab,
+                     const lever_efa_nic_layout* recv, int nrx, const lever_efa_peer* peers, int R) {
+  std::vector<uint64_t> dev((size_t)ntab);
+  for (int t = 0; t < ntab; ++t) dev[(size_t)t] = RAILS_PEERS_DEV + (uint64_t)t * RAILS_PEERS_STRIDE;
+  char why[256] = "";
+  if (lever_ep_check_nic_rails(send, nq, table_of, dev.data(), ntab, recv, nrx, peers, R * nrx, R, why,
+                               sizeof why)) {
+    printf("check refused: %s\n", why);
+    return 0;
+  }
+  printf("check ok\n");
+  for (int q = 0; q < nq; ++q) {
+    const lever_efa_nic_layout& l = send[q];
+    // what put_word does: the table the layout points at, [rank][receive queue]
+    const uint64_t t = (l.peers - RAILS_PEERS_DEV) / RAILS_PEERS_STRIDE;
+    const lever_efa_peer& p = peers[t * (uint64_t)(R * nrx) + (size_t)(R - 1) * nrx + (nrx - 1)];
+    const uint32_t n = l.sq_num_entries;
+    const uint32_t pcs[] = {0u, 1u, n - 1u, n, n + 5u, 2u * n};
+    for (uint32_t pc : pcs)
+      for (uint32_t imm = 0; imm < 2; ++imm)
+        if (check_wqe(l, p, pc, imm)) return 0;
+    printf("wqe %d ok table %u lkey 0x%x ah %u qpn %u qkey 0x%x rkey 0x%x\n", q, (unsigned)t, l.lkey, p.ahn,
+           p.remote_qpn, p.remote_qkey, p.rkey);
+  }
+  return 0;
+}
+
 int main(int argc, char** argv) {
   if (argc == 4 && !strcmp(argv[1], "emu")) {
     const int R = atoi(argv[2]), nrx = atoi(argv[3]), NQ = emu::NQ_MAX;
@@ -145,6 +180,15 @@ int main(int argc, char** argv) {
     auto peers = read_all<lever_efa_peer>(argv[6], (size_t)R * nrx);
     return run(send.data(), nq, recv.data(), nrx, peers.data(), R);
   }
-  fprintf(stderr, "usage: %s emu R NRX | dev SEND NQ RECV NRX PEERS R\n", argv[0]);
+  if (argc == 10 && !strcmp(argv[1], "rails")) {
+    const int nq = atoi(argv[3]), nrx = atoi(argv[6]), ntab = atoi(argv[8]), R = atoi(argv[9]);
+    auto send = read_all<lever_efa_nic_layout>(argv[2], (size_t)nq);
+    auto table_of = read_all<int32_t>(argv[4], (size_t)nq);
+    auto recv = read_all<lever_efa_nic_layout>(argv[5], (size_t)nrx);
+    auto peers = read_all<lever_efa_peer>(argv[7], (size_t)ntab * R * nrx);
+    return run_rails(send.data(), nq, table_of.data(), ntab, recv.data(), nrx, peers.data(), R);
+  }
+  fprintf(stderr, "usage: %s emu R NRX | dev SEND NQ RECV NRX PEERS R | rails SEND NQ TABLE_OF RECV NRX PEERS NT R\n",
+          argv[0]);
   return 2;
 }

@@ -16,6 +16,8 @@
 #include <chrono>
 #include <cstdint>
 #include <cstring>
+#include <numeric>
+#include <random>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -74,6 +76,21 @@ inline std::string status_text(const Status& s) {
 
 inline void verify(bool ok, const std::string& what) {
   if (!ok) throw std::runtime_error("verification failed: " + what);
+}
+
+// Sattolo's algorithm: one random cycle through all n lines (next[i] is the line after i),
+// the pointer chase of latency.cu, host_read.cu and fence_reads.cu.
+inline std::vector<uint64_t> random_cycle(size_t n, uint32_t seed) {
+  std::vector<uint64_t> perm(n);
+  std::iota(perm.begin(), perm.end(), 0);
+  std::mt19937_64 rng(seed);
+  for (size_t i = n - 1; i > 0; --i) {
+    std::uniform_int_distribution<size_t> d(0, i - 1);
+    std::swap(perm[i], perm[d(rng)]);
+  }
+  std::vector<uint64_t> next(n);
+  for (size_t i = 0; i < n; ++i) next[perm[i]] = perm[(i + 1) % n];
+  return next;
 }
 
 // ---------------------------------------------------------------- RAII buffers

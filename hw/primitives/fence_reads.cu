@@ -24,9 +24,6 @@
 //
 // Verification: every reader's chase ends on the line the host computes by walking the same
 // cycle for the step count the reader reports; the fencer's device word holds its last value.
-#include <numeric>
-#include <random>
-
 #include "common.cuh"
 
 namespace prim {
@@ -35,6 +32,22 @@ namespace {
 constexpr int kLineWords = 16;   // one index per 128-byte line
 constexpr size_t kLines = 256;   // lines per cycle (32 KiB of host memory)
 constexpr int kPer = 16;         // fences per sample
+
+// One thread: an 8-byte store to `word` then __threadfence_system(), back to back; each of
+// `reps` samples (after `warmup`) is the mean ns per fence over kPer of them. The word ends
+// holding kPer * (warmup + reps), which the host checks.
+__device__ void timed_fences(uint64_t* word, int warmup, int reps, unsigned long long* ns) {
+  uint64_t v = 0;
+  for (int s = -warmup; s < reps; ++s) {
+    const unsigned long long t0 = gtimer();
+    for (int k = 0; k < kPer; ++k) {
+      st_volatile(word, ++v);
+      __threadfence_system();
+    }
+    const unsigned long long t1 = gtimer();
+    if (s >= 0) ns[s] = (t1 - t0) / kPer;
+  }
+}
 
 __global__ void fence_reads_kernel(const uint64_t* base, int W, int shared, int same_sm, int warmup,
                                    int reps, unsigned* arrive, volatile unsigned* stop,
@@ -79,31 +92,9 @@ __global__ void fence_reads_kernel(const uint64_t* base, int W, int shared, int 
   }
   // the fencer: lane 0 alone, as a ringer's fence is one thread's
   if (lane == 0) {
-    uint64_t v = 0;
-    for (int s = -warmup; s < reps; ++s) {
-      const unsigned long long t0 = gtimer();
-      for (int k = 0; k < kPer; ++k) {
-        st_volatile(word, ++v);
-        __threadfence_system();
-      }
-      const unsigned long long t1 = gtimer();
-      if (s >= 0) fence_ns[s] = (t1 - t0) / kPer;
-    }
+    timed_fences(word, warmup, reps, fence_ns);
     *stop = 1u;
   }
-}
-
-std::vector<uint64_t> cycle(uint32_t seed) {
-  std::vector<uint64_t> perm(kLines);
-  std::iota(perm.begin(), perm.end(), 0);
-  std::mt19937_64 rng(seed);
-  for (size_t i = kLines - 1; i > 0; --i) {
-    std::uniform_int_distribution<size_t> d(0, i - 1);
-    std::swap(perm[i], perm[d(rng)]);
-  }
-  std::vector<uint64_t> next(kLines);
-  for (size_t i = 0; i < kLines; ++i) next[perm[i]] = perm[(i + 1) % kLines];
-  return next;
 }
 
 __global__ void fence_concurrent_kernel(uint64_t* words, int warmup, int reps, unsigned* arrive,
@@ -112,17 +103,7 @@ __global__ void fence_concurrent_kernel(uint64_t* words, int warmup, int reps, u
   const unsigned w = blockIdx.x, W = gridDim.x;
   atomicAdd(arrive, 1u);
   if (!spin_until(st, 71, [&] { return *reinterpret_cast<volatile unsigned*>(arrive) >= W; })) return;
-  uint64_t* mine = words + size_t(w) * kLineWords;
-  uint64_t v = 0;
-  for (int s = -warmup; s < reps; ++s) {
-    const unsigned long long t0 = gtimer();
-    for (int k = 0; k < kPer; ++k) {
-      st_volatile(mine, ++v);
-      __threadfence_system();
-    }
-    const unsigned long long t1 = gtimer();
-    if (s >= 0) ns[size_t(w) * reps + s] = (t1 - t0) / kPer;
-  }
+  timed_fences(words + size_t(w) * kLineWords, warmup, reps, ns + size_t(w) * reps);
 }
 
 std::vector<double> concurrent(int W, bool host, int reps, const std::string& what) {
@@ -155,7 +136,7 @@ struct One {
 
 One one(int W, bool shared, bool same_sm, int reps, const std::string& what) {
   const int warmup = 4;
-  auto next = cycle(11);
+  auto next = random_cycle(kLines, 11);
   const int cycles = shared ? 1 : (W > 0 ? W : 1);
   HostBuf<uint64_t> buf(size_t(cycles) * kLines * kLineWords);
   for (int c = 0; c < cycles; ++c)

@@ -16,9 +16,6 @@
 //
 // Verification: every warp's chase ends on the line the host computes by walking the same
 // cycle, and the 32-lane checksum equals the host's.
-#include <numeric>
-#include <random>
-
 #include "common.cuh"
 
 namespace prim {
@@ -56,22 +53,9 @@ __global__ void host_read_kernel(const uint64_t* base, int lanes, int shared, in
   }
 }
 
-std::vector<uint64_t> cycle(uint32_t seed) {
-  std::vector<uint64_t> perm(kLines);
-  std::iota(perm.begin(), perm.end(), 0);
-  std::mt19937_64 rng(seed);
-  for (size_t i = kLines - 1; i > 0; --i) {
-    std::uniform_int_distribution<size_t> d(0, i - 1);
-    std::swap(perm[i], perm[d(rng)]);
-  }
-  std::vector<uint64_t> next(kLines);
-  for (size_t i = 0; i < kLines; ++i) next[perm[i]] = perm[(i + 1) % kLines];
-  return next;
-}
-
 std::vector<double> one(int W, int lanes, bool shared, int reps, const std::string& what) {
   const int per = 16, warmup = 4;
-  auto next = cycle(7);
+  auto next = random_cycle(kLines, 7);
   HostBuf<uint64_t> buf(size_t(W) * kLines * kLineWords);
   for (int w = 0; w < W; ++w)
     for (size_t i = 0; i < kLines; ++i) buf.p[(size_t(w) * kLines + i) * kLineWords] = next[i];

@@ -9,9 +9,6 @@
 // Verification: the chase must end on the index the host computes by walking the
 // same cycle (so every load returned the value stored there, nothing stale), and the
 // atomic counter must equal the number of adds issued.
-#include <numeric>
-#include <random>
-
 #include "common.cuh"
 
 namespace prim {
@@ -54,20 +51,6 @@ __global__ void atomic_kernel(unsigned long long* ctr, int per_sample, int warmu
   }
   cal_end(cal);
   *sink = acc;
-}
-
-// Sattolo's algorithm: one random cycle through all n lines.
-std::vector<uint64_t> random_cycle(size_t n, uint32_t seed) {
-  std::vector<uint64_t> perm(n);
-  std::iota(perm.begin(), perm.end(), 0);
-  std::mt19937_64 rng(seed);
-  for (size_t i = n - 1; i > 0; --i) {
-    std::uniform_int_distribution<size_t> d(0, i - 1);
-    std::swap(perm[i], perm[d(rng)]);
-  }
-  std::vector<uint64_t> next(n);
-  for (size_t i = 0; i < n; ++i) next[perm[i]] = perm[(i + 1) % n];
-  return next;
 }
 
 // One index per 128-byte line, uploaded as a full image (one plain copy).

@@ -1,5 +1,23 @@
 # Shared by the device scripts (hw/run_*_on_device.sh): source it from the repository root.
 #
+# device_env: what every device script runs under: unbuffered output, NVLink multicast off
+# (NCCL, torch symmetric memory, NVSHMEM), one build folder across a call's scripts, sm_90.
+device_env() {
+  export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+  export LEVER_BUILD_DIR=${LEVER_BUILD_DIR:-/tmp/lever_build} TORCH_CUDA_ARCH_LIST=9.0 MAX_JOBS=${MAX_JOBS:-16}
+}
+
+# build_exts [prim]: the EP extension and (with "prim") the primitives built side by side,
+# each logged to $OUT/build_*.log; their tails and the build's wall time go to $LOG.
+build_exts() {
+  local t0=$(date +%s)
+  timeout 300 python3 -c 'from lever.hw.ep import load_ext; m = load_ext(); print("ep built", m.layout_sizes())' >"$OUT/build_ep.log" 2>&1 &
+  [[ ${1:-} == prim ]] && timeout 300 python3 -c 'from lever.hw.primitives import load_primitives; load_primitives(); print("primitives built")' >"$OUT/build_prim.log" 2>&1 &
+  wait
+  tail -n 3 "$OUT"/build_*.log | tee -a "$LOG"
+  echo "build wall $(( $(date +%s) - t0 ))s" | tee -a "$LOG"
+}
+
 # use_carried_wheels: pydantic and simpy are not on the device image; the wheels a call
 # carries in .whl/ go to /tmp/site, and the tree itself is put on PYTHONPATH.
 use_carried_wheels() {

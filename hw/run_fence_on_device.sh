@@ -8,8 +8,8 @@ set -u
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/fence_out}
 mkdir -p "$OUT"
-export LEVER_BUILD_DIR=/tmp/lever_build TORCH_CUDA_ARCH_LIST=9.0 MAX_JOBS=16
 . hw/device_lib.sh
+device_env
 use_carried_wheels
 LOG=$OUT/log.txt
 t0=$(date +%s)

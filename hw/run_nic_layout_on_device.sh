@@ -9,8 +9,8 @@ set -u
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/nic_out}
 REC=/tmp/nic_rec; mkdir -p "$REC" "$OUT"
-export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
-export LEVER_BUILD_DIR=/tmp/lever_build TORCH_CUDA_ARCH_LIST=9.0 MAX_JOBS=16
+. hw/device_lib.sh  # device_env, build_exts (its own step() below)
+device_env
 ITERS=${ITERS:-60}
 LOG="$OUT/log.txt"
 {
@@ -20,12 +20,7 @@ LOG="$OUT/log.txt"
   python3 -c 'import torch; print("torch", torch.__version__, "cuda", torch.version.cuda, "gpus", torch.cuda.device_count())'
   python3 -c 'from lever.hw.ep import kernel_sources_sha256; print("ep kernel sources sha256", kernel_sources_sha256())'
 } 2>&1 | tee -a "$LOG"
-t0=$(date +%s)
-timeout 300 python3 -c 'from lever.hw.ep import load_ext; m = load_ext(); print("ep built", m.layout_sizes())' >"$OUT/build_ep.log" 2>&1 &
-timeout 300 python3 -c 'from lever.hw.primitives import load_primitives; load_primitives(); print("primitives built")' >"$OUT/build_prim.log" 2>&1 &
-wait
-tail -3 "$OUT/build_ep.log" "$OUT/build_prim.log" | tee -a "$LOG"
-echo "build wall $(( $(date +%s) - t0 ))s" | tee -a "$LOG"
+build_exts prim
 step() {  # name, timeout, args...
   local name=$1 to=$2; shift 2
   echo "=== $name: lever hw ep $*" | tee -a "$LOG"

@@ -14,21 +14,15 @@ set -u
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/noise_out}
 REC=/tmp/noise_rec; mkdir -p "$REC" "$OUT"
-export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
-export LEVER_BUILD_DIR=/tmp/lever_build TORCH_CUDA_ARCH_LIST=9.0 MAX_JOBS=16
 . hw/device_lib.sh
+device_env
 use_carried_wheels
 LOG="$OUT/log.txt"
 {
   echo "git_rev ${LEVER_GIT_REV:-unset}"
   nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv
 } 2>&1 | tee -a "$LOG"
-t0=$(date +%s)
-timeout 300 python3 -c 'from lever.hw.ep import load_ext; m = load_ext(); print("ep built", m.layout_sizes())' >"$OUT/build_ep.log" 2>&1 &
-timeout 300 python3 -c 'from lever.hw.primitives import load_primitives; load_primitives(); print("primitives built")' >"$OUT/build_prim.log" 2>&1 &
-wait
-tail -3 "$OUT"/build_*.log | tee -a "$LOG"
-echo "build wall $(( $(date +%s) - t0 ))s" | tee -a "$LOG"
+build_exts prim
 C="--ranks 2 --gpus 1 --iters 60 --out-dir $REC"
 LEVERS="lazy-completion-dispatch;lazy-completion-combine;batched-doorbells;qp-fanout-fix;write-imm-counting;put-many;deferred-doorbell-aggregation;provider-batched-tail;cached-dispatch;lazy-completion-dispatch,deferred-doorbell-aggregation"
 step smoke 60 --ranks 2 --gpus 1 --iters 5 --warmup 1 --profile 0 --out-dir "$REC/smoke" --id-prefix smoke-noise --variants ";"

@@ -16,9 +16,8 @@ set -u
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/bed_out}
 REC=/tmp/bed_rec; mkdir -p "$REC" "$OUT"
-export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
-export LEVER_BUILD_DIR=/tmp/lever_build TORCH_CUDA_ARCH_LIST=9.0 MAX_JOBS=16
-. hw/device_lib.sh  # use_carried_wheels, step
+. hw/device_lib.sh  # device_env, use_carried_wheels, build_exts, step
+device_env
 use_carried_wheels
 STEPS=${1:-smoke,base,place,chain,levers,proxy,faults,exhaust,unsafe,ep4,late,rxdev,repeat,prim}
 ITERS=${ITERS:-60}
@@ -30,12 +29,7 @@ has() { [[ ",$STEPS," == *",$1,"* ]]; }
   python3 -c 'import torch; print("torch", torch.__version__, "cuda", torch.version.cuda, "gpus", torch.cuda.device_count())'
   python3 -c 'from lever.hw.ep import kernel_sources_sha256; print("ep kernel sources sha256", kernel_sources_sha256())'
 } 2>&1 | tee -a "$LOG"
-t0=$(date +%s)
-timeout 300 python3 -c 'from lever.hw.ep import load_ext; m = load_ext(); print("ep built", m.layout_sizes())' >"$OUT/build_ep.log" 2>&1 &
-has prim && timeout 300 python3 -c 'from lever.hw.primitives import load_primitives; load_primitives(); print("primitives built")' >"$OUT/build_prim.log" 2>&1 &
-wait
-tail -3 "$OUT"/build_*.log | tee -a "$LOG"
-echo "build wall $(( $(date +%s) - t0 ))s" | tee -a "$LOG"
+if has prim; then build_exts prim; else build_exts; fi
 P=emu-bed-ep
 C="--ranks 2 --gpus 1 --iters $ITERS --out-dir $REC --id-prefix $P"
 LEVERS="lazy-completion-dispatch;lazy-completion-combine;batched-doorbells;qp-fanout-fix;qp17-ownership;write-imm-counting;put-many;deferred-doorbell-aggregation;provider-batched-tail;cached-dispatch;lazy-completion-dispatch,deferred-doorbell-aggregation"

@@ -12,11 +12,10 @@ set -u
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/v2_out}
 REC=/tmp/v2_rec; mkdir -p "$REC" "$OUT"
-export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
-export LEVER_BUILD_DIR=${LEVER_BUILD_DIR:-/tmp/lever_build} TORCH_CUDA_ARCH_LIST=9.0
 STEPS=${1:-smoke,hybrid,levers,proxy,faults,direct,unsafe,rxdev}
 ITERS=${ITERS:-60}
-. hw/device_lib.sh  # use_carried_wheels, step
+. hw/device_lib.sh  # device_env, use_carried_wheels, step
+device_env
 use_carried_wheels
 LOG="$OUT/log.txt"
 nvidia-smi --query-gpu=name,driver_version,clocks.sm --format=csv | tee -a "$LOG"

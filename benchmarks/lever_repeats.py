@@ -14,6 +14,7 @@ four measurements agree with each other but not with the prediction is a model m
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import statistics
 from pathlib import Path
@@ -25,9 +26,13 @@ NOISE = DATA_DIR / "testbed" / "noise"
 ROUNDS = (1, 2, 3)
 
 
+@functools.cache
+def _record(rec_path: Path):
+    return load_record(rec_path)  # each round's baseline is read for every lever and op
+
+
 def median(rec_path: Path, op: str) -> float | None:
-    r = load_record(rec_path)
-    d = r.latency_us.get(op)
+    d = _record(rec_path).latency_us.get(op)
     return None if d is None else float(d.median)
 
 

@@ -72,9 +72,12 @@ class Fabric:
         # leaves every other NIC's draws (common random numbers) untouched
         self._streams: dict[int, Draws] = {}
         spread = fp.path_spread_ns
+        # Python floats, not numpy's: the same doubles, but a numpy scalar here made every
+        # arrival, landing, ACK and completion time downstream a numpy scalar too, and each
+        # queue comparison and sum of one a call into numpy (a sixth of EP16's instructions)
         self.path_base = [
             max(0.0, fp.base_latency_ns + (spread * (2 * u - 1) if spread else 0.0))
-            for u in rng.random(fp.paths)
+            for u in rng.random(fp.paths).tolist()
         ]
         self._wire = ledger.factor("wire")  # ledger.cost("wire", x) is x * this
         self._rc = fp.mode == "rc"

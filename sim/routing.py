@@ -22,6 +22,14 @@ if TYPE_CHECKING:
     from lever.sim.params import Design
 
 
+_CACHE_SIZE = 8
+_CACHE: dict[tuple, Routing] = {}
+"""Uniform routings drawn in this process, keyed by everything the draw reads, least recently
+used first. A routing is read-only once made (its rows and the tables derived from them), so
+runs can share one: the draw and its top-k selection were a tenth of an EP16 op's
+instructions, and its derived tables (``hits``, ``dst_ranks``) are then built once too."""
+
+
 class Routing:
     """``topk[r]`` is an int array (tokens_per_rank, top_k) of expert ids, each row in the order
     the router gives them (descending score, as ``torch.topk`` returns them): the order a
@@ -41,6 +49,24 @@ class Routing:
 
     @classmethod
     def for_scenario(cls, scn: Scenario, seed: int) -> Routing:
+        """The routing of ``scn``'s workload for run seed ``seed``: drawn once per process for
+        the same draw (:data:`_CACHE`), as dispatch and combine of one seed, a calibration's
+        runs of one record and a lever's baseline and variant all draw it again."""
+        wl = scn.workload
+        if wl.routing == "file":
+            return cls._drawn(scn, seed)
+        key = (scn.seed, seed, wl.routing_seed_offset, wl.ep_ranks, wl.tokens_per_rank,
+               wl.num_experts, wl.top_k, wl.ranks_per_node)
+        rt = _CACHE.pop(key, None)
+        if rt is None:
+            rt = cls._drawn(scn, seed)
+        _CACHE[key] = rt  # the most recently used last
+        while len(_CACHE) > _CACHE_SIZE:
+            del _CACHE[next(iter(_CACHE))]
+        return rt
+
+    @classmethod
+    def _drawn(cls, scn: Scenario, seed: int) -> Routing:
         wl = scn.workload
         if wl.routing == "file":
             data = json.loads(Path(wl.routing_file).read_text())

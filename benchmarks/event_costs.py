@@ -22,7 +22,10 @@ from time import perf_counter
 
 def _kind(event, callback) -> str:
     if type(event) is tuple:  # a call entry (fn, args, rec)
-        return "call:" + getattr(event[0], "__qualname__", str(event[0]))
+        fn = event[0]
+        if getattr(fn, "__name__", "") == "_resume":  # a hold's end (engine.hold): its process
+            return _kind(event[1][0], fn)
+        return "call:" + getattr(fn, "__qualname__", str(fn))
     proc = getattr(callback, "__self__", None)
     gen = getattr(proc, "_generator", None)
     if gen is None:

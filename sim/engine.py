@@ -282,30 +282,67 @@ class _Hold:
         self._value = None
 
 
-def hold(env: simpy.Environment, delay: float) -> _Hold:
+class _Resumes:
+    """What :func:`hold` gives the running process to yield on a :class:`ModelEnvironment`:
+    its queue entry is a call entry ``(proc._resume, (_DONE,), None)`` rather than an event,
+    so there is nothing to fire. ``Process._resume`` appends itself to ``callbacks`` of what
+    the process yielded; here that list is a ``deque(maxlen=0)``, which keeps nothing."""
+
+    __slots__ = ()
+    callbacks: deque = deque(maxlen=0)
+
+
+_RESUMES = _Resumes()
+_DONE = _Hold()  # what a finished hold is to Process._resume: ok, value None (its type a _Hold)
+_DONE.callbacks = None  # type: ignore[assignment]
+_DONE_ARGS = (_DONE,)
+
+
+def hold(env: simpy.Environment, delay: float) -> _Hold | _Resumes:
     """An event for the running process to yield, firing ``delay`` ns from now in the queue
     slot ``env.timeout(delay)`` would take (the same ``(now + delay, NORMAL, id)`` entry,
-    so the same order bit for bit: ``tests/test_engine.py``)."""
+    so the same order bit for bit: ``tests/test_engine.py``).
+
+    On a :class:`ModelEnvironment`, inside a process, the entry is a call entry resuming that
+    process (run in the loop's fast path, what ``_Hold``'s one callback did: the same call
+    at the same slot), and what the process yields is :data:`_RESUMES`; half of the model's
+    events are these. The process must yield it at once (every caller does: a cost it pays)."""
     if delay < 0:
         raise ValueError(f"negative delay {delay}")
-    h = _Hold()
-    entry = (env._now + delay, NORMAL, next(env._eid), h)
     try:
-        env.push(entry)  # type: ignore[attr-defined]
+        push = env.push  # type: ignore[attr-defined]
     except AttributeError:  # SimPy's own environment
-        heapq.heappush(env._queue, entry)
-    return h
+        h = _Hold()
+        heapq.heappush(env._queue, (env._now + delay, NORMAL, next(env._eid), h))
+        return h
+    proc = env._active_proc
+    if proc is None:  # not yielded by a process: an event of its own
+        h = _Hold()
+        push((env._now + delay, NORMAL, next(env._eid), h))
+        return h
+    push((env._now + delay, NORMAL, next(env._eid), (proc._resume, _DONE_ARGS, None)))
+    return _RESUMES
 
 
-def hold_at(env: simpy.Environment, t: float) -> _Hold:
+def hold_at(env: simpy.Environment, t: float) -> _Hold | _Resumes:
     """:func:`hold` firing at the absolute instant ``t`` (not before now): the slot a
     timeout due at ``t`` takes, for a wait computed as an instant (``now + a + b`` summed
     as the separate waits would sum it)."""
     if t < env._now:
         raise ValueError(f"time {t} is before now ({env._now})")
-    h = _Hold()
-    _push(env, (t, NORMAL, next(env._eid), h))
-    return h
+    try:
+        push = env.push  # type: ignore[attr-defined]
+    except AttributeError:  # SimPy's own environment
+        h = _Hold()
+        heapq.heappush(env._queue, (t, NORMAL, next(env._eid), h))
+        return h
+    proc = env._active_proc
+    if proc is None:
+        h = _Hold()
+        push((t, NORMAL, next(env._eid), h))
+        return h
+    push((t, NORMAL, next(env._eid), (proc._resume, _DONE_ARGS, None)))
+    return _RESUMES
 
 
 def event_at(env: simpy.Environment, t: float, rec: Rec | None = None) -> Event:

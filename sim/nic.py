@@ -87,6 +87,7 @@ class Nic:
         self.ns_per_byte = 8.0 / p.line_rate_gbps
         self.dma_ns_per_byte = 8.0 / p.dma_gbps
         self.wqe_ns = max(p.wqe_process_ns, 1e3 / p.max_msg_rate_mops)
+        self._wqe_cost = self.wqe_ns * ledger.factor("nic")  # ledger.cost("nic", wqe_ns)
         # the ledger's factors (ledger.cost(cat, x) is x times these; fixed for a run)
         self._f_nic = ledger.factor("nic")
         self._f_wire = ledger.factor("wire")
@@ -110,8 +111,8 @@ class Nic:
         """WQEs become visible to the NIC (the producer counter moved)."""
         led = self.ledger
         path = led.path
-        now = self.env.now
-        wqe_ns = led.cost("nic", self.wqe_ns)
+        now = self.env._now
+        wqe_ns = self._wqe_cost
         rec = None
         if self.p.doorbell_process_ns and self.p.host_engine:
             # the host engine reads the doorbell and mirrors the new WQEs; the WQE engine parses
@@ -128,16 +129,18 @@ class Nic:
             if path is not None:
                 self.engine_rec = (start, self.engine_free, "nic",
                                    self.engine_rec if busy else path.cur)
+        traced = self.trace.enabled
         for msg in msgs:
-            start = max(self.engine_free, now)
+            free = self.engine_free
+            start = free if free > now else now  # max(engine_free, now)
             if path is not None:
-                pred = self.engine_rec if self.engine_free > now else path.cur
+                pred = self.engine_rec if free > now else path.cur
                 rec = (start, start + wqe_ns, "nic", pred)
                 self.engine_rec = rec
-            self.engine_free = start + wqe_ns
-            if self.trace.enabled:
+            self.engine_free = free = start + wqe_ns
+            if traced:
                 self.trace.span(f"nic{self.index}", "wqe engine", msg.kind, start, wqe_ns)
-            self._transmit(msg, self.engine_free, rec)
+            self._transmit(msg, free, rec)
 
     def _transmit(self, msg: Message, t0: float, rec: Rec | None = None) -> None:
         """Fetch the payload and serialise the packets; ``rec`` is the WQE's parse segment.
@@ -315,7 +318,7 @@ class Nic:
         self.engine_write(self.send_cqe_engine_ns, self._complete, msg)
 
     def _complete(self, msg: Message) -> None:
-        msg.t_complete = self.env.now
+        msg.t_complete = self.env._now
         msg.qp.completions.add(1)
         if msg.on_complete is not None:
             msg.on_complete(msg)

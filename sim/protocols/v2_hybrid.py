@@ -44,7 +44,7 @@ if TYPE_CHECKING:
 def run(w: World) -> list:
     R = w.workload.ep_ranks
     fn = _dispatch_rank if w.op == "dispatch" else _combine_rank
-    shared = _Shared(w)
+    shared = _Shared.of(w)
     return [w.env.process(fn(w, r, shared)) for r in range(R)]
 
 
@@ -104,6 +104,18 @@ class _Shared:
                     e = expected[d]
                     e[s] = e.get(s, 0) + 1
                     held[d].append(st)
+
+    @classmethod
+    def of(cls, w: World) -> _Shared:
+        """The layout of ``w``'s routing and channels, made once per routing: the routing is
+        shared by runs of one draw (``Routing.for_scenario``: dispatch and combine, a fit's
+        runs), and the layout is read-only once made."""
+        cache = w.routing.__dict__.setdefault("_v2_hybrid_layouts", {})
+        key = (w.channels, w.workload.ranks_per_node)
+        sh = cache.get(key)
+        if sh is None:
+            sh = cache[key] = cls(w)
+        return sh
 
     def rank(self, node: int, local: int) -> int:
         return node * self.rpn + local

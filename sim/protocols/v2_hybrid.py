@@ -289,27 +289,38 @@ def _expert_sides(w: World, r: int, sh: _Shared, held: list[tuple[int, int]], nb
     queue = [(0.0, c, c, 0, False) for c in range(C)]
     order = C
     end_at = [0.0] * C
+    rpn = sh.rpn
+    base = n * rpn  # sh.rank(n, local) is base + local
+    tallies = [x.tallies for x in w.receivers]
+    hits = rt.hits
+    red = g.reduce_ns_per_kib * kib  # led.issue("compute", red * rows): its factor and sums
+    f_compute = led.factor("compute")
+    busy_sums = led.busy
+    counts = led.events
+    push = heapq.heappush
+    pop = heapq.heappop
+    reserve = nv.reserve
     while queue:
-        now, _, c, i, reduced = heapq.heappop(queue)
+        now, _, c, i, reduced = pop(queue)
         items = lists[c]
         while True:  # one resume of warp c: run to its next wait
             if reduced:
                 s, t = items[i]
-                fwd = s if s // sh.rpn == n else sh.rank(n, s % sh.rpn)
+                fwd = s if s // rpn == n else base + s % rpn
                 tag = PartialTag(s, t)
                 i += 1
                 reduced = False
                 if fwd == r:  # kept here: landed at once
                     rcv.tallies[tag].add_at(now, 1, chain[c])
                     continue
-                busy, t_vis, vis_rec = nv.reserve(r, nbytes, now, chain[c])
-                w.receivers[fwd].tallies[tag].add_at(t_vis, 1, vis_rec)
+                busy, t_vis, vis_rec = reserve(r, nbytes, now, chain[c])
+                tallies[fwd][tag].add_at(t_vis, 1, vis_rec)
                 if busy > 0:
                     if path is not None:
                         chain[c] = nv.port_rec[r]
                     if tr.enabled:
                         tr.span(f"rank{r}", f"cmb{c}", "nvlink", now, busy, dst=fwd, bytes=nbytes)
-                    heapq.heappush(queue, (now + busy, order, c, i, False))
+                    push(queue, (now + busy, order, c, i, False))
                     order += 1
                     break
                 continue
@@ -317,10 +328,12 @@ def _expert_sides(w: World, r: int, sh: _Shared, held: list[tuple[int, int]], nb
                 end_at[c] = now
                 break
             s, t = items[i]
-            dt = led.issue("compute", g.reduce_ns_per_kib * kib * rt.hits[s][t][r])
+            dt = red * hits[s][t][r] * f_compute
+            busy_sums["compute"] += dt
+            counts["compute"] += 1
             if path is not None:
                 chain[c] = (now, now + dt, "compute", chain[c])
-            heapq.heappush(queue, (now + dt, order, c, i, True))
+            push(queue, (now + dt, order, c, i, True))
             order += 1
             break
     # each fires at its warp's end, as the warp's process would

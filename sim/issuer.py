@@ -309,37 +309,74 @@ class NativePort(WarpPort):
         turn = self.turn
         if self._ticket < 0:  # the group's slots are reserved before its credit check
             self._ticket = turn.take()
-        costs: list[tuple[str, float, int]] = []
+        # the costs up to the fence, paid as _hold_all pays a list of them: each scaled and
+        # summed into the ledger in order, a segment each on the path, one wait for their sum
+        busy = led.busy
+        counts = led.events
+        scale = led.scale
+        path = led.path
+        fused = False
         self._since_check += 1
         if self._credit and self._since_check >= self._check_every:
             self._since_check = 0
             read = self._credit_read()
             if self._room(1):  # no wait can follow the read: paid with the WQE stores
-                costs.append(("credit_wait", read, 1))
+                fused = True
             else:
                 yield from self._pay("credit_wait", read)
                 yield from self._credit_wait(1)
-        costs.append(("wqe", g.atomic_ns, 1))  # reserve the slot on the producer counter
         blocks = self.wqe_blocks(msg.nbytes)
-        costs.append(("wqe", g.wqe_store_ns * blocks, blocks))
         qp.posted += 1
         self.posted += 1
-        # _ring: the system fence after the stores (behind the host reads in flight)
+        acc = env._now
+        total = 0.0
+        if fused:
+            t = read * scale.get("credit_wait", 1.0)
+            busy["credit_wait"] += t
+            counts["credit_wait"] += 1
+            if t > 0:
+                if path is not None:
+                    path.cur = (acc, acc + t, "credit_wait", path.cur)
+                    acc += t
+                total += t
+        f_wqe = scale.get("wqe", 1.0)
+        t = g.atomic_ns * f_wqe  # reserve the slot on the producer counter
+        busy["wqe"] += t
+        counts["wqe"] += 1
+        if t > 0:
+            if path is not None:
+                path.cur = (acc, acc + t, "wqe", path.cur)
+                acc += t
+            total += t
+        t = g.wqe_store_ns * blocks * f_wqe
+        busy["wqe"] += t
+        counts["wqe"] += blocks
+        if t > 0:
+            if path is not None:
+                path.cur = (acc, acc + t, "wqe", path.cur)
+                acc += t
+            total += t
+        # _ring: the system fence after the stores (behind the host reads in flight, known
+        # only when it issues: then the stores are paid first)
         f = g.fence_ns
         fh = self.fence_host
         if fh is not None:
-            ev = self._hold_all(costs)
-            if ev is not None:
-                yield ev
-            costs = []
-            f = fh.fence_ns(env._now, f)
-        costs.append(("fence", f, 1))
-        ev = self._hold_all(costs)
-        if ev is not None:
-            yield ev
+            if total > 0:
+                yield hold(env, total)
+            acc = env._now
+            total = 0.0
+            f = fh.fence_ns(acc, f)
+        t = f * scale.get("fence", 1.0)
+        busy["fence"] += t
+        counts["fence"] += 1
+        if t > 0:
+            if path is not None:
+                path.cur = (acc, acc + t, "fence", path.cur)
+            total += t
+        if total > 0:
+            yield hold(env, total)
         ticket = self._ticket
         self._ticket = -1
-        path = led.path
         ev = turn.wait(ticket)
         if ev is None:  # its turn already: continue on the last ringer's chain if later
             rel = turn.released
@@ -349,9 +386,6 @@ class NativePort(WarpPort):
             yield from self._wait("lock", ev)
         led.counters["doorbells"] += 1
         # _pay_ringing: slot-turn atomic and doorbell, then the fence after the doorbell
-        busy = led.busy
-        counts = led.events
-        scale = led.scale
         now = env._now
         acc = now
         total = 0.0

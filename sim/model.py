@@ -103,7 +103,6 @@ class World:
         self.receivers = [Receiver(self.ctx, r, self.signal_mode, self.poll_draws[r])
                           for r in range(R)]
         self.messages = Messages(ledger, self.receivers)
-        self.message = self.messages.new  # type: ignore[method-assign]  # the method below, one frame less per write
         self.rings = RingTable(self.ctx, self.qps, self.messages)
         # the design's own proxy where it is not GIN's (pplx-garden's worker: its protocol's)
         self.uccl = (UcclTable(self.ctx, self.nics, self.receivers, routing, op)

@@ -249,12 +249,12 @@ def test_take_if_free_is_a_fifo_exclusive_turn_with_no_event_for_a_lone_holder(d
     assert set(held_at_release) == {direct}
 
 
-def _hold_trace(light: bool) -> list[tuple]:
+def _hold_trace(light: bool, env: simpy.Environment | None = None) -> list[tuple]:
     """Processes paying costs (``hold`` or ``env.timeout``) on instants shared with plain
-    timeouts and calls queued before and after them."""
+    timeouts and calls queued before and after them (on ``env``, else SimPy's own)."""
     from lever.sim.engine import hold
 
-    env = simpy.Environment()
+    env = env if env is not None else simpy.Environment()
     log: list[tuple] = []
     d = [0.0, 0.5, 1.0, 1.5]
 
@@ -279,6 +279,21 @@ def test_hold_takes_the_slot_of_a_timeout() -> None:
     assert _hold_trace(True) == _hold_trace(False)
     with pytest.raises(ValueError):
         hold(simpy.Environment(), -1.0)
+
+
+@pytest.mark.parametrize("kind", ["model", "path"])
+def test_a_hold_on_the_models_environment_resumes_its_process_in_the_slot_of_a_timeout(kind):
+    """On a ModelEnvironment a process's hold is a call entry resuming it (no event): the same
+    order as SimPy's timeouts, recorded or not; a hold made outside a process is an event."""
+    from lever.sim.engine import ModelEnvironment, PathEnvironment, hold, hold_at, run_events
+
+    make = ModelEnvironment if kind == "model" else PathEnvironment
+    assert _hold_trace(True, make()) == _hold_trace(False)
+    env = make()
+    fired: list[float] = []
+    for ev in (hold(env, 2.0), hold_at(env, 3.0)):  # no process runs: events of their own
+        ev.callbacks.append(lambda _e: fired.append(env.now))
+    assert run_events(env) == 2 and fired == [2.0, 3.0]
 
 
 # -- the two-level queue --------------------------------------------------------------------

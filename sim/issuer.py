@@ -69,7 +69,7 @@ class WarpPort:
     def _pay(self, cat: str, ns: float, n: int = 1):
         t = self.ctx.ledger.issue(cat, ns, n)
         if t > 0:
-            t0 = self.env.now
+            t0 = self.env._now
             yield self.ctx.hold(cat, t)
             self.ctx.trace.span(self.proc, self.track, cat, t0, t)
 
@@ -110,9 +110,9 @@ class WarpPort:
             yield ev
 
     def _wait(self, cat: str, ev):
-        t0 = self.env.now
+        t0 = self.env._now
         yield ev
-        dt = self.env.now - t0
+        dt = self.env._now - t0
         self.ctx.ledger.waited(cat, dt)
         self.ctx.trace.span(self.proc, self.track, cat, t0, dt)
 

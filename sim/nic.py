@@ -88,6 +88,8 @@ class Nic:
         self.dma_ns_per_byte = 8.0 / p.dma_gbps
         self.wqe_ns = max(p.wqe_process_ns, 1e3 / p.max_msg_rate_mops)
         self._wqe_cost = self.wqe_ns * ledger.factor("nic")  # ledger.cost("nic", wqe_ns)
+        self._mtu = p.mtu_bytes  # read per packet: plain attributes, not the model's fields
+        self._hdr = p.header_bytes
         # the ledger's factors (ledger.cost(cat, x) is x times these; fixed for a run)
         self._f_nic = ledger.factor("nic")
         self._f_wire = ledger.factor("wire")
@@ -153,7 +155,9 @@ class Nic:
         path = self.ledger.path
         mtu = p.mtu_bytes
         nbytes = msg.nbytes
-        n = max(1, -(-nbytes // mtu))
+        n = -(-nbytes // mtu)  # max(1, packets)
+        if n < 1:
+            n = 1
         msg.npkts = n
         inline = nbytes <= p.inline_bytes
         f_nic = self._f_nic
@@ -179,12 +183,13 @@ class Nic:
         dma_ns_per_byte = self.dma_ns_per_byte
         tx = None
         for k in range(n):
-            size = min(mtu, left) if left > 0 else 0
+            size = (mtu if left > mtu else left) if left > 0 else 0  # min(mtu, left)
             left -= size
             if not inline:
                 t_ready += size * dma_ns_per_byte * f_nic
             tx_free = self.tx_free
-            depart = max(tx_free, t_ready) + (size + hdr) * ns_per_byte * f_wire
+            depart = ((tx_free if tx_free >= t_ready else t_ready)  # max(tx_free, t_ready)
+                      + (size + hdr) * ns_per_byte * f_wire)
             if path is not None:  # behind the port's last packet, or behind its own fetch
                 if tx_free > t_ready:
                     tx = (tx_free, depart, "wire", self.tx_rec)
@@ -218,12 +223,14 @@ class Nic:
                                None if path is None else path.cur)
             return
         msg.seen_pkts |= bit
-        mtu = self.p.mtu_bytes
-        size = min(mtu, msg.nbytes - k * mtu)
+        mtu = self._mtu
+        size = msg.nbytes - k * mtu
+        if size > mtu:  # min(mtu, ...)
+            size = mtu
         rx_free = self.rx_free
         busy = rx_free > now
-        start = max(rx_free, now)
-        rx_free = self.rx_free = start + (size + self.p.header_bytes) * self.ns_per_byte * self._f_wire
+        start = rx_free if busy else now  # max(rx_free, now)
+        rx_free = self.rx_free = start + (size + self._hdr) * self.ns_per_byte * self._f_wire
         t_land = rx_free + self._land
         cnt = self._counters
         cnt["bytes_landed"] += size

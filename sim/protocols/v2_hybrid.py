@@ -180,6 +180,7 @@ def _dispatch_rank(w: World, r: int, sh: _Shared):
         for i, k in enumerate(known):
             k.watch(_Moved(moved, i, wake))
         left = sum(1 for i in range(len(pairs)) if done[i] < want[i])  # pairs not finished
+        chunk_max = d.nvlink_chunk_tokens
         while left:
             mark = wake.value
             progressed = False
@@ -187,7 +188,9 @@ def _dispatch_rank(w: World, r: int, sh: _Shared):
                 if not moved[i]:  # the same value as at its last read: nothing new to forward
                     continue
                 moved[i] = False
-                avail = min(known[i].value, want[i])
+                avail = known[i].value
+                if avail > want[i]:  # min(value, want)
+                    avail = want[i]
                 if avail > done[i]:
                     tag = tags[i]
                     rcv.check(tag, avail)
@@ -202,7 +205,7 @@ def _dispatch_rank(w: World, r: int, sh: _Shared):
                             rcv.tallies[ftag].add_at(env._now, k, _cur(w))
                             continue
                         while k > 0:
-                            chunk = min(k, d.nvlink_chunk_tokens)
+                            chunk = k if k < chunk_max else chunk_max  # min(k, chunk_max)
                             k -= chunk
                             ev = nvlink_send_counted(w, r, dst, nbytes, ftag, track, chunk)
                             if ev is not None:
@@ -212,9 +215,9 @@ def _dispatch_rank(w: World, r: int, sh: _Shared):
                         left -= 1
                     progressed = True
             if not progressed:
-                t0 = env.now
+                t0 = env._now
                 yield wake.reach(mark + 1)
-                w.ledger.waited("poll_wait", env.now - t0)
+                w.ledger.waited("poll_wait", env._now - t0)
                 yield w.ctx.busy("poll_wait", rcv.poll_ns())
                 if w.trace.enabled:
                     w.trace.span(f"rank{r}", track, "poll_wait", t0, env.now - t0)

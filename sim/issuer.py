@@ -388,7 +388,13 @@ class NativePort(WarpPort):
                 pool = self.qp.pending
                 pool.extend(msgs)
                 if not pool or not (final or len(pool) >= self._agg_limit):
-                    ev = self._hold_all(costs)  # hand the turn on without ringing
+                    # hand the turn on without ringing: the turn word is released at the
+                    # doorbell's scope all the same (hw/ep turn_pass: st.release.sys where the
+                    # doorbell is host or BAR memory), and a release at system scope is a
+                    # system fence before the store: the fence after a doorbell, paid per post
+                    if nf > 1:
+                        costs.append(("fence", g.fence_ns * (nf - 1), nf - 1))
+                    ev = self._hold_all(costs)
                     if ev is not None:
                         yield ev
                     turn.passed(ticket)

@@ -504,6 +504,10 @@ def test_every_post_turn_hand_off_is_a_system_release():
     assert r2.ledger.events["fence"] == 2 * groups + rung
     assert r1.ledger.events["fence"] == r1.ledger.events["lock"] + r1.counters["doorbells"]
     assert r2.ledger.busy["fence"] > r1.ledger.busy["fence"] + (groups - rung) * 0.5 * 1e3
+    # gpu.turn_release_ns sets that fence's cost apart from the fence after the WQE stores
+    f = scenario.load(NATIVE, sets).platform.gpu.fence_ns
+    r0 = simulate_op(scenario.load(NATIVE, {**sets, "platform.gpu.turn_release_ns": 0.0}), "dispatch", 0)
+    assert r0.ledger.busy["fence"] < r2.ledger.busy["fence"] - 0.5 * groups * f
 
 
 # -- receive CQs per destination QP, spun on by their warp; CQE writes on the NIC's engine ----

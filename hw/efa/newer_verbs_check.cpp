@@ -11,6 +11,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include <type_traits>
+
 #include <infiniband/efadv.h>
 #include <infiniband/verbs.h>
 
@@ -74,13 +76,16 @@ static_assert(sizeof(lever_efadv_comp_cntr_init_attr) == sizeof(efadv_comp_cntr_
 // the entry points host.cpp resolves have the signatures its function types say
 static_assert(sizeof(&efadv_create_comp_cntr) == sizeof(lever_efadv_create_comp_cntr_fn), "fn");
 static_assert(sizeof(&ibv_qp_attach_comp_cntr) == sizeof(lever_ibv_qp_attach_comp_cntr_fn), "fn");
-static ibv_comp_cntr* (*const check_create)(ibv_context*, ibv_comp_cntr_init_attr*, efadv_comp_cntr_init_attr*,
-                                            uint32_t) = &efadv_create_comp_cntr;
-static int (*const check_attach)(ibv_qp*, ibv_comp_cntr*, ibv_qp_attach_comp_cntr_attr*) = &ibv_qp_attach_comp_cntr;
-static int (*const check_destroy)(ibv_comp_cntr*) = &ibv_destroy_comp_cntr;
-int lever_efa_newer_verbs_comp_cntr_checked() {
-  return check_create != nullptr ? (check_attach != nullptr) + (check_destroy != nullptr) : 0;
-}
+static_assert(std::is_same<decltype(&efadv_create_comp_cntr),
+                           ibv_comp_cntr* (*)(ibv_context*, ibv_comp_cntr_init_attr*, efadv_comp_cntr_init_attr*,
+                                              uint32_t)>::value,
+              "efadv_create_comp_cntr's signature differs");
+static_assert(std::is_same<decltype(&ibv_qp_attach_comp_cntr),
+                           int (*)(ibv_qp*, ibv_comp_cntr*, ibv_qp_attach_comp_cntr_attr*)>::value,
+              "ibv_qp_attach_comp_cntr's signature differs");
+static_assert(std::is_same<decltype(&ibv_destroy_comp_cntr), int (*)(ibv_comp_cntr*)>::value,
+              "ibv_destroy_comp_cntr's signature differs");
+int lever_efa_newer_verbs_comp_cntr_checked() { return 1; }
 #endif
 
 int lever_efa_newer_verbs_checked() { return 1; }

@@ -398,6 +398,11 @@ class Runner:
         self.nics = self.emu.nics_per_rank
         self.nic_warps = NIC_WARPS  # every warp of a NIC block delivers packets
         self.depth = self.emu.sq_depth
+        # the device generation the emulated NIC plays (hw/emulated_nic.toml [nic]): WQE size,
+        # inline RDMA writes, send credit from a completion counter
+        self.wqe_bytes = int(self.emu.wqe_size_bytes)
+        self.inline_write = int(self.emu.inline_write_bytes)
+        self.counters = self.emu.send_completions == "counter"
         self.path = path
         self.ring_depth = scn.platform.proxy.ring_depth
         self.proxy_threads = proxy_threads or scn.platform.proxy.threads
@@ -447,9 +452,12 @@ class Runner:
                 "comb_out": t.zeros(T, H, dtype=t.bfloat16, device=dv),
                 "rx_head": z(self.n_rxcq, i32), "qps": z(NQ_MAX * 128, u8),
                 # the NIC's device mirrors of host-memory SQs and their doorbells (native, proxy)
-                "msq": z(NQ_MAX * self.depth * 64, u8), "mdb": z(NQ_MAX * 32, i32),
-                "pmsq": z(NQ_MAX * self.depth * 64, u8), "pmdb": z(NQ_MAX * 32, i32),
+                "msq": z(NQ_MAX * self.depth * self.wqe_bytes, u8), "mdb": z(NQ_MAX * 32, i32),
+                "pmsq": z(NQ_MAX * self.depth * self.wqe_bytes, u8), "pmdb": z(NQ_MAX * 32, i32),
                 "nicqp": z(NQ_MAX * 128, u8), "loc_cnt": z(self.n_rxcq, i32),
+                # the NIC's copies of inline payloads (per NIC, per in-flight WQE slot: NWQ 512) and
+                # the send QPs' completion counters (count, errors), both emulated NIC state
+                "nic_inl": z(self.nics * 512 * 128, u8), "cntr": z(NQ_MAX * 2, i64),
                 "hcount": z(El * R, i32),
                 "bar": z(4, i32), "prof": z(self.prof_cap * 8, i64), "prof_n": z(1, i32),
                 # peer-visible
@@ -460,7 +468,7 @@ class Runner:
             if not self.rx_host:  # else pinned host memory (hostq_sizes)
                 b["rxcq"] = z(self.n_rxcq * self.rx_depth * CQE_BYTES, u8)
             # the native queues: GPU memory, or pinned host memory (SQ + doorbell write-combined)
-            for k, n, host in (("sq", NQ_MAX * self.depth * 64, self.sq_host),
+            for k, n, host in (("sq", NQ_MAX * self.depth * self.wqe_bytes, self.sq_host),
                                ("db", NQ_MAX * 32 * 4, self.sq_host),
                                ("cq", NQ_MAX * self.depth * CQE_BYTES, self.cq_host)):
                 if not host:
@@ -494,7 +502,7 @@ class Runner:
         receive CQs are read by the GPU, so they are not write-combined."""
         out = []
         if self.sq_host:
-            out += [("sq", NQ_MAX * self.depth * 64, True), ("db", NQ_MAX * 32 * 4, True)]
+            out += [("sq", NQ_MAX * self.depth * self.wqe_bytes, True), ("db", NQ_MAX * 32 * 4, True)]
         if self.cq_host:
             out.append(("cq", NQ_MAX * self.depth * CQE_BYTES, False))
         if getattr(self, "rx_host", False):
@@ -504,7 +512,7 @@ class Runner:
     def host_sizes(self) -> dict[str, int]:
         """Pinned host memory of the proxy path per rank (bytes)."""
         return {"pring": NQ_MAX * self.ring_depth * 128, "pstate": NQ_MAX * 16 * 8,
-                "psq": NQ_MAX * self.depth * 64, "pcq": NQ_MAX * self.depth * CQE_BYTES,
+                "psq": NQ_MAX * self.depth * self.wqe_bytes, "pcq": NQ_MAX * self.depth * CQE_BYTES,
                 "pdb": NQ_MAX * 32 * 4}
 
     def proxy_start(self, num_qps: int) -> int:
@@ -537,6 +545,7 @@ class Runner:
                    "ep_blocks_per_rank": self.nb, "ep_warps": self.warps, "nic_warps": self.nic_warps,
                    "nic_blocks": self.rpg * self.nics, "timeout_ns": self.timeout_ns, "prof_cap": self.prof_cap,
                    "sq_host": int(self.sq_host), "cq_host": int(self.cq_host), "rx_host": int(self.rx_host),
+                   "wqe_size": self.wqe_bytes, "inline_write": self.inline_write, "counters": int(self.counters),
                    "err": gb["err"].data_ptr(), "stats": gb["stats"].data_ptr(),
                    "ep_done": gb["ep_done"].data_ptr(), "wbar": gb["wbar"].data_ptr()}
             locs = []
@@ -659,7 +668,7 @@ class Runner:
         after the previous one aborted (its QPs may hold un-consumed WQEs or a lock)."""
         self.sync()
         for b in self.bufs:
-            for k in ("qps", "sq", "cq", "db", "msq", "mdb", "pmsq", "pmdb", "nicqp",
+            for k in ("qps", "sq", "cq", "db", "msq", "mdb", "pmsq", "pmdb", "nicqp", "cntr",
                       "loc_cnt", "rx_head", "rx_tail", "rxcq", "recv_cnt", "comb_flag", "bar", "prof_n", "hcount"):
                 if k in b:
                     b[k].zero_()

@@ -101,6 +101,14 @@ def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--efa-devices", default="all",
                    help="--nic efa: how many EFA devices a rank stripes its send QPs over, N or 'all' (default: "
                         "every device at its GPU's minimal PCIe distance: 2 on p5en, 4 on p5)")
+    p.add_argument("--efa-inline-write", action="store_true",
+                   help="--nic efa: send QPs with 128-byte WQEs whose small RDMA writes carry their payload "
+                        "inline (rdma-core 63+; the emulated NIC: --emu-set wqe_size_bytes=128 "
+                        "--emu-set inline_write_bytes=80)")
+    p.add_argument("--efa-counters", action="store_true",
+                   help="--nic efa: a completion counter per send QP, read for the send credit instead of "
+                        "the CQ (rdma-core after 64, device cap COMP_CNTR; native path; the emulated NIC: "
+                        "--emu-set send_completions=counter)")
     p.add_argument("--dist-timeout-s", type=float, default=300.0,
                    help="--nic efa: timeout of the torch.distributed (gloo) exchanges and barriers")
     p.add_argument("--path", choices=["native", "proxy"], default="native")
@@ -971,6 +979,29 @@ def run_options(args: argparse.Namespace):
     return variants, extra, emu, (sq, cq, rxcq), emu.loss(args.faults)
 
 
+def generation_tag(emu, path: str, v2: bool = False) -> str:
+    """The record id's mark of the device generation the emulated NIC played, where it is not
+    v59's: ``-wqe128`` (128-byte WQEs, inline writes of up to ``inline_write_bytes``: rdma-core
+    v63), ``-cntr`` (send credit from a completion counter, after v64: the native path of V1 only;
+    the proxy's host threads and V2's per-slot flushes read the CQ)."""
+    tag = "-wqe128" if int(emu.wqe_size_bytes) == 128 else ""
+    if emu.send_completions == "counter" and path == "native" and not v2:
+        tag += "-cntr"
+    return tag
+
+
+def generation_overrides(emu, path: str) -> dict[str, Any]:
+    """What the model must be told of the generation: a send completion counter is the model's
+    ``nic.hw_counters`` (a counter the GPU reads in its own memory). The 128-byte WQE is not
+    told: the model's ``NativePort.wqe_blocks`` costs a non-inline write one 64-byte block and
+    an inline one by its payload, where these kernels write every WQE of a 128-byte ring whole
+    (as the provider's LLQ copy does); such records carry ``-wqe128`` and their
+    ``what.emulated_fabric`` says so."""
+    if emu.send_completions == "counter" and path == "native":
+        return {"platform.nic.hw_counters": True}
+    return {}
+
+
 def placement_tag(sq: str, cq: str, rxcq: str, path: str) -> str:
     """The record id's mark of queues placed away from the default (host memory everywhere,
     as on p5/p5en): ``-sqdev-cqhos`` for the native send queue and CQ, ``-rxdev`` for the
@@ -987,6 +1018,12 @@ def main(args: argparse.Namespace) -> int:
         from lever.hw.efa.ep_run import main_efa
 
         return main_efa(args)
+    for flag, on in (("--efa-inline-write", getattr(args, "efa_inline_write", False)),
+                     ("--efa-counters", getattr(args, "efa_counters", False))):
+        if on:
+            raise UserError(f"{flag}: an EFA option (--nic efa); the emulated NIC plays that generation with "
+                            "--emu-set wqe_size_bytes=128 --emu-set inline_write_bytes=80 / "
+                            "--emu-set send_completions=counter")
     if getattr(args, "protocol", "v1-ll") != "v1-ll":
         from lever.hw.ep_v2 import main_v2
 
@@ -1012,7 +1049,7 @@ def main(args: argparse.Namespace) -> int:
                         args.path, args.proxy_threads, emu=emu, sq=sq, cq=cq, faults=args.faults, rxcq=rxcq)
         info = _platform_info(torch)
         rc = 0
-        place = placement_tag(sq, cq, rxcq, args.path)
+        place = placement_tag(sq, cq, rxcq, args.path) + generation_tag(emu, args.path)
         for v in variants:
             levers = [x for x in v.split(",") if x]
             scn = load_scenario(args.ranks, args.faults, extra, levers, args.path, loss)
@@ -1022,6 +1059,7 @@ def main(args: argparse.Namespace) -> int:
             if args.path == "proxy":  # the host threads that ran: the model's proxy.threads
                 sets["platform.proxy.threads"] = runner.proxy_threads
             sets.update(run_shape_overrides(args.num_sms, cq, emu.nics_per_rank, base, rxcq))
+            sets.update(generation_overrides(emu, args.path))
             tag = "-".join(levers) if levers else "baseline"
             rid = f"{args.id_prefix}{args.ranks}-{args.path}{place}-{tag}{'-faults' if args.faults else ''}"
             try:

@@ -194,7 +194,7 @@ LAYOUT_PROBE = r"""
 #include <stddef.h>
 #include "efa_emu.cuh"
 static_assert(sizeof(emu::efa_io_tx_wqe) == LEVER_EFA_WQE_SIZE_V59, "WQE");
-static_assert(sizeof(lever_efa_nic_layout) == 152 && sizeof(lever_efa_peer) == 24, "tables");
+static_assert(sizeof(lever_efa_nic_layout) == 200 && sizeof(lever_efa_peer) == 24, "tables");
 static_assert(emu_nic::CQE_SIZE == LEVER_EFA_CQE_SIZE_V59, "CQ entry stride is v59's");
 static_assert(emu_nic::CQE_SIZE == PY_CQE_BYTES, "hw/ep.py allocates CQs at another stride");
 static_assert(sizeof(emu::efa_io_tx_cdesc) <= emu_nic::CQE_SIZE &&
@@ -278,7 +278,7 @@ def _as_make_world(send: bytes, table_of: list[int]) -> bytearray:
     peer table its send_table entry names (its device's)."""
     out = bytearray(send)
     for i, t in enumerate(table_of):
-        efa_device.NicLayout.from_buffer(out, i * 152).peers = RAILS_PEERS_DEV + t * RAILS_PEERS_STRIDE
+        efa_device.NicLayout.from_buffer(out, i * efa_device.LAYOUT_BYTES).peers = RAILS_PEERS_DEV + t * RAILS_PEERS_STRIDE
     return out
 
 

@@ -321,8 +321,10 @@ int main(int argc, char** argv) {
     lever_efa_caps c;
     rc = lever_efa_query_caps(nullptr, 1, &c, err, sizeof(err));
     if (!rc)
-      printf("caps %s max_sq_wr %u device_caps %u max_rdma_size %u max_tx_batch %u port_state %u\n",
-             c.device_name, c.max_sq_wr, c.device_caps, c.max_rdma_size, c.max_tx_batch, c.port_state);
+      printf("caps %s max_sq_wr %u device_caps %u max_rdma_size %u max_tx_batch %u port_state %u "
+             "lib_features %u inline_ex %u\n",
+             c.device_name, c.max_sq_wr, c.device_caps, c.max_rdma_size, c.max_tx_batch, c.port_state,
+             c.lib_features, c.inline_buf_size_ex);
   } else {
     lever_efa_device_options o;
     lever_efa_device_options_init(&o);

@@ -30,9 +30,8 @@ import pytest
 from lever.hw import emulated_nic
 from lever.hw import ep as v1
 from lever.hw.efa import device as efa_device
-from lever.hw.efa import rdma_core
+from lever.hw.efa import rdma_core, wire
 from lever.hw.efa import run as efa_run
-from lever.hw.efa import wire
 from lever.hw.efa.wire import WireError
 from lever.sim.errors import UserError
 

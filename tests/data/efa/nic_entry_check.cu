@@ -124,7 +124,7 @@ static int check_inline(const lever_efa_nic_layout& l, const lever_efa_peer& p) 
       ::efa_io_tx_wqe_128 w;
       static_assert(sizeof(w) == sizeof(words), "128-byte WQE");
       memcpy(&w, words, sizeof w);
-      const bool inl = !src_null && len <= l.inline_write_size;
+      const bool inl = !src_null && len != 0u && len <= l.inline_write_size;
       WANT(((w.meta.ctrl1 & EFA_IO_TX_META_DESC_INLINE_MSG_MASK) != 0) == inl, "inline_msg bit");
       WANT(w.meta.length == (inl ? len : 1u), "meta.length (inline bytes, or one buffer)");
       WANT(w.data.rdma_req.remote_mem.length == len && w.data.rdma_req.remote_mem.rkey == p.rkey, "remote_mem");

@@ -652,6 +652,10 @@ class Runner:
         for g, gb in enumerate(self.gbufs):
             e = gb["err"].cpu().tolist()
             host = e[6] in (-1, 0xFFFFFFFF)  # raised by a host thread, not a block of the launch
+            if e[0] == 9 and e[5] < 0 and not host:  # a completion counter's error count (no status)
+                raise EpError(f"GPU {g}: issuer read {-e[5]} error completion(s) in the send completion counter "
+                              f"of rank {e[1]} QP {e[2]} (count {e[3] & 0xFFFFFFFF}, credit wanted "
+                              f"{e[4] & 0xFFFFFFFF}; block {e[6]}, warp {e[7]})")
             if e[0] == 9:  # an error CQE: name its status
                 who, where = (f"proxy thread {e[7]}", "") if host else ("issuer", f" (block {e[6]}, warp {e[7]})")
                 raise EpError(f"GPU {g}: {who} read an error CQE: {cqe_status_name(e[5])} on rank {e[1]} "

@@ -318,8 +318,9 @@ __device__ bool cntr_poll(const World& w, const RankLocal& L, int qp, unsigned n
       const unsigned long long v = ld_acq64(cnt);
       const unsigned long long e = ld_acq64(bad);
       ++polls;
-      if (e != 0ull) {
-        raise_err(w, ERR_BAD_CQE, L.rank, qp, (long long)v, (long long)need, (int)(e & 0x7fffffffull));
+      if (e != 0ull) {  // aux < 0: -(error count), no status to name (hw/ep.py says so)
+        raise_err(w, ERR_BAD_CQE, L.rank, qp, (long long)v, (long long)need,
+                  -(int)(e < 0x7fffffffull ? e : 0x7fffffffull));
         ok = false;
         break;
       }
@@ -2040,10 +2041,8 @@ const char* send_problem(const lever_efa_nic_layout& l, int num_peers) {
   if (const char* why = lever_efa_layout_problem(&l)) return why;
   if (l.sq_buffer_dev == 0u || l.sq_doorbell_dev == 0u || l.cq_buffer_dev == 0u)
     return "SQ, doorbell or CQ not mapped for the GPU (*_dev 0)";
-  if (l.sq_entry_size != 64u && l.sq_entry_size != LEVER_EFA_WQE_SIZE_128)
-    return "the kernels write 64- or 128-byte WQEs";
-  if (l.send_cntr_dev != 0u && l.cntr_mem != LEVER_EFA_MEM_GPU && l.cntr_mem != LEVER_EFA_MEM_HOST)
-    return "send completion counter not mapped for the GPU";
+  // 64- or 128-byte WQEs, inline writes only with 128, a counter where the GPU reads it:
+  // lever_efa_layout_problem's rules, above
   if (l.cq_entry_size < 16u) return "CQ entries smaller than the 16 bytes the kernels read";
   if (l.cq_num_entries < l.sq_num_entries || l.cq_num_entries < 32u)
     return "CQ shallower than the SQ (or than a warp's 32-entry poll)";

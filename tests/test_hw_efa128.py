@@ -419,3 +419,15 @@ def test_the_emulated_nic_plays_either_generation():
                     ({"send_completions": "both"}, "allowed cq, counter")):
         with pytest.raises(UserError, match=msg.replace("[", r"\[").replace("]", r"\]")):
             emulated_nic.load(overrides=ov)
+
+
+def test_efa_info_names_the_generation_the_library_and_device_have():
+    """What `lever hw efa-info` and a run record's nic line say of the newer generations."""
+    base = {"device": "rdmap16s27", "rdma_core": 65, "caps": {"rdma_write": True, "comp_cntr": True},
+            "max_tx_batch": 16, "max_rdma_size": 1 << 30, "inline_buf_size": 32, "inline_write_size": 80}
+    nic = efa_device.record_platform({**base, "lib_features": NEWER})["nic"]
+    assert "; 128-byte WQEs, inline write 80; completion counters)" in nic
+    v59 = efa_device.record_platform({**base, "lib_features": {"wqe128_inline_write": False, "comp_cntr": False}})
+    assert "128-byte" not in v59["nic"] and "counters" not in v59["nic"]
+    no_cap = efa_device.record_platform({**base, "caps": {"comp_cntr": False}, "lib_features": NEWER})["nic"]
+    assert "inline write 80" in no_cap and "completion counters" not in no_cap

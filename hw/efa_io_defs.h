@@ -50,6 +50,26 @@ struct efa_io_tx_wqe {  // 64 bytes
     efa_io_rdma_req rdma_req;
   } data;
 };
+// The 128-byte WQE (rdma-core v63+, a QP created with the inline-write flag or a large
+// max_inline_data): the same meta descriptor, then for an RDMA write the remote address and
+// either the local buffer or up to 80 bytes of payload in its place (ctrl1 inline_msg set,
+// meta.length = the payload bytes, remote_mem.length the same).
+constexpr unsigned EFA_IO_TX_DESC_INLINE_MAX_SIZE_128_BYTES = 80;
+struct efa_io_rdma_req_128 {
+  efa_io_remote_mem_addr remote_mem;
+  union {
+    efa_io_tx_buf_desc local_mem[1];
+    uint8_t inline_data[EFA_IO_TX_DESC_INLINE_MAX_SIZE_128_BYTES];
+  };
+};
+struct efa_io_tx_wqe_128 {  // 128 bytes
+  efa_io_tx_meta_desc meta;
+  union {
+    efa_io_tx_buf_desc sgl[2];
+    uint8_t inline_data[EFA_IO_TX_DESC_INLINE_MAX_SIZE_128_BYTES];
+    efa_io_rdma_req_128 rdma_req;
+  } data;
+};
 struct efa_io_cdesc_common {  // 6 bytes
   uint16_t req_id;
   uint8_t status;
@@ -70,6 +90,7 @@ struct efa_io_rx_cdesc {  // 16 bytes
 };
 static_assert(sizeof(efa_io_tx_meta_desc) == 32, "meta 32 B");
 static_assert(sizeof(efa_io_tx_wqe) == 64, "TX WQE 64 B");
+static_assert(sizeof(efa_io_tx_wqe_128) == 128, "TX WQE 128 B");
 static_assert(sizeof(efa_io_tx_cdesc) == 16, "TX CQE 16 B");
 static_assert(sizeof(efa_io_rx_cdesc) == 16, "RX CQE 16 B");
 

@@ -45,6 +45,8 @@ SCHEMA: dict[str, tuple[str, type, float, float]] = {
     "recv_completion_ns": ("nic", float, 0.0, 1e7),
     "sq_depth": ("nic", int, 32, 65536),
     "max_batch": ("nic", int, 1, 64),
+    "wqe_size_bytes": ("nic", int, 64, 128),
+    "inline_write_bytes": ("nic", int, 0, 80),
     "deliver_lead_ns": ("schedule", float, 0.0, 1e6),
     "deliver_batch_count": ("schedule", int, 1, 32),
 }
@@ -54,6 +56,7 @@ STRINGS: dict[str, tuple[str, tuple[str, ...]]] = {
     "cq": ("placement", PLACEMENTS),
     "rxcq": ("placement", PLACEMENTS),
     "nic_fetcher": ("schedule", tuple(FETCHERS)),
+    "send_completions": ("nic", ("cq", "counter")),
 }
 
 
@@ -146,6 +149,13 @@ def load(path: str | Path = PATH, overrides: Mapping[str, Any] | None = None) ->
     for key, raw in (overrides or {}).items():
         values[key] = _check(key, raw, "--emu-set")
         sources[key] = "--emu-set"
+    # the device generations: 64-byte WQEs without inline writes (rdma-core v59), or 128-byte
+    # WQEs whose RDMA writes carry up to 80 bytes inline (v63)
+    if values["wqe_size_bytes"] not in (64, 128):
+        raise UserError(f"{p}: wqe_size_bytes = {values['wqe_size_bytes']}: 64 or 128")
+    if values["wqe_size_bytes"] == 64 and values["inline_write_bytes"]:
+        raise UserError(f"{p}: inline_write_bytes = {values['inline_write_bytes']}: inline RDMA writes "
+                        "need wqe_size_bytes = 128")
     return EmulatedNic(values, sources, str(p))
 
 

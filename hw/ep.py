@@ -101,6 +101,14 @@ def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--efa-devices", default="all",
                    help="--nic efa: how many EFA devices a rank stripes its send QPs over, N or 'all' (default: "
                         "every device at its GPU's minimal PCIe distance: 2 on p5en, 4 on p5)")
+    p.add_argument("--efa-inline-write", action="store_true",
+                   help="--nic efa: send QPs with 128-byte WQEs whose small RDMA writes carry their payload "
+                        "inline (rdma-core 63+; the emulated NIC: --emu-set wqe_size_bytes=128 "
+                        "--emu-set inline_write_bytes=80)")
+    p.add_argument("--efa-counters", action="store_true",
+                   help="--nic efa: a completion counter per send QP, read for the send credit instead of "
+                        "the CQ (rdma-core after 64, device cap COMP_CNTR; native path; the emulated NIC: "
+                        "--emu-set send_completions=counter)")
     p.add_argument("--dist-timeout-s", type=float, default=300.0,
                    help="--nic efa: timeout of the torch.distributed (gloo) exchanges and barriers")
     p.add_argument("--path", choices=["native", "proxy"], default="native")
@@ -398,6 +406,11 @@ class Runner:
         self.nics = self.emu.nics_per_rank
         self.nic_warps = NIC_WARPS  # every warp of a NIC block delivers packets
         self.depth = self.emu.sq_depth
+        # the device generation the emulated NIC plays (hw/emulated_nic.toml [nic]): WQE size,
+        # inline RDMA writes, send credit from a completion counter
+        self.wqe_bytes = int(self.emu.wqe_size_bytes)
+        self.inline_write = int(self.emu.inline_write_bytes)
+        self.counters = self.emu.send_completions == "counter"
         self.path = path
         self.ring_depth = scn.platform.proxy.ring_depth
         self.proxy_threads = proxy_threads or scn.platform.proxy.threads
@@ -447,9 +460,12 @@ class Runner:
                 "comb_out": t.zeros(T, H, dtype=t.bfloat16, device=dv),
                 "rx_head": z(self.n_rxcq, i32), "qps": z(NQ_MAX * 128, u8),
                 # the NIC's device mirrors of host-memory SQs and their doorbells (native, proxy)
-                "msq": z(NQ_MAX * self.depth * 64, u8), "mdb": z(NQ_MAX * 32, i32),
-                "pmsq": z(NQ_MAX * self.depth * 64, u8), "pmdb": z(NQ_MAX * 32, i32),
+                "msq": z(NQ_MAX * self.depth * self.wqe_bytes, u8), "mdb": z(NQ_MAX * 32, i32),
+                "pmsq": z(NQ_MAX * self.depth * self.wqe_bytes, u8), "pmdb": z(NQ_MAX * 32, i32),
                 "nicqp": z(NQ_MAX * 128, u8), "loc_cnt": z(self.n_rxcq, i32),
+                # the NIC's copies of inline payloads (per NIC, per in-flight WQE slot: NWQ 512) and
+                # the send QPs' completion counters (count, errors), both emulated NIC state
+                "nic_inl": z(self.nics * 512 * 128, u8), "cntr": z(NQ_MAX * 2, i64),
                 "hcount": z(El * R, i32),
                 "bar": z(4, i32), "prof": z(self.prof_cap * 8, i64), "prof_n": z(1, i32),
                 # peer-visible
@@ -460,7 +476,7 @@ class Runner:
             if not self.rx_host:  # else pinned host memory (hostq_sizes)
                 b["rxcq"] = z(self.n_rxcq * self.rx_depth * CQE_BYTES, u8)
             # the native queues: GPU memory, or pinned host memory (SQ + doorbell write-combined)
-            for k, n, host in (("sq", NQ_MAX * self.depth * 64, self.sq_host),
+            for k, n, host in (("sq", NQ_MAX * self.depth * self.wqe_bytes, self.sq_host),
                                ("db", NQ_MAX * 32 * 4, self.sq_host),
                                ("cq", NQ_MAX * self.depth * CQE_BYTES, self.cq_host)):
                 if not host:
@@ -494,7 +510,7 @@ class Runner:
         receive CQs are read by the GPU, so they are not write-combined."""
         out = []
         if self.sq_host:
-            out += [("sq", NQ_MAX * self.depth * 64, True), ("db", NQ_MAX * 32 * 4, True)]
+            out += [("sq", NQ_MAX * self.depth * self.wqe_bytes, True), ("db", NQ_MAX * 32 * 4, True)]
         if self.cq_host:
             out.append(("cq", NQ_MAX * self.depth * CQE_BYTES, False))
         if getattr(self, "rx_host", False):
@@ -504,7 +520,7 @@ class Runner:
     def host_sizes(self) -> dict[str, int]:
         """Pinned host memory of the proxy path per rank (bytes)."""
         return {"pring": NQ_MAX * self.ring_depth * 128, "pstate": NQ_MAX * 16 * 8,
-                "psq": NQ_MAX * self.depth * 64, "pcq": NQ_MAX * self.depth * CQE_BYTES,
+                "psq": NQ_MAX * self.depth * self.wqe_bytes, "pcq": NQ_MAX * self.depth * CQE_BYTES,
                 "pdb": NQ_MAX * 32 * 4}
 
     def proxy_start(self, num_qps: int) -> int:
@@ -537,6 +553,7 @@ class Runner:
                    "ep_blocks_per_rank": self.nb, "ep_warps": self.warps, "nic_warps": self.nic_warps,
                    "nic_blocks": self.rpg * self.nics, "timeout_ns": self.timeout_ns, "prof_cap": self.prof_cap,
                    "sq_host": int(self.sq_host), "cq_host": int(self.cq_host), "rx_host": int(self.rx_host),
+                   "wqe_size": self.wqe_bytes, "inline_write": self.inline_write, "counters": int(self.counters),
                    "err": gb["err"].data_ptr(), "stats": gb["stats"].data_ptr(),
                    "ep_done": gb["ep_done"].data_ptr(), "wbar": gb["wbar"].data_ptr()}
             locs = []
@@ -635,6 +652,10 @@ class Runner:
         for g, gb in enumerate(self.gbufs):
             e = gb["err"].cpu().tolist()
             host = e[6] in (-1, 0xFFFFFFFF)  # raised by a host thread, not a block of the launch
+            if e[0] == 9 and e[5] < 0 and not host:  # a completion counter's error count (no status)
+                raise EpError(f"GPU {g}: issuer read {-e[5]} error completion(s) in the send completion counter "
+                              f"of rank {e[1]} QP {e[2]} (count {e[3] & 0xFFFFFFFF}, credit wanted "
+                              f"{e[4] & 0xFFFFFFFF}; block {e[6]}, warp {e[7]})")
             if e[0] == 9:  # an error CQE: name its status
                 who, where = (f"proxy thread {e[7]}", "") if host else ("issuer", f" (block {e[6]}, warp {e[7]})")
                 raise EpError(f"GPU {g}: {who} read an error CQE: {cqe_status_name(e[5])} on rank {e[1]} "
@@ -659,7 +680,7 @@ class Runner:
         after the previous one aborted (its QPs may hold un-consumed WQEs or a lock)."""
         self.sync()
         for b in self.bufs:
-            for k in ("qps", "sq", "cq", "db", "msq", "mdb", "pmsq", "pmdb", "nicqp",
+            for k in ("qps", "sq", "cq", "db", "msq", "mdb", "pmsq", "pmdb", "nicqp", "cntr",
                       "loc_cnt", "rx_head", "rx_tail", "rxcq", "recv_cnt", "comb_flag", "bar", "prof_n", "hcount"):
                 if k in b:
                     b[k].zero_()
@@ -962,6 +983,29 @@ def run_options(args: argparse.Namespace):
     return variants, extra, emu, (sq, cq, rxcq), emu.loss(args.faults)
 
 
+def generation_tag(emu, path: str, v2: bool = False) -> str:
+    """The record id's mark of the device generation the emulated NIC played, where it is not
+    v59's: ``-wqe128`` (128-byte WQEs, inline writes of up to ``inline_write_bytes``: rdma-core
+    v63), ``-cntr`` (send credit from a completion counter, after v64: the native path of V1 only;
+    the proxy's host threads and V2's per-slot flushes read the CQ)."""
+    tag = "-wqe128" if int(emu.wqe_size_bytes) == 128 else ""
+    if emu.send_completions == "counter" and path == "native" and not v2:
+        tag += "-cntr"
+    return tag
+
+
+def generation_overrides(emu, path: str) -> dict[str, Any]:
+    """What the model must be told of the generation: a send completion counter is the model's
+    ``nic.hw_counters`` (a counter the GPU reads in its own memory). The 128-byte WQE is not
+    told: the model's ``NativePort.wqe_blocks`` costs a non-inline write one 64-byte block and
+    an inline one by its payload, where these kernels write every WQE of a 128-byte ring whole
+    (as the provider's LLQ copy does); such records carry ``-wqe128`` and their
+    ``what.emulated_fabric`` says so."""
+    if emu.send_completions == "counter" and path == "native":
+        return {"platform.nic.hw_counters": True}
+    return {}
+
+
 def placement_tag(sq: str, cq: str, rxcq: str, path: str) -> str:
     """The record id's mark of queues placed away from the default (host memory everywhere,
     as on p5/p5en): ``-sqdev-cqhos`` for the native send queue and CQ, ``-rxdev`` for the
@@ -978,6 +1022,12 @@ def main(args: argparse.Namespace) -> int:
         from lever.hw.efa.ep_run import main_efa
 
         return main_efa(args)
+    for flag, on in (("--efa-inline-write", getattr(args, "efa_inline_write", False)),
+                     ("--efa-counters", getattr(args, "efa_counters", False))):
+        if on:
+            raise UserError(f"{flag}: an EFA option (--nic efa); the emulated NIC plays that generation with "
+                            "--emu-set wqe_size_bytes=128 --emu-set inline_write_bytes=80 / "
+                            "--emu-set send_completions=counter")
     if getattr(args, "protocol", "v1-ll") != "v1-ll":
         from lever.hw.ep_v2 import main_v2
 
@@ -1003,7 +1053,7 @@ def main(args: argparse.Namespace) -> int:
                         args.path, args.proxy_threads, emu=emu, sq=sq, cq=cq, faults=args.faults, rxcq=rxcq)
         info = _platform_info(torch)
         rc = 0
-        place = placement_tag(sq, cq, rxcq, args.path)
+        place = placement_tag(sq, cq, rxcq, args.path) + generation_tag(emu, args.path)
         for v in variants:
             levers = [x for x in v.split(",") if x]
             scn = load_scenario(args.ranks, args.faults, extra, levers, args.path, loss)
@@ -1013,6 +1063,7 @@ def main(args: argparse.Namespace) -> int:
             if args.path == "proxy":  # the host threads that ran: the model's proxy.threads
                 sets["platform.proxy.threads"] = runner.proxy_threads
             sets.update(run_shape_overrides(args.num_sms, cq, emu.nics_per_rank, base, rxcq))
+            sets.update(generation_overrides(emu, args.path))
             tag = "-".join(levers) if levers else "baseline"
             rid = f"{args.id_prefix}{args.ranks}-{args.path}{place}-{tag}{'-faults' if args.faults else ''}"
             try:

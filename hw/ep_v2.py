@@ -303,7 +303,7 @@ def main_v2(args: argparse.Namespace) -> int:
                           faults=args.faults, rxcq=rxcq)
         info = v1._platform_info(torch)
         rc = 0
-        place = v1.placement_tag(sq, cq, rxcq, args.path)
+        place = v1.placement_tag(sq, cq, rxcq, args.path) + v1.generation_tag(emu, args.path, v2=True)
         for v in variants:
             levers = [x for x in v.split(",") if x]
             tag = "-".join(levers) if levers else "baseline"

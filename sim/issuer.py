@@ -262,6 +262,8 @@ class NativePort(WarpPort):
         spinners = ctx.design.recv_cq == "per-dest-qp"
         self.fence_host = (host if g.fence_waits_host_reads and (self.host is not None or spinners)
                            else None)
+        # the fence after a doorbell: the release of the turn (or lock) at system scope
+        self.release_ns = g.fence_ns if g.turn_release_ns is None else g.turn_release_ns
         self.inline_bytes = nic.inline_bytes
         self.wqe_room = max(0, 64 - nic.wqe_meta_bytes)  # inline bytes beside the descriptor
         # fixed for the run: what post() would look up per put
@@ -537,7 +539,13 @@ class NativePort(WarpPort):
                 pool = self.qp.pending
                 pool.extend(msgs)
                 if not pool or not (final or len(pool) >= self._agg_limit):
-                    ev = self._hold_all(costs)  # hand the turn on without ringing
+                    # hand the turn on without ringing: the turn word is released at the
+                    # doorbell's scope all the same (hw/ep turn_pass: st.release.sys where the
+                    # doorbell is host or BAR memory), and a release at system scope is a
+                    # system fence before the store: the fence after a doorbell, paid per post
+                    if nf > 1:
+                        costs.append(("fence", self.release_ns * (nf - 1), nf - 1))
+                    ev = self._hold_all(costs)
                     if ev is not None:
                         yield ev
                     turn.passed(ticket)
@@ -548,7 +556,7 @@ class NativePort(WarpPort):
                     costs = yield from self._system_fence(costs)
             costs.append(("doorbell", g.doorbell_ns, 1))
             led.counters["doorbells"] += 1
-            tail = [("fence", g.fence_ns * (nf - 1), nf - 1)] if nf > 1 else []
+            tail = [("fence", self.release_ns * (nf - 1), nf - 1)] if nf > 1 else []
             yield from self._pay_ringing(costs, tail, msgs)
             turn.passed(ticket)  # after the fence that orders the doorbell before the turn word
             return
@@ -571,7 +579,7 @@ class NativePort(WarpPort):
             costs.append(("lock", g.atomic_ns, 1))
         costs.append(("doorbell", g.doorbell_ns, 1))
         led.counters["doorbells"] += 1
-        tail = [("fence", g.fence_ns * (nf - 1), nf - 1)] if nf > 1 else []
+        tail = [("fence", self.release_ns * (nf - 1), nf - 1)] if nf > 1 else []
         yield from self._pay_ringing(costs, tail, msgs)
         if locked:
             lock.release(req)

@@ -68,6 +68,11 @@ class GpuParams(Strict):
     host_read_line_ns: float = Field(
         0.0, ge=0, description="the GPU's read path to host memory: ns per line requested (reads "
         "of many warps at once queue on it; 0: they never queue)")
+    turn_release_ns: float | None = Field(
+        None, ge=0, description="the system fence after a doorbell store, inside the QP's turn or "
+        "lock: the release that orders the doorbell before the next warp's (hw/ep turn_pass: "
+        "st.release.sys after a one-word store, no WQE stores of its own to drain); also what a "
+        "warp that hands the turn on without ringing pays. None: gpu.fence_ns")
     fence_gpu_ns: float = Field(
         250.0, ge=0, description="a GPU-scope fence (__threadfence) after WQE stores: orders them "
         "before a hand-off to another warp of the GPU, not before the NIC sees them")

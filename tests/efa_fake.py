@@ -37,7 +37,7 @@ class FakeDevice:
 
     def __init__(self, rank: int, window: int = 0x7F3000000000, length: int = 1 << 30,
                  log: list[str] | None = None, max_qp: int = 256, caps_bits: int | None = None,
-                 rail: int = 0) -> None:
+                 rail: int = 0, lib_features: dict[str, bool] | None = None) -> None:
         self.rec = recorded()
         self.rank, self.rail = rank, rail
         self.tag = str(rank) if rail == 0 else f"{rank}.{rail}"
@@ -50,7 +50,9 @@ class FakeDevice:
                       "max_rq_wr": dev["max_rq_wr"], "inline_buf_size": dev["inline_buf_size"],
                       "device_caps": bits, "max_rdma_size": dev["max_rdma_size"], "max_qp": max_qp,
                       "max_cq": max_qp, "max_cqe": 32768, "max_tx_batch": 16, "mr": "dma-buf",
-                      "caps": {n: bool(bits & b) for n, b in efa_device.CAP_BITS.items()}}
+                      "caps": {n: bool(bits & b) for n, b in efa_device.CAP_BITS.items()},
+                      # the library's generation: v59 (the recording's) unless a test says newer
+                      "lib_features": dict({n: False for n in efa_device.FEATURES}, **(lib_features or {}))}
         self.qps: dict[int, dict[str, Any]] = {}
         self.next_qpn = self.rec["qp_num"] + 100 * rank + 1000 * rail
         self.ah_base = 3 + 100 * rail  # AH numbers are per device: make two devices' differ
@@ -67,14 +69,16 @@ class FakeDevice:
                 "addr": self.window,
                 "gid": self.gid}
 
-    def open_qp(self, sq_depth: int, rq_depth: int, cq_depth: int, qkey: int, unsolicited: bool) -> int:
+    def open_qp(self, sq_depth: int, rq_depth: int, cq_depth: int, qkey: int, unsolicited: bool,
+                inline_write: bool = False, send_cntr: bool = False) -> int:
         assert not self.closed
         h = len(self.qps)
         qpn = self.next_qpn
         self.next_qpn += 1
         pow2 = 1 << (max(2, cq_depth) - 1).bit_length()
         self.qps[h] = {"qpn": qpn, "sq_depth": sq_depth, "cq_depth": pow2, "qkey": qkey,
-                       "unsolicited": unsolicited, "open": True}
+                       "unsolicited": unsolicited, "open": True, "inline_write": inline_write,
+                       "send_cntr": send_cntr}
         self.log.append(f"create qp {qpn}")
         return h
 
@@ -114,13 +118,24 @@ class FakeDevice:
         cq["buffer_addr"] = _num(cq["buffer_addr"]) + at
         dev = self.rec["efa_device_attr"]
         no_sq = bool(flags & 1)
+        newer: dict[str, Any] = {}
+        if q["inline_write"]:  # v63: the inline-write flag makes the WQEs 128 bytes
+            sq["entry_size"] = 128
+            sq["max_batch"] = max(1, _num(sq["max_batch"]) // 2)
+            newer["inline_write_size"] = efa_device.inline_write_size(dev["inline_buf_size"],
+                                                                      dev.get("inline_buf_size_ex", 0))
+        if q["send_cntr"]:  # after v64: a counter page per QP, mapped for the GPU
+            page = 0x7F6000000000 + h * 4096 + self.rail * (1 << 32)
+            newer.update(cntr_mem="host", send_cntr=page, send_cntr_dev=page + GPU_MAP_OFFSET,
+                         send_err_cntr_dev=page + 8 + GPU_MAP_OFFSET)
         lay = efa_device.layout_from_query(
             {"sq": sq, "rq": self.rec["wqs"]["rq"]}, cq, qp_num=q["qpn"], qkey=q["qkey"],
             lkey=self.local()["lkey"], local_addr=self.window, inline_buf_size=dev["inline_buf_size"],
             max_rdma_size=dev["max_rdma_size"], device_caps=self._caps["device_caps"],
             sq_buffer_dev=0 if no_sq else sq["buffer_addr"] + GPU_MAP_OFFSET,
             sq_doorbell_dev=0 if no_sq else sq["doorbell_addr"] + GPU_MAP_OFFSET,
-            cq_buffer_dev=cq["buffer_addr"] + GPU_MAP_OFFSET, num_peers=len(self.table), peers_mem="gpu")
+            cq_buffer_dev=cq["buffer_addr"] + GPU_MAP_OFFSET, num_peers=len(self.table), peers_mem="gpu",
+            **newer)
         return efa_device.pack_layout(lay)
 
     def close(self) -> int:

@@ -47,7 +47,6 @@ KNOWN_MISSES: dict[tuple[str, str], str] = {
         "as for ib-ep16-ll-reference combine (-5.1%, at the edge)",
     ("ib-ep8-ll-rdma-reference", "dispatch.p50"): IB_SPLIT,
     ("ib-ep8-ll-rdma-reference", "combine.p50"): IB_SPLIT,
-    ("ib-ep16-ll-rdma-reference", "dispatch.p50"): IB_SPLIT,  # +5.1% at c8eefd5, at the edge
 }
 TOLERANCE_PCT = 5.0
 

@@ -237,7 +237,10 @@ def test_discover_on_a_fake_device(monkeypatch, recorded):
     assert info["max_sq_wr"] == 4096 and info["max_rdma_size"] == 1 << 30
     assert info["caps"] == {"rdma_read": True, "rnr_retry": True, "cq_with_sgid": True,
                             "rdma_write": True, "unsolicited_write_recv": True,
-                            "cq_with_ext_mem_dmabuf": False}
+                            "cq_with_ext_mem_dmabuf": False, "comp_cntr": False}
+    # the v59 library of the recording: none of the newer generations
+    assert info["lib_features"] == {"wqe128_inline_write": False, "comp_cntr": False}
+    assert info["inline_buf_size_ex"] == 0 and info["inline_write_size"] == 32
     assert info["max_tx_batch"] == 16
     assert info["probe"]["layout"]["sq_num_entries"] == 1024
     assert info["probe"]["layout"]["qp_num"] == 18
@@ -252,7 +255,7 @@ def test_discover_on_a_fake_device(monkeypatch, recorded):
 def _expected_layout(rec: dict[str, Any]) -> dict[str, int]:
     sq, cq = rec["wqs"]["sq"], rec["cq"]
     return {
-        "version": 1, "qp_num": 18,
+        "version": 2, "qp_num": 18,
         "sq_buffer": _num(sq["buffer_addr"]), "sq_buffer_dev": 0,
         "sq_doorbell": _num(sq["doorbell_addr"]), "sq_doorbell_dev": 0,
         "sq_entry_size": 64, "sq_num_entries": 1024, "sq_max_batch": 16,
@@ -262,6 +265,8 @@ def _expected_layout(rec: dict[str, Any]) -> dict[str, int]:
         "qkey": 0x11111111, "lkey": 0x1234, "local_addr": 0x7E0000000000,
         "inline_buf_size": 32, "max_rdma_size": 1 << 30, "device_caps": 31,
         "num_peers": 0, "peers": 0, "peers_mem": 0, "reserved": 0,
+        "inline_write_size": 0, "cntr_mem": 0, "send_cntr": 0, "send_cntr_dev": 0,
+        "send_err_cntr_dev": 0, "rwrite_cntr": 0, "rwrite_cntr_dev": 0,
     }
 
 
@@ -398,7 +403,7 @@ def test_ctypes_mirror_and_rules_match_the_c_header(tmp_path, recorded):
 
     good = _layout(recorded)
     rows = probe(good)
-    assert rows["size"] == [str(efa_device.ctypes.sizeof(efa_device.NicLayout))] == ["152"]
+    assert rows["size"] == [str(efa_device.ctypes.sizeof(efa_device.NicLayout))] == ["200"]
     for n in names:
         off, val = rows[f"field {n}"]
         assert int(off) == getattr(efa_device.NicLayout, n).offset, n
@@ -480,8 +485,8 @@ def test_host_header_needs_no_rdma_core_headers():
 def mock_host(headers, tmp_path_factory) -> Path:
     """host.cpp linked with a fake libibverbs/libefa that logs every object."""
     exe = tmp_path_factory.mktemp("efa_mock") / "mock_host"
-    r = _run([CXX, "-std=c++17", "-O0", *headers.cflags(), f"-I{EFA}", str(EFA / "host.cpp"),
-              str(DATA / "mock_verbs.cpp"), "-o", str(exe)])
+    r = _run([CXX, "-std=c++17", "-O0", "-rdynamic", *headers.cflags(), f"-I{EFA}", str(EFA / "host.cpp"),
+              str(DATA / "mock_verbs.cpp"), "-o", str(exe), "-ldl"])
     assert r.returncode == 0, r.stderr
     return exe
 
@@ -518,7 +523,7 @@ def test_host_setup_runs_on_fake_verbs(mock_host):
     assert r["rc"] == "0" and r["live"] == "0", r
     assert r["peer"] == "0 ahn 7 qpn 17 rkey 39612"
     lay = r["layout"]
-    assert lay["version"] == 1 and lay["qp_num"] == 42
+    assert lay["version"] == 2 and lay["qp_num"] == 42
     assert lay["sq_num_entries"] == 1024 and lay["sq_entry_size"] == 64 and lay["sq_max_batch"] == 16
     assert lay["sq_buffer_mem"] == lay["sq_doorbell_mem"] == efa_device.MEM["device_bar"]
     assert lay["sq_buffer_dev"] == lay["sq_buffer"] + (1 << 44)  # mapped, offset in page kept
@@ -560,7 +565,7 @@ def test_host_setup_variants(mock_host):
     r = _mock(mock_host, mode="open-gpucq")  # CQ ring in GPU memory by dma-buf
     assert r["layout"]["cq_buffer_mem"] == efa_device.MEM["gpu"] and r["layout"]["cq_buffer"] == 0
     r = _mock(mock_host, mode="caps")
-    assert r["caps"].startswith("efa_0 max_sq_wr 4096 device_caps 63")
+    assert r["caps"].startswith("efa_0 max_sq_wr 4096 device_caps 127")
     assert "max_tx_batch 16" in r["caps"] and r["live"] == "0"
     _assert_reverse_teardown(r["log"])
 

@@ -124,7 +124,7 @@ def test_world_tables_name_every_peer_queue_and_the_local_rings():
         # a remote rank's slot names its QP and nothing the GPU could poll
         rem = _lay(t["recv"], ((r + 1) % R) * nrx + 1)
         assert rem.qp_num == qs[(r + 1) % R].qpn[qs[(r + 1) % R].recv[1]]
-        assert rem.cq_buffer == rem.cq_buffer_dev == rem.sq_buffer == 0 and rem.version == 1
+        assert rem.cq_buffer == rem.cq_buffer_dev == rem.sq_buffer == 0 and rem.version == efa_device.LAYOUT_VERSION
         # send: plan.send real QPs, the other slots repeat slot 0; the GPU addresses are mapped
         slots = [_lay(t["send"][0], i) for i in range(wire.NQ_MAX)]
         assert [s.qp_num for s in slots[:3]] == [q.qpn[h] for h in q.send]

@@ -145,7 +145,12 @@ def test_emulated_and_device_tables_pass_the_same_kernel_entry(entry, tmp_path):
 @pytest.mark.parametrize("over, why", [
     ({"layout": {"sq_buffer_dev": 0}}, "send QP 0: SQ, doorbell or CQ not mapped for the GPU"),
     ({"layout": {"cq_buffer_dev": 0}}, "not mapped for the GPU"),
-    ({"sq": {"entry_size": 128}}, "the kernels write 64-byte WQEs"),
+    ({"raw": {"sq_entry_size": 96}}, "sq_entry_size: not 64 or 128"),
+    ({"raw": {"inline_write_size": 80}}, "inline_write_size: inline RDMA writes need 128-byte WQEs"),
+    ({"sq": {"entry_size": 128}, "raw": {"inline_write_size": 96}}, "above the 80 bytes a 128-byte WQE holds"),
+    ({"raw": {"send_cntr_dev": 0x7E0000001000, "send_err_cntr_dev": 0x7E0000001008, "cntr_mem": 3}},
+     "cntr_mem: a counter mapped for the GPU must live in GPU or host memory"),
+    ({"raw": {"send_cntr_dev": 0x7E0000001000, "cntr_mem": 4}}, "send_cntr_dev: needs its error count"),
     ({"cq": {"num_entries": 512}}, "CQ shallower than the SQ"),
     ({"raw": {"lkey": 0x1000000}}, "lkey wider than 24 bits"),
     ({"raw": {"sq_phase_first": 1}}, "sq_phase_first: not 0"),
@@ -173,20 +178,71 @@ def test_layout_filled_by_the_host_setup_passes_the_kernel_entry(entry, headers,
     opens an SRD endpoint, adds a peer, queries its queues and fills the layout; that layout
     (and the peer it made) goes through the kernels' entry and builds a v59-correct WQE."""
     exe = tmp_path / "mock_host"
-    r = _run([CXX, "-std=c++17", "-O0", *headers.cflags(), f"-I{EFA}", str(EFA / "host.cpp"),
-              str(DATA / "mock_verbs.cpp"), "-o", str(exe)], timeout=120)
+    r = _run([CXX, "-std=c++17", "-O0", "-rdynamic", *headers.cflags(), f"-I{EFA}", str(EFA / "host.cpp"),
+              str(DATA / "mock_verbs.cpp"), "-o", str(exe), "-ldl"], timeout=120)
     assert r.returncode == 0, r.stderr
-    out = _run([str(exe), "open", "", "16"], timeout=60).stdout
-    lay = {ln.split()[1]: int(ln.split()[2]) for ln in out.splitlines() if ln.startswith("layout ")}
-    peer = next(ln.split() for ln in out.splitlines() if ln.startswith("peer "))
-    assert lay["version"] == 1 and lay["num_peers"] == 1
-    t = {"send": [dict(lay, reserved=0)], "recv": [dict(lay, reserved=0)], "nq": 1, "nrx": 1, "R": 1,
-         "peers": [{"ahn": int(peer[3]), "remote_qpn": int(peer[5]), "remote_qkey": 0x11111111,
-                    "rkey": int(peer[7])}]}
-    rows = run_device(entry, tmp_path, t)
-    assert rows["check"] == "ok", rows
-    assert rows["wqe"].startswith("ok first-lap-phase 0 second-lap-phase 1"), rows
-    assert "ah 7 qpn 17 qkey 0x11111111" in rows["wqe"]
+    # v59's QP; v63's inline-write QP (128-byte WQEs) with after-v64 counters in GPU memory
+    for mode, inline, credit in (("open", "none", "cq"), ("open-128-cntrgpu", "ok words 16 max 80", "counter")):
+        out = _run([str(exe), mode, "", "16"], timeout=60).stdout
+        lay = {ln.split()[1]: int(ln.split()[2]) for ln in out.splitlines() if ln.startswith("layout ")}
+        peer = next(ln.split() for ln in out.splitlines() if ln.startswith("peer "))
+        assert lay["version"] == efa_device.LAYOUT_VERSION and lay["num_peers"] == 1
+        t = {"send": [dict(lay, reserved=0)], "recv": [dict(lay, reserved=0)], "nq": 1, "nrx": 1, "R": 1,
+             "peers": [{"ahn": int(peer[3]), "remote_qpn": int(peer[5]), "remote_qkey": 0x11111111,
+                        "rkey": int(peer[7])}]}
+        rows = run_device(entry, tmp_path, t)
+        assert rows["check"] == "ok", (mode, rows)
+        assert rows["wqe"].startswith("ok first-lap-phase 0 second-lap-phase 1"), rows
+        assert "ah 7 qpn 17 qkey 0x11111111" in rows["wqe"]
+        assert rows["inline"].startswith(inline) and rows["credit"] == credit, (mode, rows)
+
+
+@needs_nvcc
+def test_128_byte_and_counter_tables_of_either_nic_pass_the_same_entry(entry, tmp_path):
+    """The newer generation through the same kernel entry: the emulated NIC's tables with
+    128-byte WQEs, 80 inline bytes and counters (emu_nic.h set_generation, what hw/ep.py's
+    --emu-set wqe_size_bytes=128 inline_write_bytes=80 send_completions=counter fill), and a
+    device's from a queue query reporting 128-byte entries with a counter in GPU memory: the
+    check accepts both, the WQE builder writes 16 words with the payload inline from byte 48
+    (read back through efa_io_tx_wqe_128), and the credit is the counter's."""
+    emu = _rows(_run([str(entry), "emu", "2", "96", "128", "80", "1"], timeout=60).stdout)
+    dev = run_device(entry, tmp_path, device_tables(
+        sq={"entry_size": 128}, layout={"inline_write_size": 80, "cntr_mem": "gpu",
+                                        "send_cntr_dev": 0x7E0000001000, "send_err_cntr_dev": 0x7E0000001008}))
+    for who, rows in (("emulated", emu), ("device", dev)):
+        assert rows.get("check") == "ok", (who, rows)
+        assert rows["wqe"].startswith("ok first-lap-phase 0 second-lap-phase 1"), (who, rows)
+        assert rows["inline"] == "ok words 16 max 80 payload@48", (who, rows)
+        assert rows["credit"] == "counter", (who, rows)
+    # a counter without inline writes, and 128-byte WQEs without inline writes, are generations too
+    only_cntr = _rows(_run([str(entry), "emu", "2", "96", "64", "0", "1"], timeout=60).stdout)
+    assert only_cntr["check"] == "ok" and only_cntr["inline"] == "none" and only_cntr["credit"] == "counter"
+    only_128 = _rows(_run([str(entry), "emu", "2", "96", "128", "0", "0"], timeout=60).stdout)
+    assert only_128["check"] == "ok" and only_128["inline"].startswith("ok words 16 max 0") and only_128["credit"] == "cq"
+    refused = _rows(_run([str(entry), "emu", "2", "96", "64", "80", "0"], timeout=60).stdout)
+    assert refused["check"] == "refused: send QP 0: inline_write_size: inline RDMA writes need 128-byte WQEs"
+
+
+@needs_nvcc
+def test_newer_generation_tables_the_efa_wiring_makes_pass_the_kernel_entry(entry, tmp_path):
+    """hw/efa/wire.py's tables for send QPs made with the inline-write flag and counters (fake
+    devices of a v63+/after-v64 library) go through lever_ep_check_nic_rails as make_world hands
+    them, and each send QP's WQE is built through its own table."""
+    from lever.hw.efa import wire
+
+    from tests.test_hw_efa128 import _world
+
+    R, nrx, rank = 2, 4, 1
+    _devs, plan, _qs, tables = _world(R, inline_write=True, send_counters=True)
+    t = tables[rank]
+    (table_of,) = t["send_table"]
+    send = _as_make_world(t["send"][0], table_of)
+    lay = efa_device.NicLayout.from_buffer_copy(bytes(send[:efa_device.LAYOUT_BYTES]))
+    assert lay.sq_entry_size == 128 and lay.inline_write_size > 0 and lay.send_cntr_dev != 0
+    recv = t["recv"][rank * nrx * wire.LAYOUT_BYTES:(rank + 1) * nrx * wire.LAYOUT_BYTES]
+    out = _rails_entry(entry, tmp_path, bytes(send), table_of, recv, nrx, t["peers"], R)
+    assert out[0] == "check ok", out
+    assert all(out[1 + q].startswith(f"wqe {q} ok table 0") for q in range(wire.NQ_MAX)), out
 
 
 # ============================================================ compiled layout constants
@@ -194,7 +250,7 @@ LAYOUT_PROBE = r"""
 #include <stddef.h>
 #include "efa_emu.cuh"
 static_assert(sizeof(emu::efa_io_tx_wqe) == LEVER_EFA_WQE_SIZE_V59, "WQE");
-static_assert(sizeof(lever_efa_nic_layout) == 152 && sizeof(lever_efa_peer) == 24, "tables");
+static_assert(sizeof(lever_efa_nic_layout) == 200 && sizeof(lever_efa_peer) == 24, "tables");
 static_assert(emu_nic::CQE_SIZE == LEVER_EFA_CQE_SIZE_V59, "CQ entry stride is v59's");
 static_assert(emu_nic::CQE_SIZE == PY_CQE_BYTES, "hw/ep.py allocates CQs at another stride");
 static_assert(sizeof(emu::efa_io_tx_cdesc) <= emu_nic::CQE_SIZE &&
@@ -278,7 +334,7 @@ def _as_make_world(send: bytes, table_of: list[int]) -> bytearray:
     peer table its send_table entry names (its device's)."""
     out = bytearray(send)
     for i, t in enumerate(table_of):
-        efa_device.NicLayout.from_buffer(out, i * 152).peers = RAILS_PEERS_DEV + t * RAILS_PEERS_STRIDE
+        efa_device.NicLayout.from_buffer(out, i * efa_device.LAYOUT_BYTES).peers = RAILS_PEERS_DEV + t * RAILS_PEERS_STRIDE
     return out
 
 

@@ -182,9 +182,11 @@ def test_the_receive_cqs_sit_in_host_memory_by_default():
     not write-combined) unless the run asks for GPU memory; a record id marks the latter."""
     from lever.hw.ep import Runner, placement_tag
 
-    fake = SimpleNamespace(sq_host=True, cq_host=True, rx_host=True, depth=64, n_rxcq=4, rx_depth=128)
+    fake = SimpleNamespace(sq_host=True, cq_host=True, rx_host=True, depth=64, n_rxcq=4, rx_depth=128,
+                           wqe_bytes=128)
     sizes = {k: (n, wc) for k, n, wc in Runner.hostq_sizes(fake)}
     assert sizes["rxcq"] == (4 * 128 * 32, False) and sizes["sq"][1] is True
+    assert sizes["sq"][0] == 32 * 64 * 128  # NQ_MAX rings of 128-byte WQEs (--emu-set wqe_size_bytes=128)
     fake.rx_host = False
     assert "rxcq" not in {k for k, _, _ in Runner.hostq_sizes(fake)}
     assert placement_tag("host", "host", "host", "native") == ""

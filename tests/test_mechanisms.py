@@ -485,6 +485,31 @@ def test_every_post_turn_under_aggregation_passes_the_turn_per_group_and_rings_t
     assert counts["take"] == 0 and counts["db"] > 0
 
 
+def test_every_post_turn_hand_off_is_a_system_release():
+    """hw/ep passes the turn of a QP whose doorbell is host or BAR memory with st.release.sys,
+    rung or not: a release at system scope is a system fence before the store. So under
+    every-post aggregation each post group pays the fence after a doorbell (fences_per_doorbell
+    - 1) when it hands the turn on, and only the ringer pays the fence before its doorbell.
+    Each group also pays its GPU-scope fence before the hand-off: fences counted = 2 x groups
+    + ringers. With fences_per_doorbell = 1 (no fence after the doorbell) a hand-off pays
+    none: groups + ringers."""
+    sets = {**EP2, **QUIET, "design.protocol": "v1-ll", "design.forward_warps_per_sm": 0,
+            "workload.tokens_per_rank": 32, "design.qps_per_call": 2,
+            "design.deferred_doorbell_aggregation": 16, "design.aggregation_turn": "every-post"}
+    r2 = simulate_op(scenario.load(NATIVE, sets), "dispatch", 0)
+    r1 = simulate_op(scenario.load(NATIVE, {**sets, "design.fences_per_doorbell": 1}), "dispatch", 0)
+    groups = r2.ledger.events["lock"]  # one turn (an atomic on the turn word) per post group
+    rung = r2.counters["doorbells"]
+    assert groups > 4 * rung > 0
+    assert r2.ledger.events["fence"] == 2 * groups + rung
+    assert r1.ledger.events["fence"] == r1.ledger.events["lock"] + r1.counters["doorbells"]
+    assert r2.ledger.busy["fence"] > r1.ledger.busy["fence"] + (groups - rung) * 0.5 * 1e3
+    # gpu.turn_release_ns sets that fence's cost apart from the fence after the WQE stores
+    f = scenario.load(NATIVE, sets).platform.gpu.fence_ns
+    r0 = simulate_op(scenario.load(NATIVE, {**sets, "platform.gpu.turn_release_ns": 0.0}), "dispatch", 0)
+    assert r0.ledger.busy["fence"] < r2.ledger.busy["fence"] - 0.5 * groups * f
+
+
 # -- receive CQs per destination QP, spun on by their warp; CQE writes on the NIC's engine ----
 
 def test_a_fence_waits_for_the_read_a_spinning_poller_has_out():

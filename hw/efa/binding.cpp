@@ -147,6 +147,7 @@ py::dict caps_dict(const lever_efa_caps& c) {
   d["max_sq_sge"] = c.max_sq_sge;
   d["max_rq_sge"] = c.max_rq_sge;
   d["inline_buf_size"] = c.inline_buf_size;
+  d["inline_buf_size_ex"] = c.inline_buf_size_ex;
   d["device_caps"] = c.device_caps;
   d["max_rdma_size"] = c.max_rdma_size;
   d["max_qp"] = c.max_qp;
@@ -167,7 +168,12 @@ py::dict caps_dict(const lever_efa_caps& c) {
   names["rdma_write"] = (c.device_caps & LEVER_EFA_CAP_RDMA_WRITE) != 0;
   names["unsolicited_write_recv"] = (c.device_caps & LEVER_EFA_CAP_UNSOLICITED_WRITE_RECV) != 0;
   names["cq_with_ext_mem_dmabuf"] = (c.device_caps & LEVER_EFA_CAP_CQ_WITH_EXT_MEM_DMABUF) != 0;
+  names["comp_cntr"] = (c.device_caps & LEVER_EFA_CAP_COMP_CNTR) != 0;
   d["caps"] = names;
+  py::dict lib;  // what the loaded rdma-core exports beyond v59
+  lib["wqe128_inline_write"] = (c.lib_features & LEVER_EFA_LIB_WQE128) != 0;
+  lib["comp_cntr"] = (c.lib_features & LEVER_EFA_LIB_COMP_CNTR) != 0;
+  d["lib_features"] = lib;
   return d;
 }
 
@@ -228,7 +234,8 @@ class Device {
     return d;
   }
   int open_qp(uint32_t sq_depth, uint32_t rq_depth, uint32_t cq_depth, uint32_t qkey, bool unsolicited,
-              uint64_t cq_gpu, uint64_t cq_gpu_len) {
+              uint64_t cq_gpu, uint64_t cq_gpu_len, bool inline_write, bool send_cntr, bool rwrite_cntr,
+              uint64_t cntr_gpu, uint64_t cntr_gpu_len) {
     cudaSetDevice(gpu_);
     lever_efa_qp_options o;
     lever_efa_qp_options_init(&o);
@@ -246,10 +253,27 @@ class Device {
       o.cq_gpu_buf = reinterpret_cast<void*>(cq_gpu);
       o.cq_dmabuf_len = cq_gpu_len;
     }
+    // v63: 128-byte WQEs with inline writes; after v64: completion counters (host page, or the
+    // 32 bytes at cntr_gpu exported as dma-buf: the GPU then reads its own memory)
+    o.inline_write = inline_write ? 1 : 0;
+    o.send_cntr = send_cntr ? 1 : 0;
+    o.rwrite_cntr = rwrite_cntr ? 1 : 0;
+    int cfd = -1;
+    if (cntr_gpu && (send_cntr || rwrite_cntr)) {
+      std::string why;
+      cfd = dmabuf_fd(cntr_gpu, (size_t)cntr_gpu_len, &why);
+      if (cfd < 0) {
+        if (fd >= 0) close(fd);
+        throw std::runtime_error("completion counters in GPU memory: " + why);
+      }
+      o.cntr_dmabuf_fd = cfd;
+      o.cntr_gpu_buf = reinterpret_cast<void*>(cntr_gpu);
+    }
     lever_efa_qp* q = nullptr;
     char err[256] = "";
     int rc = lever_efa_qp_open(live(), &o, &q, err, sizeof err);
     if (fd >= 0) close(fd);
+    if (cfd >= 0) close(cfd);
     if (rc) throw std::runtime_error(err);
     qps_.push_back(q);
     return (int)qps_.size() - 1;
@@ -387,7 +411,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       .def("caps", &Device::caps)
       .def("local", &Device::local)
       .def("open_qp", &Device::open_qp, py::arg("sq_depth"), py::arg("rq_depth"), py::arg("cq_depth"),
-           py::arg("qkey"), py::arg("unsolicited"), py::arg("cq_gpu") = 0, py::arg("cq_gpu_len") = 0)
+           py::arg("qkey"), py::arg("unsolicited"), py::arg("cq_gpu") = 0, py::arg("cq_gpu_len") = 0,
+           py::arg("inline_write") = false, py::arg("send_cntr") = false, py::arg("rwrite_cntr") = false,
+           py::arg("cntr_gpu") = 0, py::arg("cntr_gpu_len") = 0)
       .def("qp_num", &Device::qp_num)
       .def("close_qp", &Device::close_qp)
       .def("add_peer", &Device::add_peer)

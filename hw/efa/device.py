@@ -41,13 +41,25 @@ CAP_BITS = {  # efadv_device_attr.device_caps, EFADV_DEVICE_ATTR_CAPS_* (rdma-co
     "rdma_write": 1 << 3,
     "unsolicited_write_recv": 1 << 4,
     "cq_with_ext_mem_dmabuf": 1 << 5,
+    "comp_cntr": 1 << 6,  # completion counters (rdma-core after v64)
+}
+FEATURES = {
+    # what rdma-core added after v59 that the kernels can use: the release, and the entry point
+    # whose presence in the loaded library says it has it (libefa's; the counters need
+    # libibverbs' ibv_qp_attach_comp_cntr too)
+    "wqe128_inline_write": ("128-byte WQEs with inline writes", "63", ((LIBEFA, "efadv_get_max_sq_depth"),)),
+    "comp_cntr": ("completion counters", "a release after 64",
+                  ((LIBEFA, "efadv_create_comp_cntr"), (IBVERBS, "ibv_qp_attach_comp_cntr"))),
 }
 # ibv_qp_create_send_ops_flags (IBV_QP_EX_WITH_*), as the efa package's QPExSendOpsFlags
 _OPS_RDMA_WRITE, _OPS_RDMA_WRITE_WITH_IMM, _OPS_SEND, _OPS_SEND_WITH_IMM, _OPS_RDMA_READ = (
     1 << 0, 1 << 1, 1 << 2, 1 << 3, 1 << 4)
 
 # nic_layout.h constants
-LAYOUT_VERSION = 1
+LAYOUT_VERSION = 2
+LAYOUT_BYTES = 200
+INLINE_WRITE_MAX = 80
+"""Payload bytes beside the descriptor of a 128-byte WQE's RDMA write (v63 efa_io_rdma_req_128)."""
 MEM = {"none": 0, "device_bar": 1, "host": 2, "host_only": 3, "gpu": 4}
 """LEVER_EFA_MEM_*: where a region lives, and so how the GPU reaches it."""
 SQ_PHASE_FIRST_LAP = 0
@@ -145,6 +157,45 @@ def check_libraries() -> dict[str, Any]:
             "paths": {so: loaded_path(so) for so in (IBVERBS, LIBEFA)}}
 
 
+def lib_features(libs: Mapping[str, Any] | None = None) -> dict[str, bool]:
+    """Which of :data:`FEATURES` the loaded libibverbs/libefa export (``libs``: soname ->
+    library, default: loaded here)."""
+    libs = dict(libs) if libs is not None else {so: _load_library(so) for so in (IBVERBS, LIBEFA)}
+    return {name: all(libs.get(so) is not None and _has_symbol(libs[so], sym) for so, sym in syms)
+            for name, (_, _, syms) in FEATURES.items()}
+
+
+def require_features(*, inline_write: bool = False, counters: bool = False,
+                     libs: Mapping[str, Any] | None = None, version: int | None = None) -> None:
+    """The loaded rdma-core has what a run asks beyond v59, or a one-line UserError naming the
+    release it needs: 128-byte WQEs with inline writes (v63), completion counters (after v64)."""
+    if not (inline_write or counters):
+        return
+    if libs is None:
+        libs = {so: _load_library(so) for so in (IBVERBS, LIBEFA)}
+        version = _rdma_core_version(LIBEFA) if version is None else version
+    for name, asked in (("wqe128_inline_write", inline_write), ("comp_cntr", counters)):
+        if not asked:
+            continue
+        what, needs, syms = FEATURES[name]
+        for so, sym in syms:
+            lib = libs.get(so)
+            if lib is None or not _has_symbol(lib, sym):
+                rel = f"rdma-core {version}" if version is not None else "rdma-core"
+                raise UserError(f"{rel} is too old for {what}: {so} lacks {sym} (needs {needs})")
+
+
+def require_device(info: Mapping[str, Any], *, inline_write: bool = False, counters: bool = False) -> None:
+    """The device (a :func:`discover` result or the binding's caps) can do what a run asks, or
+    a one-line UserError: inline writes need RDMA write, counters the COMP_CNTR cap."""
+    caps = int(info.get("device_caps", 0))
+    name = info.get("device") or info.get("device_name") or "?"
+    if inline_write and not caps & CAP_BITS["rdma_write"]:
+        raise UserError(f"EFA device {name} lacks RDMA write (device_caps {caps:#x}): no inline writes")
+    if counters and not caps & CAP_BITS["comp_cntr"]:
+        raise UserError(f"EFA device {name} has no completion counters (device_caps {caps:#x} lacks COMP_CNTR)")
+
+
 def _import_efa() -> Any:
     """The ``efa`` package, or a one-line UserError saying why it can't be used."""
     try:
@@ -226,9 +277,16 @@ def discover(device: str | None = None, port: int = 1, probe: bool = True) -> di
         "max_sq_sge": int(ea.max_sq_sge),
         "max_rq_sge": int(ea.max_rq_sge),
         "inline_buf_size": int(ea.inline_buf_size),
+        # v63: the inline size that counts (absent from older packages and libraries: 0)
+        "inline_buf_size_ex": int(getattr(ea, "inline_buf_size_ex", 0) or 0),
         "device_caps": int(ea.device_caps),
         "max_rdma_size": int(ea.max_rdma_size),
         "caps": caps,
+        # what the loaded rdma-core can do beyond v59 (128-byte WQEs with inline writes: v63;
+        # completion counters: after v64), and so what a run on this machine may ask
+        "lib_features": lib_features(),
+        "inline_write_size": inline_write_size(int(ea.inline_buf_size),
+                                               int(getattr(ea, "inline_buf_size_ex", 0) or 0)),
         "max_tx_batch": probed["layout"]["sq_max_batch"] if probed else None,
         "device_attr": {k: _plain(getattr(da, k, None)) for k in (
             "fw_ver", "vendor_id", "vendor_part_id", "hw_ver", "max_qp", "max_qp_wr", "max_cq",
@@ -239,6 +297,13 @@ def discover(device: str | None = None, port: int = 1, probe: bool = True) -> di
     if probed:
         out["probe"] = probed
     return out
+
+
+def inline_write_size(inline_buf_size: int, inline_buf_size_ex: int = 0) -> int:
+    """Payload bytes an RDMA write may carry inline on a QP made with the inline-write flag
+    (v63): the device's inline size (the extended one where reported), at most the 80 bytes
+    beside a 128-byte WQE's descriptor."""
+    return min(inline_buf_size_ex or inline_buf_size, INLINE_WRITE_MAX)
 
 
 def _plain(v: Any) -> Any:
@@ -290,8 +355,20 @@ def record_platform(info: Mapping[str, Any]) -> dict[str, str]:
     on = [k for k, v in info.get("caps", {}).items() if v]
     nic = (f"EFA {info.get('device', '?')} (rdma-core {info.get('rdma_core') or '?'}; "
            f"caps {'+'.join(on) or 'none'}; max_tx_batch {info.get('max_tx_batch') or '?'}; "
-           f"max_rdma_size {info.get('max_rdma_size', '?')}; inline {info.get('inline_buf_size', '?')})")
+           f"max_rdma_size {info.get('max_rdma_size', '?')}; inline {info.get('inline_buf_size', '?')}"
+           f"{_generation(info)})")
     return PlatformInfo(nic=nic).model_dump(include={"nic"})
+
+
+def _generation(info: Mapping[str, Any]) -> str:
+    """The newer features a record's nic line names: what the library and device have."""
+    lib = info.get("lib_features") or {}
+    out = ""
+    if lib.get("wqe128_inline_write"):
+        out += f"; 128-byte WQEs, inline write {info.get('inline_write_size', '?')}"
+    if lib.get("comp_cntr") and (info.get("caps") or {}).get("comp_cntr"):
+        out += "; completion counters"
+    return out
 
 
 def capability_report(info: Mapping[str, Any]) -> dict[str, Any]:
@@ -352,7 +429,10 @@ def layout_from_query(wqs: Any, cq: Any, *, qp_num: int = 0, qkey: int = 0, lkey
                       device_caps: int = 0, sq_buffer_mem: str = "device_bar",
                       sq_doorbell_mem: str = "device_bar", cq_buffer_mem: str = "host",
                       sq_buffer_dev: int = 0, sq_doorbell_dev: int = 0, cq_buffer_dev: int = 0,
-                      peers: int = 0, num_peers: int = 0, peers_mem: str = "none") -> dict[str, int]:
+                      peers: int = 0, num_peers: int = 0, peers_mem: str = "none",
+                      inline_write_size: int = 0, cntr_mem: str = "none", send_cntr: int = 0,
+                      send_cntr_dev: int = 0, send_err_cntr_dev: int = 0, rwrite_cntr: int = 0,
+                      rwrite_cntr_dev: int = 0) -> dict[str, int]:
     """``lever_efa_nic_layout`` fields (hw/efa/nic_layout.h) from a queue query, validated.
 
     ``wqs`` is ``QP.query_wqs()`` ((sq, rq) ``WQAttr``) or its recorded dict; ``cq`` is
@@ -361,7 +441,13 @@ def layout_from_query(wqs: Any, cq: Any, *, qp_num: int = 0, qkey: int = 0, lkey
     (UINT16_MAX on v59 when the device reports no max_tx_batch) is bounded by the ring.
     Raises :class:`LayoutError` (one line naming the field) for a value the kernels
     could not use: null or misaligned addresses, WQE sizes other than 64/128, CQ entry
-    sizes other than 16/32/64, rings that are not a power of two up to 65536.
+    sizes other than 16/32/64, rings that are not a power of two up to 65536, inline
+    writes without 128-byte WQEs or above their 80 bytes, a send counter without its error
+    count or not 8-byte aligned.
+
+    ``inline_write_size`` (v63, a QP made with the inline-write flag: :func:`inline_write_size`)
+    and the completion counters (after v64: where their 64-bit counts are, host VA and GPU
+    address, ``cntr_mem`` where they live) are the layout's version-2 fields.
     """
     sq = _sq_of(wqs)
     sq_buf = _get(sq, "buffer_addr", "sq")
@@ -403,6 +489,18 @@ def layout_from_query(wqs: Any, cq: Any, *, qp_num: int = 0, qkey: int = 0, lkey
                        ("cq_buffer_mem", cq_buffer_mem), ("peers_mem", peers_mem)):
         if kind not in MEM:
             raise LayoutError(f"{name}: {kind!r} is not one of {', '.join(MEM)}")
+    if cntr_mem not in MEM:
+        raise LayoutError(f"cntr_mem: {cntr_mem!r} is not one of {', '.join(MEM)}")
+    if not 0 <= inline_write_size <= INLINE_WRITE_MAX:
+        raise LayoutError(f"inline_write_size: {inline_write_size} is outside [0, {INLINE_WRITE_MAX}] "
+                          "(the payload beside a 128-byte WQE's descriptor)")
+    if inline_write_size and sq_es != 128:
+        raise LayoutError(f"inline_write_size: {inline_write_size} with {sq_es}-byte WQEs (inline RDMA "
+                          "writes need the 128-byte WQEs of a QP made with the inline-write flag)")
+    if (send_cntr_dev or rwrite_cntr_dev) and cntr_mem not in ("gpu", "host"):
+        raise LayoutError(f"cntr_mem: {cntr_mem!r}, but a counter is mapped for the GPU (gpu or host)")
+    if send_cntr_dev and (not send_err_cntr_dev or (send_cntr_dev | send_err_cntr_dev) % 8):
+        raise LayoutError("send_cntr_dev: needs send_err_cntr_dev beside it, both 8-byte aligned")
     gpu_cq = cq_buffer_mem == "gpu"
     return {
         "version": LAYOUT_VERSION,
@@ -434,6 +532,13 @@ def layout_from_query(wqs: Any, cq: Any, *, qp_num: int = 0, qkey: int = 0, lkey
         "peers": peers,
         "peers_mem": MEM[peers_mem],
         "reserved": 0,
+        "inline_write_size": inline_write_size,
+        "cntr_mem": MEM[cntr_mem],
+        "send_cntr": send_cntr,
+        "send_cntr_dev": send_cntr_dev,
+        "send_err_cntr_dev": send_err_cntr_dev,
+        "rwrite_cntr": rwrite_cntr,
+        "rwrite_cntr_dev": rwrite_cntr_dev,
     }
 
 
@@ -444,8 +549,8 @@ def _has(obj: Any, name: str) -> bool:
 
 
 class NicLayout(ctypes.Structure):
-    """ctypes mirror of ``lever_efa_nic_layout`` (152 bytes; tests compare the offsets
-    with the C compiler's)."""
+    """ctypes mirror of ``lever_efa_nic_layout`` (200 bytes, version 2; tests compare the
+    offsets with the C compiler's)."""
 
     _fields_ = [
         ("version", ctypes.c_uint32), ("qp_num", ctypes.c_uint32),
@@ -462,11 +567,15 @@ class NicLayout(ctypes.Structure):
         ("inline_buf_size", ctypes.c_uint32), ("max_rdma_size", ctypes.c_uint32),
         ("device_caps", ctypes.c_uint32), ("num_peers", ctypes.c_uint32),
         ("peers", ctypes.c_uint64), ("peers_mem", ctypes.c_uint32), ("reserved", ctypes.c_uint32),
+        ("inline_write_size", ctypes.c_uint32), ("cntr_mem", ctypes.c_uint32),
+        ("send_cntr", ctypes.c_uint64), ("send_cntr_dev", ctypes.c_uint64),
+        ("send_err_cntr_dev", ctypes.c_uint64), ("rwrite_cntr", ctypes.c_uint64),
+        ("rwrite_cntr_dev", ctypes.c_uint64),
     ]
 
 
 def pack_layout(layout: Mapping[str, int]) -> bytes:
-    """The 152 bytes of ``lever_efa_nic_layout`` for a layout dict (every field required)."""
+    """The 200 bytes of ``lever_efa_nic_layout`` for a layout dict (every field required)."""
     names = [f[0] for f in NicLayout._fields_]
     missing = [n for n in names if n not in layout]
     if missing:

@@ -48,11 +48,16 @@ __device__ void raise(uint32_t* err, uint32_t code, uint32_t a, uint32_t b, uint
   }
 }
 
-// The WQE for write wr at producer count pc: eight stores into its slot (no doorbell).
+// The WQE for write wr at producer count pc: eight stores into its slot, sixteen for a
+// 128-byte WQE (no doorbell). Where the layout takes inline writes (v63) and the write fits,
+// its payload goes in the WQE, read here from the local buffer (GPU memory).
 __device__ void store_wqe(const lever_efa_nic_layout* l, const lever_efa_peer* p,
                           const lever_efa_write& wr, uint32_t pc) {
   unsigned long long* slot = reinterpret_cast<unsigned long long*>(lever_efa_sq_slot_dev(l, pc));
-  for (int k = 0; k < 8; ++k) st_mmio64(slot + k, lever_efa_write_wqe_word(l, p, &wr, pc, k));
+  lever_efa_write w = wr;
+  w.inline_src = reinterpret_cast<const void*>(static_cast<uintptr_t>(wr.laddr));
+  const int nw = (int)lever_efa_wqe_words(l);
+  for (int k = 0; k < nw; ++k) st_mmio64(slot + k, lever_efa_write_wqe_word(l, p, &w, pc, k));
 }
 // Fence the WQE stores out, then the doorbell: the producer count after the last WQE.
 __device__ void ring(const lever_efa_nic_layout* l, uint32_t pc_after) {

@@ -184,7 +184,9 @@ class EfaRunner(v1.Runner):
             raise v1.EpError(f"{self.R} ranks: the barrier posts {self.R - 1} writes, the SQ holds {self.depth}")
         self.plan = wire.plan_queues(num_qps=int(self.needs["num_qps"]), imm=bool(self.needs["imm"]),
                                      nrx=self.n_rxcq, sq_depth=self.depth, rx_depth=self.rx_depth,
-                                     proxy=self.path == "proxy", caps=self.caps, devices=len(self.efas))
+                                     proxy=self.path == "proxy", caps=self.caps, devices=len(self.efas),
+                                     inline_write=bool(self.needs.get("inline_write")),
+                                     send_counters=bool(self.needs.get("send_counters")))
         try:
             self.q = wire.open_queues(self.efas, self.plan)
         except RuntimeError as e:
@@ -389,7 +391,8 @@ def efa_record(rec: dict[str, Any], *, runner: EfaRunner, facts: Mapping[str, st
     w["platform"] = {**{k: str(v) for k, v in platform_info.items()}, "nic": nic,
                      "instance": facts.get("instance", "")}
     out["sim"]["scenario"] = model_platform(facts.get("instance", ""))
-    out["sim"]["set"].update({"platform.nic.nics_per_gpu": len(names), "platform.nic.hw_counters": False,
+    out["sim"]["set"].update({"platform.nic.nics_per_gpu": len(names),
+                              "platform.nic.hw_counters": bool(runner.plan.send_counters),
                               "design.name": "v1-ll-hw-efa"})
     out["metrics"] = {k: v for k, v in out["metrics"].items()
                       if not k.startswith(NIC_ONLY_METRICS) and not k.startswith("nic_")}
@@ -398,8 +401,11 @@ def efa_record(rec: dict[str, Any], *, runner: EfaRunner, facts: Mapping[str, st
         f"{runner.nb} EP blocks x {runner.warps} warps per rank, no NIC blocks: {_devices_note(names, p)}; "
         f"{p.send} {'proxy' if path == 'proxy' else 'native'} send QPs "
         f"(fresh per variant), {p.recv} receive QP(s) behind {p.nrx} receive slots, 1 barrier QP; SQ "
-        f"{runner.depth} x 64 B in the device BAR (LLQ), doorbell in the BAR, send CQ in host memory "
-        f"mapped for the GPU; start: a GPU-posted write to every peer's barrier word (hw/efa/efa_kernels.cu); "
+        f"{runner.depth} x {128 if runner.plan.inline_write else 64} B in the device BAR (LLQ)"
+        f"{', inline writes (v63)' if runner.plan.inline_write else ''}, doorbell in the BAR, send CQ in host "
+        f"memory mapped for the GPU"
+        f"{'; send credit from a completion counter per send QP (host page mapped for the GPU)' if runner.plan.send_counters else ''}"
+        f"; start: a GPU-posted write to every peer's barrier word (hw/efa/efa_kernels.cu); "
         f"proxy counters (if any) are rank {runner.me}'s; flags "
         + out["how"]["notes"].split("; flags ", 1)[-1])
     out["how"]["timer"] = ("CUDA events around each op launch on every rank after the cross-node GPU "
@@ -447,6 +453,14 @@ def main_efa(args: argparse.Namespace) -> int:
 
     what = f"lever hw ep --nic efa --path {args.path}"
     pre = efa_run.preflight(what)
+    # the newer device generations asked for: the loaded rdma-core must have them (one line, exit 2,
+    # before CUDA); the device's own capability is checked when the queues are planned
+    gen = {"inline_write": bool(getattr(args, "efa_inline_write", False)),
+           "send_counters": bool(getattr(args, "efa_counters", False))}
+    if gen["send_counters"] and args.path != "native":
+        raise UserError(f"{what} --efa-counters: the proxy path's host threads poll the CQ (native path only)")
+    efa_device.require_features(inline_write=gen["inline_write"], counters=gen["send_counters"],
+                                version=pre["libs"].get("rdma_core"))
     if getattr(args, "protocol", "v1-ll") != "v1-ll":
         raise UserError(f"{what} --protocol {args.protocol}: V2 over EFA needs NVLink between the node's "
                         "processes (CUDA IPC), not wired; --protocol v1-ll runs")
@@ -461,7 +475,7 @@ def main_efa(args: argparse.Namespace) -> int:
     efa_run.mask_gpu(env)
     torch = require_cuda()
     args.provenance = efa_provenance(args.allow_dirty)
-    needs = variant_needs(args, variants, extra, 0.0)
+    needs = {**variant_needs(args, variants, extra, 0.0), **gen}
     facts = wire.host_facts()
     efa_ext = efa_run.load_efa_ext(pre["libs"])
     ext = v1.load_ext()

@@ -7,8 +7,10 @@
 //   g++ -std=c++17 -c $(python3 hw/efa/rdma_core.py) hw/efa/host.cpp
 #include "host.h"
 
+#include <dlfcn.h>
 #include <errno.h>
 #include <stdarg.h>
+#include <stdlib.h>
 #include <stdio.h>
 #include <string.h>
 #include <unistd.h>
@@ -19,6 +21,8 @@
 #include <infiniband/efadv.h>
 #include <infiniband/verbs.h>
 
+#include "newer_verbs.h"
+
 static_assert(LEVER_EFA_CAP_RDMA_READ == EFADV_DEVICE_ATTR_CAPS_RDMA_READ, "cap bit");
 static_assert(LEVER_EFA_CAP_RNR_RETRY == EFADV_DEVICE_ATTR_CAPS_RNR_RETRY, "cap bit");
 static_assert(LEVER_EFA_CAP_CQ_WITH_SGID == EFADV_DEVICE_ATTR_CAPS_CQ_WITH_SGID, "cap bit");
@@ -28,7 +32,43 @@ static_assert(LEVER_EFA_CAP_UNSOLICITED_WRITE_RECV == EFADV_DEVICE_ATTR_CAPS_UNS
 static_assert(LEVER_EFA_CAP_CQ_WITH_EXT_MEM_DMABUF == EFADV_DEVICE_ATTR_CAPS_CQ_WITH_EXT_MEM_DMABUF,
               "cap bit");
 
+static_assert(offsetof(efadv_device_attr, inline_buf_size) + 2 == LEVER_EFADV_DEVICE_ATTR_INLINE_BUF_SIZE_EX_OFFSET &&
+                  sizeof(efadv_device_attr) >= LEVER_EFADV_DEVICE_ATTR_INLINE_BUF_SIZE_EX_OFFSET + 2,
+              "v63's inline_buf_size_ex follows inline_buf_size (v59's reserved bytes)");
+static_assert(sizeof(((efadv_qp_init_attr*)0)->flags) == 2, "efadv_qp_init_attr.flags is 16 bits");
+
 namespace {
+
+// An entry point of the loaded libibverbs/libefa newer than the v59 headers (newer_verbs.h),
+// or null: the process's global scope first, then the libraries themselves (a Python
+// extension's dependencies are not in the global scope).
+void* lib_sym(const char* name) {
+  if (void* p = dlsym(RTLD_DEFAULT, name)) return p;
+  for (const char* so : {"libefa.so.1", "libibverbs.so.1"}) {
+    void* h = dlopen(so, RTLD_NOW | RTLD_NOLOAD);
+    if (!h) continue;
+    void* p = dlsym(h, name);
+    dlclose(h);  // still loaded: NOLOAD only took a reference
+    if (p) return p;
+  }
+  return nullptr;
+}
+
+struct NewerVerbs {
+  lever_efadv_create_comp_cntr_fn create_comp_cntr = nullptr;
+  lever_ibv_qp_attach_comp_cntr_fn qp_attach_comp_cntr = nullptr;
+  lever_ibv_destroy_comp_cntr_fn destroy_comp_cntr = nullptr;
+  uint32_t features = 0;  // LEVER_EFA_LIB_*
+};
+NewerVerbs newer_verbs() {
+  NewerVerbs v;
+  if (lib_sym("efadv_get_max_sq_depth")) v.features |= LEVER_EFA_LIB_WQE128;  // EFA_1.5, v63
+  v.create_comp_cntr = (lever_efadv_create_comp_cntr_fn)lib_sym("efadv_create_comp_cntr");
+  v.qp_attach_comp_cntr = (lever_ibv_qp_attach_comp_cntr_fn)lib_sym("ibv_qp_attach_comp_cntr");
+  v.destroy_comp_cntr = (lever_ibv_destroy_comp_cntr_fn)lib_sym("ibv_destroy_comp_cntr");
+  if (v.create_comp_cntr && v.qp_attach_comp_cntr && v.destroy_comp_cntr) v.features |= LEVER_EFA_LIB_COMP_CNTR;
+  return v;
+}
 
 // A one-line message into the caller's buffer; returns rc so call sites stay short.
 int fail(char* err, size_t n, int rc, const char* fmt, ...) {
@@ -94,6 +134,10 @@ int fill_caps(ibv_context* ctx, uint8_t port, lever_efa_caps* c, char* err, size
   c->max_sq_sge = ea.max_sq_sge;
   c->max_rq_sge = ea.max_rq_sge;
   c->inline_buf_size = ea.inline_buf_size;
+  // v63's inline_buf_size_ex sits in v59's reserved bytes (0 from an older library)
+  memcpy(&c->inline_buf_size_ex, reinterpret_cast<const uint8_t*>(&ea) + LEVER_EFADV_DEVICE_ATTR_INLINE_BUF_SIZE_EX_OFFSET,
+         sizeof(c->inline_buf_size_ex));
+  c->lib_features = newer_verbs().features;
   c->device_caps = ea.device_caps;
   c->max_rdma_size = ea.max_rdma_size;
 
@@ -136,7 +180,7 @@ uint64_t send_ops_for(uint32_t caps) {
 // An SRD QP on pd whose send and receive completions go to cq.
 ibv_qp* create_srd_qp(ibv_context* ctx, ibv_pd* pd, ibv_cq* cq, uint32_t caps, uint32_t sq_depth,
                       uint32_t rq_depth, uint8_t sl, bool unsolicited, int* rc, char* err,
-                      size_t n) {
+                      size_t n, bool inline_write = false) {
   ibv_qp_init_attr_ex qa;
   memset(&qa, 0, sizeof(qa));
   qa.send_cq = cq;
@@ -156,9 +200,13 @@ ibv_qp* create_srd_qp(ibv_context* ctx, ibv_pd* pd, ibv_cq* cq, uint32_t caps, u
   ea.driver_qp_type = EFADV_QP_DRIVER_TYPE_SRD;
   ea.sl = sl;
   if (unsolicited) ea.flags |= EFADV_QP_FLAGS_UNSOLICITED_WRITE_RECV;
+  // v63: RDMA writes with inline data; the provider then makes every WQE 128 bytes
+  if (inline_write) ea.flags |= LEVER_EFADV_QP_FLAGS_INLINE_WRITE;
 
   ibv_qp* qp = efadv_create_qp_ex(ctx, &qa, &ea, sizeof(ea));
-  if (!qp) *rc = fail(err, n, last_errno(), "efadv_create_qp_ex(SRD, sq %u, rq %u)", sq_depth, rq_depth);
+  if (!qp)
+    *rc = fail(err, n, last_errno(), "efadv_create_qp_ex(SRD, sq %u, rq %u%s)", sq_depth, rq_depth,
+               inline_write ? ", inline writes" : "");
   return qp;
 }
 
@@ -253,6 +301,13 @@ struct lever_efa_qp {
   lever_efa_qp_options opt;
   ibv_cq_ex* cq = nullptr;
   ibv_qp* qp = nullptr;
+  // completion counters (after v64): [0] the send counter, [1] the remote-write counter, on
+  // 32 bytes of counter memory (a host page of ours, or the caller's GPU memory)
+  void* cntr[2] = {nullptr, nullptr};
+  void* cntr_host = nullptr;
+  NewerVerbs nv;
+  uint64_t cntr_dev = 0;
+  uint32_t cntr_mem = LEVER_EFA_MEM_NONE;
   std::vector<void*> mapped;  // host pointers mapped through the device's mapper, in order
   bool maps_done = false;
   uint64_t sq_buffer_dev = 0, sq_doorbell_dev = 0, cq_buffer_dev = 0;
@@ -304,8 +359,11 @@ int close_qp(lever_efa_qp* q) {
   };
   lever_efa_device* d = q->dev;
   unmap_qp(q);
-  if (q->qp) note(ibv_destroy_qp(q->qp));
+  if (q->qp) note(ibv_destroy_qp(q->qp));  // detaches its counters
+  for (int i = 1; i >= 0; --i)
+    if (q->cntr[i]) note(q->nv.destroy_comp_cntr(q->cntr[i]));
   if (q->cq) note(ibv_destroy_cq(ibv_cq_ex_to_cq(q->cq)));
+  free(q->cntr_host);
   for (auto it = d->qps.begin(); it != d->qps.end(); ++it)
     if (*it == q) {
       d->qps.erase(it);
@@ -313,6 +371,51 @@ int close_qp(lever_efa_qp* q) {
     }
   delete q;
   return first;
+}
+}  // namespace
+
+namespace {
+// The QP's completion counters (after v64), made before the QP so that teardown can go in
+// reverse (a counter can not be destroyed while a QP holds it; destroying the QP detaches
+// it): counter memory first (the caller's GPU memory by dma-buf, else a host page of ours),
+// then one counter per kind asked for, its completion and error counts on that memory.
+int create_counters(lever_efa_qp* q, char* err, size_t n) {
+  const lever_efa_qp_options& o = q->opt;
+  if (!o.send_cntr && !o.rwrite_cntr) return 0;
+  q->nv = newer_verbs();
+  const bool gpu = o.cntr_dmabuf_fd >= 0;
+  uint8_t* base = static_cast<uint8_t*>(o.cntr_gpu_buf);
+  if (!gpu) {
+    const long pg = sysconf(_SC_PAGESIZE);
+    if (posix_memalign(&q->cntr_host, (size_t)pg, (size_t)pg)) return fail(err, n, ENOMEM, "counter page");
+    memset(q->cntr_host, 0, (size_t)pg);
+    base = static_cast<uint8_t*>(q->cntr_host);
+  }
+  q->cntr_mem = gpu ? LEVER_EFA_MEM_GPU : LEVER_EFA_MEM_HOST;
+  for (int i = 0; i < 2; ++i) {
+    if (!(i == 0 ? o.send_cntr : o.rwrite_cntr)) continue;
+    lever_ibv_comp_cntr_init_attr ca;
+    memset(&ca, 0, sizeof(ca));
+    ca.type = LEVER_IBV_COMP_CNTR_TYPE_WRS;
+    lever_efadv_comp_cntr_init_attr ea;
+    memset(&ea, 0, sizeof(ea));
+    ea.flags = LEVER_EFADV_COMP_CNTR_INIT_WITH_COMP_EXTERNAL_MEM | LEVER_EFADV_COMP_CNTR_INIT_WITH_ERR_EXTERNAL_MEM;
+    lever_efadv_memory_location* loc[2] = {&ea.comp_cntr_ext_mem, &ea.err_cntr_ext_mem};
+    for (int k = 0; k < 2; ++k) {
+      const uint64_t off = (uint64_t)(16 * i + 8 * k);
+      loc[k]->ptr = base + off;
+      loc[k]->type = gpu ? LEVER_EFADV_MEMORY_LOCATION_DMABUF : LEVER_EFADV_MEMORY_LOCATION_VA;
+      if (gpu) {
+        loc[k]->dmabuf.fd = o.cntr_dmabuf_fd;
+        loc[k]->dmabuf.offset = o.cntr_dmabuf_offset + off;
+      }
+    }
+    q->cntr[i] = q->nv.create_comp_cntr(q->dev->ctx, &ca, &ea, (uint32_t)sizeof(ea));
+    if (!q->cntr[i])
+      return fail(err, n, last_errno(), "efadv_create_comp_cntr(%s, %s memory)", i == 0 ? "send" : "remote write",
+                  gpu ? "GPU" : "host");
+  }
+  return 0;
 }
 }  // namespace
 
@@ -331,6 +434,7 @@ void lever_efa_qp_options_init(lever_efa_qp_options* o) {
   o->cq_depth = 4096;
   o->qkey = 0x11111111u;
   o->cq_dmabuf_fd = -1;
+  o->cntr_dmabuf_fd = -1;
 }
 
 int lever_efa_query_caps(const char* device_name, uint8_t port, lever_efa_caps* caps, char* err,
@@ -485,6 +589,20 @@ int lever_efa_qp_open(lever_efa_device* d, const lever_efa_qp_options* o, lever_
     return fail(err, err_len, EOPNOTSUPP, "CQ in GPU memory: device lacks CQ_WITH_EXT_MEM_DMABUF");
   if (o->unsolicited_write_recv && !(d->caps.device_caps & LEVER_EFA_CAP_UNSOLICITED_WRITE_RECV))
     return fail(err, err_len, EOPNOTSUPP, "unsolicited write receive: device lacks the capability");
+  if (o->inline_write && !(d->caps.lib_features & LEVER_EFA_LIB_WQE128))
+    return fail(err, err_len, EOPNOTSUPP,
+                "128-byte WQEs with inline writes: rdma-core too old (libefa lacks efadv_get_max_sq_depth, "
+                "needs 63)");
+  if (o->inline_write && !(d->caps.device_caps & LEVER_EFA_CAP_RDMA_WRITE))
+    return fail(err, err_len, EOPNOTSUPP, "inline writes: device lacks RDMA_WRITE");
+  if ((o->send_cntr || o->rwrite_cntr) && !(d->caps.lib_features & LEVER_EFA_LIB_COMP_CNTR))
+    return fail(err, err_len, EOPNOTSUPP,
+                "completion counters: rdma-core too old (no efadv_create_comp_cntr / "
+                "ibv_qp_attach_comp_cntr, needs a release after 64)");
+  if ((o->send_cntr || o->rwrite_cntr) && !(d->caps.device_caps & LEVER_EFA_CAP_COMP_CNTR))
+    return fail(err, err_len, EOPNOTSUPP, "completion counters: device lacks COMP_CNTR");
+  if ((o->send_cntr || o->rwrite_cntr) && o->cntr_dmabuf_fd >= 0 && !o->cntr_gpu_buf)
+    return fail(err, err_len, EINVAL, "completion counters in GPU memory: no cntr_gpu_buf");
   lever_efa_qp* q = new (std::nothrow) lever_efa_qp();
   if (!q) return fail(err, err_len, ENOMEM, "qp");
   q->dev = d;
@@ -493,9 +611,22 @@ int lever_efa_qp_open(lever_efa_device* d, const lever_efa_qp_options* o, lever_
   int rc = 0;
   q->cq = create_cq(d->ctx, o, &rc, err, err_len);
   if (!q->cq) goto fail_out;
+  if ((rc = create_counters(q, err, err_len))) goto fail_out;
   q->qp = create_srd_qp(d->ctx, d->pd, ibv_cq_ex_to_cq(q->cq), d->caps.device_caps, o->sq_depth,
-                        o->rq_depth, o->sl, o->unsolicited_write_recv != 0, &rc, err, err_len);
+                        o->rq_depth, o->sl, o->unsolicited_write_recv != 0, &rc, err, err_len,
+                        o->inline_write != 0);
   if (!q->qp) goto fail_out;
+  // counters attach while the QP is still in RESET (ibv_qp_attach_comp_cntr: RESET or INIT)
+  for (int i = 0; i < 2; ++i) {
+    if (!q->cntr[i]) continue;
+    lever_ibv_qp_attach_comp_cntr_attr at;
+    memset(&at, 0, sizeof(at));
+    at.op_mask = i == 0 ? LEVER_IBV_QP_ATTACH_COMP_CNTR_OP_RDMA_WRITE : LEVER_IBV_QP_ATTACH_COMP_CNTR_OP_REMOTE_RDMA_WRITE;
+    if ((rc = q->nv.qp_attach_comp_cntr(q->qp, q->cntr[i], &at))) {
+      fail(err, err_len, rc, "ibv_qp_attach_comp_cntr(%s)", i == 0 ? "RDMA_WRITE" : "REMOTE_RDMA_WRITE");
+      goto fail_out;
+    }
+  }
   if ((rc = qp_to_rts(q->qp, d->opt.port, o->qkey, d->caps.device_caps, err, err_len))) goto fail_out;
   {
     efadv_wq_attr sq, rq;
@@ -503,6 +634,12 @@ int lever_efa_qp_open(lever_efa_device* d, const lever_efa_qp_options* o, lever_
     memset(&rq, 0, sizeof(rq));
     if ((rc = efadv_query_qp_wqs(q->qp, &sq, &rq, sizeof(sq)))) {
       fail(err, err_len, rc, "efadv_query_qp_wqs");
+      goto fail_out;
+    }
+    if (o->inline_write && sq.entry_size != LEVER_EFA_WQE_SIZE_128) {
+      rc = EPROTO;
+      if (err && err_len)
+        snprintf(err, err_len, "QP made with the inline-write flag reports %u-byte WQEs (want 128)", sq.entry_size);
       goto fail_out;
     }
     d->caps.max_tx_batch = sq.max_batch < sq.num_entries ? sq.max_batch : sq.num_entries;
@@ -551,6 +688,12 @@ int lever_efa_qp_fill_layout(lever_efa_qp* q, uint64_t peers_dev, uint32_t peers
       q->cq_buffer_dev = d->map(q, cq_buf, (uint64_t)ca.num_entries * ca.entry_size, LEVER_EFA_MEM_HOST);
       q->cq_mem = q->cq_buffer_dev ? LEVER_EFA_MEM_HOST : LEVER_EFA_MEM_HOST_ONLY;
     }
+    if (q->cntr_mem == LEVER_EFA_MEM_GPU) {
+      q->cntr_dev = (uint64_t)(uintptr_t)q->opt.cntr_gpu_buf;
+    } else if (q->cntr_mem == LEVER_EFA_MEM_HOST) {  // the GPU only reads the counts
+      q->cntr_dev = d->map(q, (uint64_t)(uintptr_t)q->cntr_host, 32u, LEVER_EFA_MEM_HOST);
+      if (!q->cntr_dev) q->cntr_mem = LEVER_EFA_MEM_HOST_ONLY;
+    }
   }
 
   memset(l, 0, sizeof(*l));
@@ -583,6 +726,28 @@ int lever_efa_qp_fill_layout(lever_efa_qp* q, uint64_t peers_dev, uint32_t peers
   l->num_peers = (uint32_t)d->peers.size();
   l->peers = peers_dev;
   l->peers_mem = peers_mem;
+  // v63: a QP made with the inline-write flag has 128-byte WQEs; its RDMA writes may carry as
+  // many payload bytes inline as the device's inline size allows, at most the 80 beside the
+  // descriptor (the extended size where the library reports it)
+  if (q->opt.inline_write && sq.entry_size == LEVER_EFA_WQE_SIZE_128) {
+    const uint32_t dev_inl = d->caps.inline_buf_size_ex ? d->caps.inline_buf_size_ex : d->caps.inline_buf_size;
+    l->inline_write_size = dev_inl < LEVER_EFA_INLINE_WRITE_MAX_128 ? dev_inl : LEVER_EFA_INLINE_WRITE_MAX_128;
+  }
+  // counters: the GPU reads the counts where they live (dma-buf GPU memory, or our host page
+  // mapped for it); a host page the GPU can not map leaves the credit to the CQ
+  if (q->cntr_dev) {
+    l->cntr_mem = q->cntr_mem;
+    const uint64_t host = q->cntr_mem == LEVER_EFA_MEM_HOST ? (uint64_t)(uintptr_t)q->cntr_host : 0u;
+    if (q->cntr[0]) {
+      l->send_cntr = host;
+      l->send_cntr_dev = q->cntr_dev;
+      l->send_err_cntr_dev = q->cntr_dev + 8u;
+    }
+    if (q->cntr[1]) {
+      l->rwrite_cntr = host ? host + 16u : 0u;
+      l->rwrite_cntr_dev = q->cntr_dev + 16u;
+    }
+  }
   const char* why = lever_efa_layout_problem(l);
   if (why) {
     if (err && err_len) snprintf(err, err_len, "efadv query gave an unusable layout: %s", why);

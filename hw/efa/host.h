@@ -26,6 +26,13 @@ extern "C" {
 #define LEVER_EFA_CAP_RDMA_WRITE (1u << 3)
 #define LEVER_EFA_CAP_UNSOLICITED_WRITE_RECV (1u << 4)
 #define LEVER_EFA_CAP_CQ_WITH_EXT_MEM_DMABUF (1u << 5)
+// after rdma-core v64 (hw/efa/newer_verbs.h; the v59 headers lack it)
+#define LEVER_EFA_CAP_COMP_CNTR (1u << 6)
+
+// What the loaded rdma-core library can do beyond v59 (lever_efa_caps.lib_features): found at
+// run time by the entry points it exports, so one build serves every release.
+#define LEVER_EFA_LIB_WQE128 (1u << 0)     // v63+: 128-byte WQEs, inline writes (efadv_get_max_sq_depth)
+#define LEVER_EFA_LIB_COMP_CNTR (1u << 1)  // after v64: efadv_create_comp_cntr, ibv_qp_attach_comp_cntr
 
 // What one EFA device can do.
 typedef struct lever_efa_caps {
@@ -38,7 +45,7 @@ typedef struct lever_efa_caps {
   uint16_t max_sq_sge;
   uint16_t max_rq_sge;
   uint16_t inline_buf_size;
-  uint16_t reserved0;
+  uint16_t inline_buf_size_ex;  // v63+: the inline size that counts (0 from an older library)
   uint32_t device_caps;   // LEVER_EFA_CAP_*
   uint32_t max_rdma_size; // bytes
   // ibv_query_device
@@ -56,6 +63,8 @@ typedef struct lever_efa_caps {
   // The device's max_tx_batch is not in efadv_device_attr: it is read back as
   // efadv_wq_attr.max_batch of a probe QP (WQEs per doorbell); 0 when not probed.
   uint32_t max_tx_batch;
+  uint32_t lib_features;  // LEVER_EFA_LIB_*: what the loaded libibverbs/libefa export
+  uint32_t reserved1;
 } lever_efa_caps;
 
 // Maps host memory (page-aligned range) for the GPU. kind is LEVER_EFA_MEM_DEVICE_BAR
@@ -98,7 +107,21 @@ typedef struct lever_efa_qp_options {
   uint32_t qkey;
   uint8_t sl;              // SRD service level
   uint8_t unsolicited_write_recv;  // write-with-imm without posted receives (device cap)
-  uint8_t reserved0[2];
+  // 128-byte WQEs whose RDMA writes may carry their payload inline (rdma-core v63+, the
+  // device's RDMA write): the QP is made with the inline-write flag; refused on an older library
+  uint8_t inline_write;
+  // completion counters (rdma-core after v64, device cap COMP_CNTR), created on this QP's
+  // counter memory below and attached before the QP leaves RESET: send_cntr counts its RDMA
+  // writes' completions (the kernels' credit), rwrite_cntr remote RDMA writes into it
+  uint8_t send_cntr;
+  uint8_t rwrite_cntr;
+  uint8_t reserved0[3];
+  // Counter memory: 32 bytes (send count, send errors, remote-write count, remote-write errors,
+  // u64 each). cntr_dmabuf_fd >= 0: GPU memory at cntr_gpu_buf, exported as dma-buf (the GPU
+  // reads its own memory); else a host page of host.cpp's, mapped for the GPU by the mapper.
+  int cntr_dmabuf_fd;
+  uint64_t cntr_dmabuf_offset;
+  void* cntr_gpu_buf;
   // A CQ ring in GPU memory (dma-buf, EFADV_CQ_INIT_FLAGS_EXT_MEM_DMABUF): cq_dmabuf_fd
   // >= 0 and cq_gpu_buf its GPU address. Else the provider's host ring is used.
   int cq_dmabuf_fd;
@@ -112,7 +135,7 @@ typedef struct lever_efa_qp_options {
 
 // Defaults: first EFA device, port 1, no window.
 void lever_efa_device_options_init(lever_efa_device_options* o);
-// Defaults: SQ 1024, RQ 128, CQ 4096, qkey 0x11111111, host CQ.
+// Defaults: SQ 1024, RQ 128, CQ 4096, qkey 0x11111111, host CQ, 64-byte WQEs, no counters.
 void lever_efa_qp_options_init(lever_efa_qp_options* o);
 
 // Fills caps for the named device (null: the first EFA device). 0 or an errno value;

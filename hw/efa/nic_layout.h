@@ -30,7 +30,7 @@
 #define LEVER_EFA_HD static inline
 #endif
 
-#define LEVER_EFA_NIC_LAYOUT_VERSION 1u
+#define LEVER_EFA_NIC_LAYOUT_VERSION 2u
 
 /* ---- where a region lives, and so how the GPU reaches it ------------------
  * Every address below comes twice: the host virtual address the provider
@@ -72,6 +72,12 @@
  * sizeof(efa_io_rx_cdesc_ex)). Newer devices may report 128-byte WQEs. */
 #define LEVER_EFA_WQE_SIZE_V59 64u
 #define LEVER_EFA_CQE_SIZE_V59 32u
+/* rdma-core v63: a QP created with the inline-write flag has 128-byte WQEs
+ * (efa_io_tx_wqe_128), reported as efadv_wq_attr.entry_size 128; an RDMA write then
+ * carries up to 80 bytes of payload inline after the remote address (byte 48 on). */
+#define LEVER_EFA_WQE_SIZE_128 128u
+#define LEVER_EFA_INLINE_WRITE_MAX_128 80u
+#define LEVER_EFA_INLINE_WRITE_OFFSET 48u
 /* efa_wq.pc is a 16-bit producer counter and the doorbell takes its value,
  * so a ring can not be deeper than this. */
 #define LEVER_EFA_MAX_RING_ENTRIES 65536u
@@ -124,14 +130,31 @@ typedef struct lever_efa_nic_layout {
   uint64_t peers;           /* lever_efa_peer[num_peers], as the GPU addresses it */
   uint32_t peers_mem;       /* where peers lives (LEVER_EFA_MEM_GPU or _HOST) */
   uint32_t reserved;
+
+  /* ---- version 2: inline RDMA writes (rdma-core v63) --------------------- */
+  uint32_t inline_write_size; /* payload bytes an RDMA write may carry inline in its WQE: 0 (no
+                                 inline writes), else at most LEVER_EFA_INLINE_WRITE_MAX_128 and
+                                 only with sq_entry_size 128 (the QP made with the inline-write
+                                 flag; min(efadv_device_attr.inline_buf_size_ex, 80)) */
+  /* ---- version 2: completion counters (rdma-core after v64) ------------- */
+  uint32_t cntr_mem;          /* where the counters below live (LEVER_EFA_MEM_GPU: dma-buf,
+                                 LEVER_EFA_MEM_HOST: host page mapped for the GPU); _NONE:
+                                 the QP has no counters and credit comes from the CQ */
+  uint64_t send_cntr;         /* host VA of the 64-bit completion count of a counter attached
+                                 to this QP for its RDMA writes (0: none or GPU memory only) */
+  uint64_t send_cntr_dev;     /* the same as the GPU reads it (0: no send counter: poll the CQ) */
+  uint64_t send_err_cntr_dev; /* that counter's 64-bit error count, as the GPU reads it */
+  uint64_t rwrite_cntr;       /* host VA of the completion count of a counter attached for
+                                 remote RDMA writes into this QP's window (0: none) */
+  uint64_t rwrite_cntr_dev;   /* the same as the GPU reads it (0: none) */
 } lever_efa_nic_layout;
 
 #if defined(__cplusplus)
 static_assert(sizeof(lever_efa_peer) == 24, "lever_efa_peer is 24 bytes");
-static_assert(sizeof(lever_efa_nic_layout) == 152, "lever_efa_nic_layout is 152 bytes");
+static_assert(sizeof(lever_efa_nic_layout) == 200, "lever_efa_nic_layout is 200 bytes");
 #else
 _Static_assert(sizeof(lever_efa_peer) == 24, "lever_efa_peer is 24 bytes");
-_Static_assert(sizeof(lever_efa_nic_layout) == 152, "lever_efa_nic_layout is 152 bytes");
+_Static_assert(sizeof(lever_efa_nic_layout) == 200, "lever_efa_nic_layout is 200 bytes");
 #endif
 
 /* ---- the conventions as functions (host and device) ----------------------
@@ -188,7 +211,26 @@ LEVER_EFA_HD const char* lever_efa_layout_problem(const lever_efa_nic_layout* l)
     return "cq_num_entries: not a power of two in [1, 65536]";
   if (l->sq_phase_first != LEVER_EFA_SQ_PHASE_FIRST_LAP) return "sq_phase_first: not 0";
   if (l->cq_phase_first != LEVER_EFA_CQ_PHASE_FIRST_LAP) return "cq_phase_first: not 1";
+  if (l->inline_write_size > LEVER_EFA_INLINE_WRITE_MAX_128)
+    return "inline_write_size: above the 80 bytes a 128-byte WQE holds";
+  if (l->inline_write_size != 0u && l->sq_entry_size != LEVER_EFA_WQE_SIZE_128)
+    return "inline_write_size: inline RDMA writes need 128-byte WQEs";
+  if ((l->send_cntr_dev != 0u || l->rwrite_cntr_dev != 0u) && l->cntr_mem != LEVER_EFA_MEM_GPU &&
+      l->cntr_mem != LEVER_EFA_MEM_HOST)
+    return "cntr_mem: a counter mapped for the GPU must live in GPU or host memory";
+  if (l->send_cntr_dev != 0u && (l->send_err_cntr_dev == 0u || ((l->send_cntr_dev | l->send_err_cntr_dev) & 7u) != 0u))
+    return "send_cntr_dev: needs its error count beside it, both 8-byte aligned";
   return 0;
 }
+
+/* Whether an RDMA write of len bytes goes inline in its WQE on layout l: a 128-byte WQE,
+ * inline writes enabled, and the payload fits (the model's rule, sim/issuer.py
+ * NativePort.wqe_blocks, with EFA's 80 bytes beside the descriptor of an RDMA write). */
+LEVER_EFA_HD int lever_efa_write_inline(const lever_efa_nic_layout* l, uint32_t len) {
+  return l->sq_entry_size == LEVER_EFA_WQE_SIZE_128 && len != 0u && len <= l->inline_write_size;
+}
+/* 8-byte words of one WQE on layout l (8 or 16): every WQE is written whole, as the
+ * provider's LLQ copy writes sq entry_size bytes per WQE. */
+LEVER_EFA_HD uint32_t lever_efa_wqe_words(const lever_efa_nic_layout* l) { return l->sq_entry_size >> 3; }
 
 #endif /* LEVER_EFA_NIC_LAYOUT_H */

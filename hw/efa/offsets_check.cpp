@@ -19,8 +19,10 @@
 // device is in hw/efa/README.md.
 //
 // Test hooks (tests/test_hw_efa.py): -DLEVER_EFA_SKEW=N shifts the expected offset
-// of meta.ah by N bytes (the check must then fail); -DLEVER_EFA_PROJECT_HEADER=
-// "path" checks another copy of the project header.
+// of meta.ah by N bytes (the check must then fail); -DLEVER_EFA_SKEW_INLINE=N the
+// provider's inline-write payload offset (v63+ headers); -DLEVER_EFA_PROJECT_HEADER=
+// "path" checks another copy of the project header; -DLEVER_EFA_REQUIRE_128 refuses a
+// provider header without the 128-byte WQE (tests/test_hw_efa128.py).
 #include <stddef.h>
 #include <stdint.h>
 
@@ -31,6 +33,9 @@
 #endif
 #ifndef LEVER_EFA_SKEW
 #define LEVER_EFA_SKEW 0
+#endif
+#ifndef LEVER_EFA_SKEW_INLINE
+#define LEVER_EFA_SKEW_INLINE 0
 #endif
 
 namespace proj {
@@ -151,6 +156,48 @@ static_assert(MEMBER_SIZE(proj::efa_io_tx_wqe, data.sgl) ==
 static_assert(sizeof(prov::efa_io_tx_wqe) == LEVER_EFA_WQE_SIZE_V59,
               "nic_layout.h LEVER_EFA_WQE_SIZE_V59 differs from the provider's WQE");
 
+// ---------------------------------------------------------------- the 128-byte TX WQE (v63+)
+// A provider header with EFA_IO_TX_DESC_INLINE_MAX_SIZE_128 (rdma-core v63 and later) has
+// efa_io_tx_wqe_128; the project's copy and wqe.h's inline-write layout must match it. Against
+// an older header these checks can not run: -DLEVER_EFA_REQUIRE_128 makes that an error (the
+// test that passes a v63+ tree sets it, so a v59 header can not pass for a v63 check).
+#ifdef EFA_IO_TX_DESC_INLINE_MAX_SIZE_128
+SAME(efa_io_rdma_req_128, remote_mem, efa_io_rdma_req_128, remote_mem);
+SAME(efa_io_rdma_req_128, local_mem, efa_io_rdma_req_128, local_mem);
+SAME(efa_io_rdma_req_128, inline_data, efa_io_rdma_req_128, inline_data);
+SAME_SIZEOF(efa_io_rdma_req_128, efa_io_rdma_req_128);
+SAME(efa_io_tx_wqe_128, meta, efa_io_tx_wqe_128, meta);
+SAME(efa_io_tx_wqe_128, data, efa_io_tx_wqe_128, data);
+SAME(efa_io_tx_wqe_128, data.sgl, efa_io_tx_wqe_128, data.sgl);
+SAME(efa_io_tx_wqe_128, data.inline_data, efa_io_tx_wqe_128, data.inline_data);
+SAME(efa_io_tx_wqe_128, data.rdma_req, efa_io_tx_wqe_128, data.rdma_req);
+SAME(efa_io_tx_wqe_128, data.rdma_req.remote_mem.rkey, efa_io_tx_wqe_128, data.rdma_req.remote_mem.rkey);
+SAME(efa_io_tx_wqe_128, data.rdma_req.local_mem[0].lkey, efa_io_tx_wqe_128,
+     data.rdma_req.local_mem[0].lkey);
+SAME(efa_io_tx_wqe_128, data.rdma_req.inline_data, efa_io_tx_wqe_128, data.rdma_req.inline_data);
+SAME_SIZEOF(efa_io_tx_wqe_128, efa_io_tx_wqe_128);
+static_assert(sizeof(prov::efa_io_tx_wqe_128) == LEVER_EFA_WQE_SIZE_128,
+              "nic_layout.h LEVER_EFA_WQE_SIZE_128 differs from the provider's 128-byte WQE");
+static_assert(offsetof(prov::efa_io_tx_wqe_128, data.rdma_req.inline_data) + LEVER_EFA_SKEW_INLINE ==
+                  LEVER_EFA_INLINE_WRITE_OFFSET,
+              "nic_layout.h LEVER_EFA_INLINE_WRITE_OFFSET is not where the provider puts an inline write's payload");
+static_assert(MEMBER_SIZE(prov::efa_io_tx_wqe_128, data.rdma_req.inline_data) == LEVER_EFA_INLINE_WRITE_MAX_128 &&
+                  EFA_IO_TX_DESC_INLINE_MAX_SIZE_128 == LEVER_EFA_INLINE_WRITE_MAX_128,
+              "nic_layout.h LEVER_EFA_INLINE_WRITE_MAX_128 differs from the provider's inline write room");
+static_assert(proj::EFA_IO_TX_DESC_INLINE_MAX_SIZE_128_BYTES == EFA_IO_TX_DESC_INLINE_MAX_SIZE_128,
+              "efa_io_defs.h EFA_IO_TX_DESC_INLINE_MAX_SIZE_128_BYTES differs from the provider's");
+// wqe.h's words 6.. of an inline write are the payload: the payload starts on a word boundary
+static_assert(LEVER_EFA_INLINE_WRITE_OFFSET == 6u * 8u, "an inline write's payload is not word 6 of the WQE");
+#define LEVER_EFA_CHECKED_128 1
+#elif defined(LEVER_EFA_REQUIRE_128)
+#error "provider efa_io_defs.h has no 128-byte WQE (EFA_IO_TX_DESC_INLINE_MAX_SIZE_128): not rdma-core v63+"
+#endif
+// Without a v63 header the project's own 128-byte layout still has to put the payload where
+// wqe.h writes it.
+static_assert(offsetof(proj::efa_io_tx_wqe_128, data.rdma_req.inline_data) == LEVER_EFA_INLINE_WRITE_OFFSET,
+              "efa_io_defs.h efa_io_tx_wqe_128: inline payload not at LEVER_EFA_INLINE_WRITE_OFFSET");
+static_assert(sizeof(proj::efa_io_tx_wqe_128) == LEVER_EFA_WQE_SIZE_128, "efa_io_defs.h efa_io_tx_wqe_128 size");
+
 // ---------------------------------------------------------------- completion descriptors
 SAME(efa_io_cdesc_common, req_id, efa_io_cdesc_common, req_id);
 SAME(efa_io_cdesc_common, status, efa_io_cdesc_common, status);
@@ -256,6 +303,7 @@ static_assert(pc::cdesc_unsolicited == EFA_IO_CDESC_COMMON_UNSOLICITED_MASK,
 static_assert(LEVER_EFA_OP_RDMA_WRITE == unsigned(prov::EFA_IO_RDMA_WRITE), "wqe.h RDMA_WRITE differs");
 static_assert(LEVER_EFA_CTRL1_HAS_IMM == EFA_IO_TX_META_DESC_HAS_IMM_MASK, "wqe.h has_imm differs");
 static_assert(LEVER_EFA_CTRL1_META_DESC == EFA_IO_TX_META_DESC_META_DESC_MASK, "wqe.h meta_desc differs");
+static_assert(LEVER_EFA_CTRL1_INLINE_MSG == EFA_IO_TX_META_DESC_INLINE_MSG_MASK, "wqe.h inline_msg differs");
 static_assert(LEVER_EFA_CTRL2_PHASE == EFA_IO_TX_META_DESC_PHASE_MASK, "wqe.h phase differs");
 static_assert(LEVER_EFA_CTRL2_FIRST == EFA_IO_TX_META_DESC_FIRST_MASK, "wqe.h first differs");
 static_assert(LEVER_EFA_CTRL2_LAST == EFA_IO_TX_META_DESC_LAST_MASK, "wqe.h last differs");
@@ -267,3 +315,6 @@ static_assert(EFA_IO_TX_META_DESC_PHASE_MASK == 1u && EFA_IO_CDESC_COMMON_PHASE_
               "phase is not bit 0");
 
 int lever_efa_offsets_check_passed() { return 1; }
+#ifdef LEVER_EFA_CHECKED_128
+int lever_efa_offsets_check_128_passed() { return 1; }
+#endif

@@ -213,6 +213,63 @@ def ensure_headers(dest: str | os.PathLike[str] | None = None,
     return Headers(root, VERSION)
 
 
+NEWER_ENV = "LEVER_RDMA_CORE_TREE"
+"""An rdma-core source tree (a checkout, or an unpacked release) newer than v59, for the checks of
+what v59 lacks: the 128-byte WQE (v63) and completion counters (after v64). No registry carries
+such a tree (PyPI's newest pyverbs sdist is 59.0), so those checks run where one is given."""
+
+
+def tree_version(tree: Path) -> int | None:
+    """The release of an rdma-core tree, from its CMakeLists.txt PACKAGE_VERSION ("65.0" -> 65)."""
+    try:
+        text = (tree / "CMakeLists.txt").read_text()
+    except OSError:
+        return None
+    for line in text.splitlines():
+        line = line.strip()
+        if line.startswith("set(PACKAGE_VERSION "):
+            v = line.split('"')[1] if '"' in line else ""
+            try:
+                return int(v.split(".")[0])
+            except ValueError:
+                return None
+    return None
+
+
+def headers_from_tree(tree: str | os.PathLike[str], dest: str | os.PathLike[str]) -> Headers:
+    """Headers published from an rdma-core source tree into ``dest``, laid out as
+    :func:`ensure_headers` lays v59's (``rdma-core/`` with the kept headers, ``include/``).
+    Nothing is pinned: the tree is whatever the caller has (``$LEVER_RDMA_CORE_TREE``)."""
+    src = Path(tree).expanduser()
+    version = tree_version(src)
+    if version is None:
+        raise FetchError(f"{src}: not an rdma-core tree (no CMakeLists.txt PACKAGE_VERSION)")
+    root = Path(dest)
+    with _locked(root):
+        stage = Path(tempfile.mkdtemp(prefix=".stage-", dir=root))
+        try:
+            out = stage / "rdma-core"
+            for keep in KEEP:
+                for f in (src / keep).rglob("*.h"):
+                    target = out / f.relative_to(src)
+                    target.parent.mkdir(parents=True, exist_ok=True)
+                    shutil.copy2(f, target)
+            shutil.copy2(src / "CMakeLists.txt", out / "CMakeLists.txt")
+            for sub, files in PUBLISH.items():
+                d = stage / "include" / sub
+                d.mkdir(parents=True)
+                for rel in files:
+                    shutil.copy2(out / rel, d / Path(rel).name)
+            shutil.copytree(out / "kernel-headers" / "rdma", stage / "include" / "rdma")
+            for name in ("rdma-core", "include"):
+                if (root / name).exists():
+                    shutil.rmtree(root / name)
+                (stage / name).rename(root / name)
+        finally:
+            shutil.rmtree(stage, ignore_errors=True)
+    return Headers(root, f"{version}.0")
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description="fetch rdma-core v59 headers (from the pyverbs sdist)")
     p.add_argument("--dir", default=None, help="cache directory (default $LEVER_RDMA_CORE_DIR or "

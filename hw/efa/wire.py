@@ -54,7 +54,7 @@ from lever.sim.errors import UserError
 
 NQ_MAX = 32
 """Send-QP slots per rank in the kernels' tables (hw/ep/efa_emu.cuh NQ_MAX)."""
-LAYOUT_BYTES = 152
+LAYOUT_BYTES = 200
 PEER_BYTES = 24
 FILL_NO_SQ_MAP = 1
 """hw/efa/host.h LEVER_EFA_FILL_NO_SQ_MAP: a receive-only QP's SQ is not mapped for the GPU."""
@@ -74,7 +74,7 @@ class Endpoints(Protocol):
     def caps(self) -> dict[str, Any]: ...
     def local(self) -> dict[str, Any]: ...  # lkey, rkey, addr, gid (16 bytes)
     def open_qp(self, sq_depth: int, rq_depth: int, cq_depth: int, qkey: int,
-                unsolicited: bool) -> int: ...
+                unsolicited: bool, **newer: Any) -> int: ...  # inline_write, send_cntr (v63, after v64)
     def qp_num(self, handle: int) -> int: ...
     def close_qp(self, handle: int) -> int: ...
     def add_peer(self, gid: bytes, qpn: int, qkey: int, rkey: int, addr: int) -> int: ...
@@ -109,6 +109,11 @@ class QueuePlan:
     unsolicited: bool = True
     devices: int = 1
     rx_per_slot: bool = False
+    # the device generation the send QPs are made for: 128-byte WQEs whose RDMA writes may go
+    # inline (rdma-core v63), a completion counter per send QP that the kernels read for their
+    # credit instead of the CQ (after v64)
+    inline_write: bool = False
+    send_counters: bool = False
 
     def qps(self) -> int:
         """QPs (and CQs) a rank opens over all its devices: send, receive and the barrier QP."""
@@ -131,10 +136,14 @@ class QueuePlan:
 
 
 def plan_queues(*, num_qps: int, imm: bool, nrx: int, sq_depth: int, rx_depth: int,
-                proxy: bool, caps: Mapping[str, Any], devices: int = 1) -> QueuePlan:
+                proxy: bool, caps: Mapping[str, Any], devices: int = 1, inline_write: bool = False,
+                send_counters: bool = False) -> QueuePlan:
     """The queue plan for a run whose variants use up to ``num_qps`` send QPs and (``imm``)
     count receive completions, striped over ``devices`` EFA devices of one kind (``caps``:
-    theirs, :func:`rail_caps`), within what each device allows (one-line WireError)."""
+    theirs, :func:`rail_caps`), within what each device allows (one-line WireError).
+    ``inline_write`` / ``send_counters``: the send QPs with 128-byte WQEs and inline writes
+    (the library must be v63+) / with completion counters (after v64, device cap COMP_CNTR);
+    the proxy's host threads poll the CQ, so counters are native-path only."""
     if not 1 <= num_qps <= NQ_MAX:
         raise WireError(f"design.qps_per_call {num_qps}: the kernels take 1..{NQ_MAX} send QPs")
     if not 1 <= devices <= NQ_MAX:
@@ -151,9 +160,21 @@ def plan_queues(*, num_qps: int, imm: bool, nrx: int, sq_depth: int, rx_depth: i
                         "bit 4, rdma-core 52+): this device lacks it, and the kernels post no receives")
     if not names.get("rdma_write", False):
         raise WireError("the device lacks RDMA write (device cap bit 3)")
+    lib = caps.get("lib_features") or {}
+    if inline_write and not lib.get("wqe128_inline_write", False):
+        raise WireError("128-byte WQEs with inline writes need rdma-core 63 (libefa's efadv_get_max_sq_depth): "
+                        "the loaded library lacks it")
+    if send_counters and not lib.get("comp_cntr", False):
+        raise WireError("completion counters need an rdma-core release after 64 (efadv_create_comp_cntr, "
+                        "ibv_qp_attach_comp_cntr): the loaded library lacks them")
+    if send_counters and not names.get("comp_cntr", False):
+        raise WireError("completion counters: the device lacks COMP_CNTR (device cap bit 6)")
+    if send_counters and proxy:
+        raise WireError("completion counters: the proxy path's host threads poll the CQ (native path only)")
     plan = QueuePlan(send=num_qps, recv=nrx if imm else devices, nrx=nrx, sq_depth=sq_depth,
                      rx_depth=rx_depth, proxy=proxy, unsolicited=bool(names.get("unsolicited_write_recv")),
-                     devices=devices, rx_per_slot=bool(imm))
+                     devices=devices, rx_per_slot=bool(imm), inline_write=bool(inline_write),
+                     send_counters=bool(send_counters))
     for what, limit in (("max_qp", caps.get("max_qp")), ("max_cq", caps.get("max_cq"))):
         for rail in range(devices):
             s, r, b = plan.qps_on(rail)
@@ -164,7 +185,8 @@ def plan_queues(*, num_qps: int, imm: bool, nrx: int, sq_depth: int, rx_depth: i
     return plan
 
 
-RAIL_CAPS = ("max_sq_wr", "max_cqe", "device_caps", "max_rdma_size", "inline_buf_size", "max_tx_batch")
+RAIL_CAPS = ("max_sq_wr", "max_cqe", "device_caps", "max_rdma_size", "inline_buf_size", "max_tx_batch",
+             "inline_buf_size_ex")
 """What the devices a rank stripes over must agree on: one plan and one layout shape serve all."""
 
 
@@ -250,8 +272,10 @@ def open_send(devs: Sequence[Endpoints], plan: QueuePlan, q: RankQueues) -> list
         devs[h.rail].close_qp(h.handle)
         q.qpn.pop(h, None)
     q.send = []
+    newer = {k: True for k, on in (("inline_write", plan.inline_write), ("send_cntr", plan.send_counters)) if on}
     for i in range(plan.send):
-        q.send.append(_open(devs, plan.send_rail(i), plan.sq_depth, plan.sq_depth, False))
+        rail = plan.send_rail(i)
+        q.send.append(Qp(rail, int(devs[rail].open_qp(plan.sq_depth, 1, plan.sq_depth, QKEY, False, **newer))))
     q.qpn.update({h: int(devs[h.rail].qp_num(h.handle)) for h in q.send})
     return q.send
 

@@ -1,5 +1,6 @@
-/* The RDMA-write TX WQE as the EFA provider (rdma-core v59) builds it, from a NIC
- * layout: the one WQE builder of every kernel and host proxy in hw/.
+/* The RDMA-write TX WQE as the EFA provider builds it (rdma-core v59; 128-byte WQEs with
+ * inline writes as v63 builds them), from a NIC layout: the one WQE builder of every kernel
+ * and host proxy in hw/.
  *
  * Why: the kernels must post the same 64 bytes whether the NIC behind the layout is
  * the emulated one (hw/ep) or a real EFA device (layout from efadv_query_qp_wqs /
@@ -36,6 +37,7 @@
  * proves equal to the provider's masks, through hw/efa_io_defs.h). */
 #define LEVER_EFA_OP_RDMA_WRITE 2u
 #define LEVER_EFA_CTRL1_HAS_IMM (1u << 4)
+#define LEVER_EFA_CTRL1_INLINE_MSG (1u << 5)
 #define LEVER_EFA_CTRL1_META_DESC (1u << 7)
 #define LEVER_EFA_CTRL2_PHASE (1u << 0)
 #define LEVER_EFA_CTRL2_FIRST (1u << 2)
@@ -51,21 +53,44 @@ typedef struct lever_efa_write {
   uint32_t len;   /* bytes, at most max_rdma_size */
   uint32_t imm;   /* immediate data (sent when has_imm) */
   uint32_t has_imm;
+  /* Where the builder may read the payload to send it inline (the caller can load from it:
+   * the local buffer on the GPU, laddr itself for device code), or null: never inline (a
+   * host proxy thread can not read GPU memory). Inline only where lever_efa_write_inline
+   * says the layout takes it. */
+  const void* inline_src;
 } lever_efa_write;
 
-/* Word wd (0..7) of the RDMA-write WQE posted as number pc on the QP of layout l
- * towards peer p. */
+/* Payload word k (bytes [8k, 8k+8) of the write, zero past len) read from src. */
+LEVER_EFA_HD uint64_t lever_efa_inline_word(const void* src, uint32_t len, uint32_t k) {
+  const uint32_t off = k * 8u;
+  if (off >= len) return 0ull;
+  const unsigned char* b = (const unsigned char*)src + off;
+  if ((((uint64_t)(uintptr_t)b) & 7u) == 0u && len - off >= 8u) return *(const uint64_t*)b;
+  uint64_t v = 0ull;
+  const uint32_t n = len - off < 8u ? len - off : 8u;
+  for (uint32_t i = 0; i < n; ++i) v |= (uint64_t)b[i] << (8u * i);
+  return v;
+}
+
+/* Word wd (0 .. lever_efa_wqe_words(l) - 1) of the RDMA-write WQE posted as number pc on
+ * the QP of layout l towards peer p. A 64-byte WQE is words 0..7; a 128-byte one (v63,
+ * efa_io_tx_wqe_128) has the same first six words, then either the local buffer (words
+ * 6, 7) and zeros, or, for an inline write, the payload from byte 48 (words 6..15, zero
+ * past len), ctrl1 inline_msg set and meta.length = len (the provider's inline setter). */
 LEVER_EFA_HD uint64_t lever_efa_write_wqe_word(const lever_efa_nic_layout* l, const lever_efa_peer* p,
                                                const lever_efa_write* wr, uint32_t pc, int wd) {
+  const int inl = wr->inline_src != 0 && lever_efa_write_inline(l, wr->len);
   switch (wd) {
     case 0: {
       const uint64_t ctrl1 = LEVER_EFA_OP_RDMA_WRITE | LEVER_EFA_CTRL1_META_DESC |
-                             (wr->has_imm ? LEVER_EFA_CTRL1_HAS_IMM : 0u);
+                             (wr->has_imm ? LEVER_EFA_CTRL1_HAS_IMM : 0u) |
+                             (inl ? LEVER_EFA_CTRL1_INLINE_MSG : 0u);
       const uint64_t ctrl2 = lever_efa_sq_phase(pc, l->sq_num_entries) | LEVER_EFA_CTRL2_FIRST |
                              LEVER_EFA_CTRL2_LAST | LEVER_EFA_CTRL2_COMP_REQ;
       const uint64_t req_id = lever_efa_slot(pc, l->sq_num_entries);
-      return req_id | (ctrl1 << 16) | (ctrl2 << 24) | ((uint64_t)p->remote_qpn << 32) |
-             (1ull << 48); /* meta.length: one buffer */
+      /* meta.length: one buffer, or the inline payload's bytes */
+      const uint64_t length = inl ? (uint64_t)wr->len : 1ull;
+      return req_id | (ctrl1 << 16) | (ctrl2 << 24) | ((uint64_t)p->remote_qpn << 32) | (length << 48);
     }
     case 1: /* immediate_data, ah, reserved */
       return (uint64_t)(wr->has_imm ? wr->imm : 0u) | ((uint64_t)p->ahn << 32);
@@ -77,11 +102,15 @@ LEVER_EFA_HD uint64_t lever_efa_write_wqe_word(const lever_efa_nic_layout* l, co
       return (uint64_t)wr->len | ((uint64_t)p->rkey << 32);
     case 5: /* remote_mem.buf_addr_lo/hi */
       return wr->raddr;
-    case 6: /* local_mem[0].length, lkey (23:0) */
-      return (uint64_t)wr->len | ((uint64_t)(l->lkey & LEVER_EFA_LKEY_MASK) << 32);
-    default: /* local_mem[0].buf_addr_lo/hi */
-      return wr->laddr;
+    default:
+      break;
   }
+  if (inl) return lever_efa_inline_word(wr->inline_src, wr->len, (uint32_t)wd - 6u);
+  if (wd == 6) /* local_mem[0].length, lkey (23:0) */
+    return (uint64_t)wr->len | ((uint64_t)(l->lkey & LEVER_EFA_LKEY_MASK) << 32);
+  if (wd == 7) /* local_mem[0].buf_addr_lo/hi */
+    return wr->laddr;
+  return 0ull; /* the rest of a 128-byte entry */
 }
 
 /* The CQE flags byte of a 16-byte load's first word (efa_io_cdesc_common.flags). */

@@ -115,27 +115,39 @@ static py::dict emulated_nic_tables(const IntMap& c, const std::vector<IntMap>& 
   // where the native QPs' SQ (with its doorbell) and CQ are: device memory, or pinned host
   // memory (SQ and doorbell write-combined, as an LLQ BAR is mapped)
   const bool sq_host = need(c, "sq_host") != 0, cq_host = need(c, "cq_host") != 0;
+  // the device generation it plays: 64-byte WQEs (v59), or 128-byte ones with inline writes
+  // of up to inline_write bytes (v63); completion counters (after v64) in GPU memory, the
+  // send QPs' credit read from them instead of the CQ
+  const uint32_t wqe = c.count("wqe_size") ? (uint32_t)need(c, "wqe_size") : emu_nic::WQE_SIZE;
+  const uint32_t inl = c.count("inline_write") ? (uint32_t)need(c, "inline_write") : 0u;
+  const bool cntrs = c.count("counters") && need(c, "counters") != 0;
+  if (wqe != 64u && wqe != LEVER_EFA_WQE_SIZE_128) throw std::runtime_error("wqe_size: 64 or 128");
+  if (inl > (wqe == 64u ? 0u : LEVER_EFA_INLINE_WRITE_MAX_128))
+    throw std::runtime_error("inline_write: 0 with 64-byte WQEs, at most 80 with 128-byte ones");
   py::list send, psend, fsend, fpsend;
   for (const IntMap& m : locals) {
     const int rank = (int)need(m, "rank");
     std::vector<lever_efa_nic_layout> sl, pl, fl, fpl;
+    const uint64_t cntr = cntrs ? (uint64_t)need(m, "cntr") : 0u;  // [NQ][2] u64: count, errors
     for (int q = 0; q < NQ; ++q) {
-      const uint64_t sq = (uint64_t)need(m, "sq") + (uint64_t)q * depth * emu_nic::WQE_SIZE;
+      const uint64_t sq = (uint64_t)need(m, "sq") + (uint64_t)q * depth * wqe;
       const uint64_t db = (uint64_t)need(m, "db") + (uint64_t)q * 32 * 4;
       const uint64_t cq = (uint64_t)need(m, "cq") + (uint64_t)q * depth * emu_nic::CQE_SIZE;
-      const uint64_t msq = (uint64_t)need(m, "msq") + (uint64_t)q * depth * emu_nic::WQE_SIZE;
+      const uint64_t msq = (uint64_t)need(m, "msq") + (uint64_t)q * depth * wqe;
       const uint64_t mdb = (uint64_t)need(m, "mdb") + (uint64_t)q * 32 * 4;
       sl.push_back(emu_nic::send_qp_layout_at(rank, emu_nic::SQ_QPN_BASE + (uint32_t)(rank * NQ + q), sq, db,
                                               cq, depth, depth, sq_host, cq_host, 0, (uint32_t)(R * nrx)));
+      emu_nic::set_generation(sl.back(), wqe, inl, cntrs ? cntr + (uint64_t)q * 16u : 0u);
       fl.push_back(sq_host ? emu_nic::mirror_layout(sl.back(), msq, mdb) : sl.back());
-      if (opt_ptr<void>(m, "psq")) {
-        const uint64_t psq = (uint64_t)need(m, "psq") + (uint64_t)q * depth * emu_nic::WQE_SIZE;
+      if (opt_ptr<void>(m, "psq")) {  // the proxy's host threads poll the CQ: no counters there
+        const uint64_t psq = (uint64_t)need(m, "psq") + (uint64_t)q * depth * wqe;
         const uint64_t pdb = (uint64_t)need(m, "pdb") + (uint64_t)q * 32 * 4;
         const uint64_t pcq = (uint64_t)need(m, "pcq") + (uint64_t)q * depth * emu_nic::CQE_SIZE;
-        const uint64_t pmsq = (uint64_t)need(m, "pmsq") + (uint64_t)q * depth * emu_nic::WQE_SIZE;
+        const uint64_t pmsq = (uint64_t)need(m, "pmsq") + (uint64_t)q * depth * wqe;
         const uint64_t pmdb = (uint64_t)need(m, "pmdb") + (uint64_t)q * 32 * 4;
         pl.push_back(emu_nic::send_qp_layout(rank, emu_nic::PSQ_QPN_BASE + (uint32_t)(rank * NQ + q), psq,
                                              pdb, pcq, depth, depth, true, 0, (uint32_t)(R * nrx)));
+        emu_nic::set_generation(pl.back(), wqe, 0u, 0u);
         fpl.push_back(emu_nic::mirror_layout(pl.back(), pmsq, pmdb));  // the proxy's SQ is host memory
       }
     }
@@ -317,6 +329,11 @@ static int make_world(int gpu, const IntMap& c, const FloatMap& fab, const std::
     r.hcount = ptr<int>(m, "hcount");
     r.prof = ptr<unsigned long long>(m, "prof"); r.prof_n = ptr<unsigned>(m, "prof_n");
     r.pring = opt_ptr<emu::ProxyDesc>(m, "pring"); r.pstate = opt_ptr<unsigned long long>(m, "pstate");
+    r.nic_inl = opt_ptr<uint8_t>(m, "nic_inl");
+    if (w.nic_blocks > 0 && !r.nic_inl)
+      for (int q = 0; q < NQ; ++q)
+        if (h_lay[(size_t)R * nrx + i * NQ + q].inline_write_size != 0u)
+          throw std::runtime_error("inline writes on the emulated NIC need its nic_inl buffer");
   }
   std::vector<emu::RankPeer> P(peers.size());
   for (size_t i = 0; i < peers.size(); ++i) {

@@ -28,7 +28,7 @@
 
 namespace emu {
 
-// ---- EFA IO definitions (TX WQE 64 B; CQEs read 16 B at the layout's entry stride) --
+// ---- EFA IO definitions (TX WQE 64 or 128 B; CQEs read 16 B at the layout's entry stride) --
 using ::EfaQueueType;
 using ::EfaSendOp;
 using ::efa_io_cdesc_common;
@@ -242,6 +242,8 @@ struct RankLocal {
   unsigned* loc_cnt;         // [n_rxcq] write-imm puts the rank copied to itself this op
   unsigned* wqe_done;        // [NQ_MAX][sq_depth] V2: send completions per SQ slot, counted by
                              // whoever consumes the CQE (null for V1: nothing counted)
+  uint8_t* nic_inl;          // [nics_per_rank][512][128] the NIC's copies of inline WQE payloads,
+                             // per NIC and in-flight WQE slot (emulated NIC state)
 };
 
 struct Fabric {  // [platform.fabric] + [platform.nic] + [platform.receiver], ns

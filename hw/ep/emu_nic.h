@@ -117,6 +117,26 @@ inline lever_efa_nic_layout send_qp_layout(int rank, uint32_t qpn, uint64_t sq, 
   return send_qp_layout_at(rank, qpn, sq, db, cq, sq_entries, cq_entries, host_memory, host_memory,
                            peers, num_peers);
 }
+// The device generation the emulated NIC plays for one send QP: its WQE size (64, or 128 as
+// rdma-core v63 makes a QP with the inline-write flag), the inline-write payload it takes
+// (0, or up to 80 bytes with 128-byte WQEs), and a completion counter (after v64) at cntr: two
+// u64 words in GPU memory, the completion count then the error count, which the NIC bumps when
+// it writes a send CQE (0: no counter, credit from the CQ).
+inline void set_generation(lever_efa_nic_layout& l, uint32_t wqe_size, uint32_t inline_write, uint64_t cntr) {
+  l.sq_entry_size = wqe_size;
+  l.inline_write_size = inline_write;
+  l.inline_buf_size = inline_write;
+  // max_tx_batch is in 64-byte units on EFA: half the WQEs per doorbell at 128 bytes
+  if (wqe_size == LEVER_EFA_WQE_SIZE_128 && l.sq_max_batch > 1u) l.sq_max_batch /= 2u;
+  l.cntr_mem = cntr ? LEVER_EFA_MEM_GPU : LEVER_EFA_MEM_NONE;
+  l.send_cntr = 0;  // GPU memory: no host address
+  l.send_cntr_dev = cntr;
+  l.send_err_cntr_dev = cntr ? cntr + 8u : 0u;
+  l.rwrite_cntr = 0;
+  l.rwrite_cntr_dev = 0;
+  if (cntr) l.device_caps |= 1u << 6;  // EFADV_DEVICE_ATTR_CAPS_COMP_CNTR
+}
+
 // The NIC's own device-memory mirror of a host-memory SQ and its doorbell: what its fetcher
 // reads (the NIC copies WQEs there after reading the host doorbell over PCIe). Everything
 // else (CQ, keys, QPN) is the published layout's.

@@ -281,7 +281,10 @@ __device__ __forceinline__ unsigned long long put_word(const World& w, const lev
                                                        const Put& p, int wd, unsigned idx) {
   const lever_efa_peer* peer =
       reinterpret_cast<const lever_efa_peer*>(l->peers) + (size_t)p.dest * w.n_rxcq + p.dqp;
-  const lever_efa_write wr = {p.laddr, p.raddr, p.len, p.imm, p.has_imm};
+  // the payload of a write the layout takes inline (128-byte WQE, v63) is read here, from
+  // the local buffer in GPU memory, instead of by the NIC
+  const lever_efa_write wr = {p.laddr, p.raddr, p.len, p.imm, p.has_imm,
+                              reinterpret_cast<const void*>(static_cast<uintptr_t>(p.laddr))};
   return lever_efa_write_wqe_word(l, peer, &wr, idx, wd);
 }
 __device__ __forceinline__ const void* cqe_at(const lever_efa_nic_layout* l, unsigned ci) {
@@ -292,9 +295,51 @@ __device__ __forceinline__ const void* cqe_at(const lever_efa_nic_layout* l, uns
 // cq_ci >= need; any warp may advance the consumer index. Warp-collective: the
 // lanes read 32 consecutive CQEs at once and one CAS consumes the valid prefix.
 __device__ bool cq_poll(const World& w, const RankLocal& L, int qp, unsigned need,
+                        unsigned long long& polls);
+
+// Credit from the QP's completion counter (the layout has one: EFA after rdma-core v64, or the
+// emulated NIC's): its 64-bit count of completed RDMA writes is read until it reaches need
+// (the model's nic.hw_counters path); a non-zero error count is an error completion. The CQ
+// is not read (the device still writes it; an EFA CQ has no consumer index to overflow).
+// V2's flushes count completions per SQ slot (req_id), which only CQEs carry: they keep the CQ.
+__device__ __forceinline__ bool uses_counter(const RankLocal& L, const lever_efa_nic_layout* lay) {
+  return lay->send_cntr_dev != 0u && L.wqe_done == nullptr;
+}
+__device__ bool cntr_poll(const World& w, const RankLocal& L, int qp, unsigned need,
+                          unsigned long long& polls) {
+  const lever_efa_nic_layout* lay = L.nic + qp;
+  const unsigned long long* cnt = reinterpret_cast<const unsigned long long*>(lay->send_cntr_dev);
+  const unsigned long long* bad = reinterpret_cast<const unsigned long long*>(lay->send_err_cntr_dev);
+  const int lane = lane_id();
+  unsigned long long t0 = gtime();
+  bool ok = true;
+  if (lane == 0) {
+    while (true) {
+      const unsigned long long v = ld_acq64(cnt);
+      const unsigned long long e = ld_acq64(bad);
+      ++polls;
+      if (e != 0ull) {  // aux < 0: -(error count), no status to name (hw/ep.py says so)
+        raise_err(w, ERR_BAD_CQE, L.rank, qp, (long long)v, (long long)need,
+                  -(int)(e < 0x7fffffffull ? e : 0x7fffffffull));
+        ok = false;
+        break;
+      }
+      if ((int)((unsigned)v - need) >= 0) break;
+      if (timed_out(w, t0)) {
+        raise_err(w, ERR_TIMEOUT_CQ, L.rank, qp, (long long)v, need, 1);
+        ok = false;
+        break;
+      }
+    }
+  }
+  return __shfl_sync(0xffffffffu, ok, 0);
+}
+
+__device__ bool cq_poll(const World& w, const RankLocal& L, int qp, unsigned need,
                         unsigned long long& polls) {
   QpIssuer* Q = L.qps + qp;
   const lever_efa_nic_layout* lay = L.nic + qp;
+  if (uses_counter(L, lay)) return cntr_poll(w, L, qp, need, polls);
   const int lane = lane_id();
   unsigned long long t0 = gtime();
   while (true) {
@@ -467,10 +512,13 @@ __device__ bool post_group(const World& w, const RankLocal& L, const EpFlags& f,
       if (!ok) return false;
     }
     if (sample && lane == 0) tt = gtime();
-    for (int j = lane >> 3; j < n; j += 4) {
+    __syncwarp();  // an inline payload written by another lane (a signal word) is visible
+    // 8 lanes per 64-byte WQE (4 WQEs per store), 16 per 128-byte WQE (2 per store)
+    const int nw = (int)lever_efa_wqe_words(lay), per = 32 / nw;
+    for (int j = lane / nw; j < n; j += per) {
       unsigned idx = slot + j;
       unsigned long long* dst = reinterpret_cast<unsigned long long*>(lever_efa_sq_slot_dev(lay, idx));
-      dst[lane & 7] = put_word(w, lay, pend[j], lane & 7, idx);
+      dst[lane % nw] = put_word(w, lay, pend[j], lane % nw, idx);
     }
     __syncwarp();
     if (sample && lane == 0) acc_wqe += gtime() - tt;
@@ -483,7 +531,8 @@ __device__ bool post_group(const World& w, const RankLocal& L, const EpFlags& f,
         if (!ok) return false;
       }
       if (sample && lane == 0) tt = gtime();
-      if (lane < 8) {
+      __syncwarp();  // an inline payload written by another lane (a signal word) is visible
+      if (lane < (int)lever_efa_wqe_words(lay)) {  // 8 words, 16 for a 128-byte WQE
         unsigned long long* dst =
             reinterpret_cast<unsigned long long*>(lever_efa_sq_slot_dev(lay, slot + i));
         dst[lane] = put_word(w, lay, pend[i], lane, slot + i);
@@ -1184,6 +1233,23 @@ __device__ __forceinline__ Rng event_rng(const NicCtx& c, int q, unsigned wi, un
   return r;
 }
 
+// Whether bytes [from, 128) of a WQE read as raw[8] are zero: a 64-byte WQE's second half is
+// not read (0), a 128-byte one's beyond its descriptor or inline payload must be (the builder
+// writes the whole entry, as the provider's LLQ copy does).
+__device__ __forceinline__ bool wqe_tail_zero(const uint4* raw, unsigned from) {
+  const unsigned* wd = reinterpret_cast<const unsigned*>(raw);
+  bool ok = true;
+#pragma unroll
+  for (int k = 0; k < 32; ++k) {
+    const unsigned b0 = 4u * (unsigned)k;
+    if (b0 + 4u <= from) continue;
+    const unsigned keep = from > b0 ? (from - b0) : 0u;  // low bytes of this word in use
+    const unsigned mask = keep >= 4u ? 0u : (0xffffffffu << (8u * keep));
+    ok = ok && (wd[k] & mask) == 0u;
+  }
+  return ok;
+}
+
 // Fetch new WQEs of every QP of this NIC (one warp at a time). Returns WQEs taken, -1 on error.
 __device__ int nic_fetch(const World& w, NicCtx& c, NicShared& S) {
   const int lane = lane_id();
@@ -1215,14 +1281,20 @@ __device__ int nic_fetch(const World& w, NicCtx& c, NicShared& S) {
       int npk = 0;
       bool bad = false;
       const unsigned idx = ci + (unsigned)lane;
+      // a 128-byte WQE (v63): 8 loads; an inline write's payload (bytes 48 on) is copied into
+      // the NIC's own memory once its WQE slot is known (below), as a device takes it at fetch
+      uint4 raw[8];
+      bool inl = false;
       if (lane < nw) {
         const lever_efa_nic_layout* lq = c.flay + q;
         const void* slotp = reinterpret_cast<const void*>(lever_efa_sq_slot_dev(lq, idx));
-        uint4 raw[4];
+        const bool big = lq->sq_entry_size == LEVER_EFA_WQE_SIZE_128;
 #pragma unroll
-        for (int j = 0; j < 4; ++j) raw[j] = ld_vol_v4(reinterpret_cast<const uint4*>(slotp) + j);
-        efa_io_tx_wqe wq;
+        for (int j = 0; j < 8; ++j)
+          raw[j] = (j < 4 || big) ? ld_vol_v4(reinterpret_cast<const uint4*>(slotp) + j) : make_uint4(0, 0, 0, 0);
+        efa_io_tx_wqe wq;  // meta and remote_mem sit where they sit in a 128-byte WQE
         memcpy(&wq, raw, 64);
+        inl = (wq.meta.ctrl1 & META_INLINE_MSG) != 0u;
         const unsigned n = lq->sq_num_entries;
         // the device's view: its AH and QP numbers back to a rank and a receive queue
         const int dr = emu_nic::ahn_rank(wq.meta.ah, w.num_ranks);
@@ -1236,21 +1308,25 @@ __device__ int nic_fetch(const World& w, NicCtx& c, NicShared& S) {
                 wq.data.rdma_req.local_mem[0].buf_addr_lo;
         raddr = ((unsigned long long)wq.data.rdma_req.remote_mem.buf_addr_hi << 32) |
                 wq.data.rdma_req.remote_mem.buf_addr_lo;
-        // as the v59 provider writes an RDMA write: these bits and no others
-        const unsigned ctrl1_ok = META_META_DESC | META_HAS_IMM | META_OP_TYPE_MASK;
+        // as the v59 provider writes an RDMA write (v63: inline_msg where the QP takes inline
+        // writes): these bits and no others
+        const unsigned ctrl1_ok = META_META_DESC | META_HAS_IMM | META_OP_TYPE_MASK |
+                                  (lq->inline_write_size != 0u ? META_INLINE_MSG : 0u);
         const unsigned ctrl2_ok = META_PHASE | META_FIRST | META_LAST | META_COMP_REQ;
         bad = !(wq.meta.ctrl1 & META_META_DESC) || (wq.meta.ctrl1 & META_OP_TYPE_MASK) != EFA_IO_RDMA_WRITE ||
               (wq.meta.ctrl1 & ~ctrl1_ok) != 0u || (wq.meta.ctrl2 & ~ctrl2_ok) != 0u ||
               (wq.meta.ctrl2 & META_PHASE) != lever_efa_sq_phase(idx, n) ||
               (wq.meta.ctrl2 & (META_FIRST | META_LAST | META_COMP_REQ)) != (META_FIRST | META_LAST | META_COMP_REQ) ||
-              wq.meta.req_id != lever_efa_slot(idx, n) || wq.meta.length != 1u ||
+              wq.meta.req_id != lever_efa_slot(idx, n) || wq.meta.length != (inl ? len : 1u) ||
               dr < 0 || gq < 0 || gq / w.n_rxcq != dr || dqp > 255u ||
               wq.meta.qkey != emu_nic::qkey(dr) ||
               (raw[0].w >> 16) != 0u || raw[1].y != 0u || raw[1].z != 0u || raw[1].w != 0u ||  // MBZ
               (!has_imm && imm != 0u) ||
               wq.data.rdma_req.remote_mem.rkey != emu_nic::rkey(dr) ||
-              wq.data.rdma_req.local_mem[0].lkey != emu_nic::lkey(L.rank) ||
-              wq.data.rdma_req.local_mem[0].length != len || len == 0;
+              (!inl && (wq.data.rdma_req.local_mem[0].lkey != emu_nic::lkey(L.rank) ||
+                        wq.data.rdma_req.local_mem[0].length != len)) ||
+              (inl && len > lq->inline_write_size) || !wqe_tail_zero(raw, inl ? LEVER_EFA_INLINE_WRITE_OFFSET + len : 64u) ||
+              len == 0;
         npk = bad ? 0 : (int)((len + fb.mtu - 1) / fb.mtu);
         if (npk > 31) bad = true;
         if (bad) raise_err(w, ERR_BAD_WQE, L.rank, q, idx, wq.meta.ctrl2, wq.meta.req_id);
@@ -1334,6 +1410,13 @@ __device__ int nic_fetch(const World& w, NicCtx& c, NicShared& S) {
       // ACKed, the receiver's landed bitmap, the latest ACK, the status
       if (lane < take) {
         const int ws = S.wsl[lane];
+        if (inl) {  // the payload into the NIC's memory for this WQE slot (sent from there)
+          uint4* st = reinterpret_cast<uint4*>(L.nic_inl + ((size_t)c.nic * NWQ + (size_t)ws) * 128u);
+#pragma unroll
+          for (int j = 3; j < 8; ++j) st[j] = raw[j];
+          laddr = reinterpret_cast<unsigned long long>(st) + LEVER_EFA_INLINE_WRITE_OFFSET;
+          __threadfence();
+        }
         S.w_land[ws] = npk;
         S.w_ack[ws] = npk;
         S.w_bits[ws] = 0u;
@@ -1467,11 +1550,14 @@ __device__ void nic_mirror(const World& w, NicCtx& c, unsigned& my_mdb) {
       const unsigned idx = from + k;
       const uint4* hs = reinterpret_cast<const uint4*>(lever_efa_sq_slot_dev(hl, idx));
       uint4* ms = reinterpret_cast<uint4*>(lever_efa_sq_slot_dev(ml, idx));
-      uint4 v[4];
+      const int nv = (int)(hl->sq_entry_size >> 4);  // 4, or 8 for a 128-byte WQE
+      for (int j0 = 0; j0 < nv; j0 += 4) {
+        uint4 v[4];
 #pragma unroll
-      for (int j = 0; j < 4; ++j) v[j] = ld_vol_v4(hs + j);
+        for (int j = 0; j < 4; ++j) v[j] = ld_vol_v4(hs + j0 + j);
 #pragma unroll
-      for (int j = 0; j < 4; ++j) st_vol_v4(ms + j, v[j]);
+        for (int j = 0; j < 4; ++j) st_vol_v4(ms + j0 + j, v[j]);
+      }
     }
     __syncwarp();
     __threadfence();  // mirrored WQEs before the mirror's doorbell
@@ -1499,6 +1585,12 @@ __device__ void write_send_cqe(NicCtx& c, int q, unsigned wi, bool err) {
   v.z = 0;
   v.w = 0;
   st_vol_v4(cqe, v);
+  // a completion counter attached to the QP (EFA after rdma-core v64; here in GPU memory, as a
+  // dma-buf counter is) counts the write too: its completion count, or its error count
+  if (lq->send_cntr_dev != 0u) {
+    __threadfence();  // the CQE (and the delivery before it) before the count that stands for it
+    atomicAdd(reinterpret_cast<unsigned long long*>(err ? lq->send_err_cntr_dev : lq->send_cntr_dev), 1ull);
+  }
   ++c.n_cqe;
   if (err) ++c.n_err;
 }
@@ -1949,7 +2041,8 @@ const char* send_problem(const lever_efa_nic_layout& l, int num_peers) {
   if (const char* why = lever_efa_layout_problem(&l)) return why;
   if (l.sq_buffer_dev == 0u || l.sq_doorbell_dev == 0u || l.cq_buffer_dev == 0u)
     return "SQ, doorbell or CQ not mapped for the GPU (*_dev 0)";
-  if (l.sq_entry_size != 64u) return "the kernels write 64-byte WQEs (128-byte LLQ not yet)";
+  // 64- or 128-byte WQEs, inline writes only with 128, a counter where the GPU reads it:
+  // lever_efa_layout_problem's rules, above
   if (l.cq_entry_size < 16u) return "CQ entries smaller than the 16 bytes the kernels read";
   if (l.cq_num_entries < l.sq_num_entries || l.cq_num_entries < 32u)
     return "CQ shallower than the SQ (or than a warp's 32-entry poll)";

@@ -87,8 +87,11 @@ inline unsigned long long post(Ring& r) {
     unsigned long long* wq = reinterpret_cast<unsigned long long*>(static_cast<uintptr_t>(
         r.lay.sq_buffer + (uint64_t)lever_efa_slot(idx, r.lay.sq_num_entries) * r.lay.sq_entry_size));
     const lever_efa_peer* peer = r.peers + (size_t)dest * r.n_rx + dqp;
-    const lever_efa_write wr = {laddr, raddr, len, imm, has_imm};
-    for (int k = 0; k < 8; ++k) wq[k] = lever_efa_write_wqe_word(&r.lay, peer, &wr, idx, k);
+    // a host thread can not read the GPU buffer: never inline (inline_src null); a 128-byte
+    // WQE is written whole (its second half zeros), as the provider's LLQ copy does
+    const lever_efa_write wr = {laddr, raddr, len, imm, has_imm, nullptr};
+    const int nw = (int)lever_efa_wqe_words(&r.lay);
+    for (int k = 0; k < nw; ++k) wq[k] = lever_efa_write_wqe_word(&r.lay, peer, &wr, idx, k);
     ++r.posted;
     ++r.c;
     ++n;

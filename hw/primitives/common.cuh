@@ -294,6 +294,7 @@ __host__ __device__ inline void make_wqe_words(uint64_t seq, uint32_t depth, uin
   wr.len = 7504;  // one FP8 dispatch token (DeepEP V2 message layout)
   wr.imm = uint32_t(seq);
   wr.has_imm = 1;
+  wr.inline_src = nullptr;  // a 7504-byte write never goes inline
   for (int i = 0; i < 8; ++i) w[i] = lever_efa_write_wqe_word(&l, &p, &wr, uint32_t(seq), i);
 }
 

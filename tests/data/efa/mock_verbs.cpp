@@ -8,6 +8,11 @@
 //   ./mock open ""          one device, one QP, one peer (the single-QP path)
 //   ./mock world "" 16 3    one device, 3 QPs, 4 peer entries over 2 GIDs (AHs shared)
 //   ./mock caps ""
+//   ./mock open-128 ""      the QP made with the inline-write flag (v63: 128-byte WQEs)
+//   ./mock open-cntr ""     send and remote-write completion counters on a host page
+//   ./mock open-128-cntrgpu ""   both, the counters in GPU memory by dma-buf
+// Built with -DMOCK_V59 it is a v59 library (no v63/after-v64 entry points, unknown QP
+// flags refused); "nocap:comp_cntr" in the fail list clears the device's COMP_CNTR cap.
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -21,6 +26,7 @@
 #include <infiniband/verbs.h>
 
 #include "host.h"
+#include "newer_verbs.h"
 
 namespace {
 std::vector<std::string> g_log;
@@ -60,7 +66,10 @@ uint32_t pow2_at_least(uint32_t v) {
   return p;
 }
 ibv_device g_device;
-uint32_t g_cqe = 0, g_sq_wr = 0;
+uint32_t g_cqe = 0, g_sq_wr = 0, g_sq_entry = 64;
+bool g_qp_left_reset = false;  // a modify_qp ran since the last QP was made
+// a flag in the fail list that is not a call ("nocap:comp_cntr"): never counted
+bool flag(const char* f) { return ("," + g_fail + ",").find("," + std::string(f) + ",") != std::string::npos; }
 }  // namespace
 
 extern "C" {
@@ -92,8 +101,12 @@ int efadv_query_device(ibv_context*, efadv_device_attr* a, uint32_t) {
   a->max_sq_sge = 2;
   a->max_rq_sge = 3;
   a->inline_buf_size = 32;
-  a->device_caps = 0x3f;
+  a->device_caps = flag("nocap:comp_cntr") ? 0x3f : 0x7f;  // v59's six bits, and COMP_CNTR after v64
   a->max_rdma_size = 1u << 30;
+#ifndef MOCK_V59
+  const uint16_t ex = 256;  // v63's inline_buf_size_ex, in v59's reserved bytes
+  memcpy(reinterpret_cast<uint8_t*>(a) + LEVER_EFADV_DEVICE_ATTR_INLINE_BUF_SIZE_EX_OFFSET, &ex, 2);
+#endif
   return 0;
 }
 int ibv_query_device(ibv_context*, ibv_device_attr* a) {
@@ -174,8 +187,17 @@ ibv_qp* efadv_create_qp_ex(ibv_context*, ibv_qp_init_attr_ex* a, efadv_qp_init_a
     return nullptr;
   }
   g_sq_wr = pow2_at_least(a->cap.max_send_wr);
-  ibv_qp* qp = make<ibv_qp>("qp");
+#ifdef MOCK_V59
+  if (e->flags & ~EFADV_QP_FLAGS_UNSOLICITED_WRITE_RECV) {  // v59 refuses flags it does not know
+    errno = EOPNOTSUPP;
+    return nullptr;
+  }
+#endif
+  // v63: the inline-write flag makes every WQE 128 bytes
+  g_sq_entry = ((e->flags & LEVER_EFADV_QP_FLAGS_INLINE_WRITE) && !flag("entry64")) ? 128u : 64u;
+  ibv_qp* qp = make<ibv_qp>(g_sq_entry == 128u ? "qp(128)" : "qp");
   qp->qp_num = g_next_qpn++;
+  g_qp_left_reset = false;
   return qp;
 }
 int ibv_modify_qp(ibv_qp*, ibv_qp_attr* a, int mask) {
@@ -184,6 +206,7 @@ int ibv_modify_qp(ibv_qp*, ibv_qp_attr* a, int mask) {
   const bool f_rts = a->qp_state == IBV_QPS_RTS && fails("ibv_modify_qp:RTS");
   if (f_any || f_rts) return EINVAL;
   if (a->qp_state == IBV_QPS_INIT && !(mask & IBV_QP_QKEY)) return EINVAL;
+  if (a->qp_state != IBV_QPS_INIT) g_qp_left_reset = true;  // RTR/RTS: too late to attach a counter
   g_log.push_back(std::string("modify ") + st);
   return 0;
 }
@@ -192,7 +215,7 @@ int efadv_query_qp_wqs(ibv_qp*, efadv_wq_attr* sq, efadv_wq_attr* rq, uint32_t i
   if (fails("efadv_query_qp_wqs")) return EOPNOTSUPP;
   if (inlen < sizeof(*sq)) return EINVAL;
   sq->buffer = reinterpret_cast<uint8_t*>(0x7f0000010040ull);
-  sq->entry_size = 64;
+  sq->entry_size = g_sq_entry;
   sq->num_entries = g_sq_wr;
   sq->doorbell = reinterpret_cast<uint32_t*>(0x7f0000020008ull);
   sq->max_batch = g_max_batch;
@@ -218,6 +241,37 @@ ibv_ah* ibv_create_ah(ibv_pd*, ibv_ah_attr* a) {
   return make<ibv_ah>("ah");
 }
 int ibv_destroy_ah(ibv_ah* ah) { return drop("ah", ah); }
+#ifndef MOCK_V59
+// v63 (EFA_1.5): only its presence is looked for
+int efadv_get_max_sq_depth(ibv_context*, void*, uint32_t) { return 1024; }
+// after v64: completion counters (newer_verbs.h's mirrors of the signatures)
+void* efadv_create_comp_cntr(void*, lever_ibv_comp_cntr_init_attr* a, lever_efadv_comp_cntr_init_attr* e,
+                             uint32_t inlen) {
+  const uint32_t want = LEVER_EFADV_COMP_CNTR_INIT_WITH_COMP_EXTERNAL_MEM | LEVER_EFADV_COMP_CNTR_INIT_WITH_ERR_EXTERNAL_MEM;
+  if (fails("efadv_create_comp_cntr") || inlen != sizeof(*e) || a->type != LEVER_IBV_COMP_CNTR_TYPE_WRS ||
+      a->comp_mask || a->flags || e->flags != want || !e->comp_cntr_ext_mem.ptr || !e->err_cntr_ext_mem.ptr ||
+      e->comp_cntr_ext_mem.type != e->err_cntr_ext_mem.type) {
+    errno = EINVAL;
+    return nullptr;
+  }
+  const bool dmabuf = e->comp_cntr_ext_mem.type == LEVER_EFADV_MEMORY_LOCATION_DMABUF;
+  if (dmabuf && (e->comp_cntr_ext_mem.dmabuf.fd < 0 ||
+                 e->err_cntr_ext_mem.dmabuf.offset != e->comp_cntr_ext_mem.dmabuf.offset + 8)) {
+    errno = EINVAL;
+    return nullptr;
+  }
+  return make<uint64_t>(dmabuf ? "cntr(dmabuf)" : "cntr(va)");
+}
+int ibv_qp_attach_comp_cntr(void*, void* cc, lever_ibv_qp_attach_comp_cntr_attr* a) {
+  if (fails("ibv_qp_attach_comp_cntr")) return EINVAL;
+  if (!cc || g_qp_left_reset) return EINVAL;  // only in RESET or INIT
+  char b[64];
+  snprintf(b, sizeof(b), "attach cntr ops %u", a->op_mask);
+  g_log.push_back(b);
+  return 0;
+}
+int ibv_destroy_comp_cntr(void* cc) { return drop("cntr", cc); }
+#endif
 int efadv_query_ah(ibv_ah*, efadv_ah_attr* a, uint32_t) {
   if (fails("efadv_query_ah")) return EOPNOTSUPP;
   a->ahn = (uint16_t)g_next_ahn++;
@@ -249,6 +303,8 @@ void print_layout(const lever_efa_nic_layout& l) {
   P(sq_phase_first); P(cq_buffer); P(cq_buffer_dev); P(cq_doorbell); P(cq_entry_size);
   P(cq_num_entries); P(cq_buffer_mem); P(cq_phase_first); P(qkey); P(lkey); P(local_addr);
   P(inline_buf_size); P(max_rdma_size); P(device_caps); P(num_peers); P(peers); P(peers_mem);
+  P(inline_write_size); P(cntr_mem); P(send_cntr); P(send_cntr_dev); P(send_err_cntr_dev);
+  P(rwrite_cntr); P(rwrite_cntr_dev);
 #undef P
 }
 }  // namespace
@@ -265,8 +321,10 @@ int main(int argc, char** argv) {
     lever_efa_caps c;
     rc = lever_efa_query_caps(nullptr, 1, &c, err, sizeof(err));
     if (!rc)
-      printf("caps %s max_sq_wr %u device_caps %u max_rdma_size %u max_tx_batch %u port_state %u\n",
-             c.device_name, c.max_sq_wr, c.device_caps, c.max_rdma_size, c.max_tx_batch, c.port_state);
+      printf("caps %s max_sq_wr %u device_caps %u max_rdma_size %u max_tx_batch %u port_state %u "
+             "lib_features %u inline_ex %u\n",
+             c.device_name, c.max_sq_wr, c.device_caps, c.max_rdma_size, c.max_tx_batch, c.port_state,
+             c.lib_features, c.inline_buf_size_ex);
   } else {
     lever_efa_device_options o;
     lever_efa_device_options_init(&o);
@@ -281,6 +339,15 @@ int main(int argc, char** argv) {
       qo.cq_dmabuf_fd = 4;
       qo.cq_gpu_buf = reinterpret_cast<void*>(0x7e0000000000ull);
       qo.cq_dmabuf_len = 1 << 20;
+    }
+    // the newer generations: 128-byte WQEs with inline writes (v63), completion counters
+    // (after v64) on a host page or in GPU memory by dma-buf
+    if (mode.find("-128") != std::string::npos) qo.inline_write = 1;
+    if (mode.find("-cntr") != std::string::npos) qo.send_cntr = qo.rwrite_cntr = 1;
+    if (mode.find("-cntrgpu") != std::string::npos) {
+      qo.cntr_dmabuf_fd = 5;
+      qo.cntr_dmabuf_offset = 4096;
+      qo.cntr_gpu_buf = reinterpret_cast<void*>(0x7e0000100000ull);
     }
     lever_efa_device* dev = nullptr;
     rc = lever_efa_device_open(&o, &dev, err, sizeof(err));

@@ -7,7 +7,7 @@
 // and the WQE the kernels' builder (hw/efa/wqe.h) makes from either is read back
 // through rdma-core v59's own efa_io_tx_wqe and masks (providers/efa/efa_io_defs.h).
 //
-//   nic_entry_check emu R NRX
+//   nic_entry_check emu R NRX [WQE INLINE COUNTERS]   (the generation: 64|128, inline bytes, 0|1)
 //   nic_entry_check dev SEND.bin NQ RECV.bin NRX PEERS.bin R
 //   nic_entry_check rails SEND.bin NQ TABLE_OF.bin RECV.bin NRX PEERS.bin NTABLES R
 // prints "check ok" or "check refused: <why>", then "wqe ok ..." or "wqe bad: <field>"
@@ -98,6 +98,52 @@ static int check_wqe(const lever_efa_nic_layout& l, const lever_efa_peer& p, uin
   return 0;
 }
 
+// A 128-byte layout (rdma-core v63): every WQE is 16 words, the second half zero unless an
+// inline payload reaches it; an RDMA write of at most inline_write_size bytes carries its
+// payload from byte 48 (ctrl1 inline_msg, meta.length = bytes, remote length the same), read
+// back through the project's efa_io_tx_wqe_128 (hw/efa_io_defs.h, whose offsets
+// hw/efa/offsets_check.cpp proves against a v63+ provider header). Prints "inline ok ..." or
+// "inline none" (a 64-byte layout), or "wqe bad: <what>".
+static int check_inline(const lever_efa_nic_layout& l, const lever_efa_peer& p) {
+  if (l.sq_entry_size != LEVER_EFA_WQE_SIZE_128) {
+    WANT(lever_efa_wqe_words(&l) == 8u, "64-byte layout: 8 words");
+    WANT(l.inline_write_size == 0u, "inline writes without 128-byte WQEs");
+    printf("inline none\n");
+    return 0;
+  }
+  WANT(lever_efa_wqe_words(&l) == 16u, "128-byte layout: 16 words");
+  unsigned char payload[96];
+  for (int i = 0; i < 96; ++i) payload[i] = (unsigned char)(0xa0 + i);
+  const uint32_t lens[] = {8u, 13u, l.inline_write_size, l.inline_write_size + 1u, 7504u};
+  for (uint32_t len : lens) {
+    for (int src_null = 0; src_null < 2; ++src_null) {
+      lever_efa_write wr = {0x1122334455667700ull, 0x0a0b0c0d0e0f1000ull, len, 0u, 0u,
+                            src_null ? nullptr : payload};
+      uint64_t words[16];
+      for (int k = 0; k < 16; ++k) words[k] = lever_efa_write_wqe_word(&l, &p, &wr, 3u, k);
+      ::efa_io_tx_wqe_128 w;
+      static_assert(sizeof(w) == sizeof(words), "128-byte WQE");
+      memcpy(&w, words, sizeof w);
+      const bool inl = !src_null && len != 0u && len <= l.inline_write_size;
+      WANT(((w.meta.ctrl1 & EFA_IO_TX_META_DESC_INLINE_MSG_MASK) != 0) == inl, "inline_msg bit");
+      WANT(w.meta.length == (inl ? len : 1u), "meta.length (inline bytes, or one buffer)");
+      WANT(w.data.rdma_req.remote_mem.length == len && w.data.rdma_req.remote_mem.rkey == p.rkey, "remote_mem");
+      WANT(((uint64_t)w.data.rdma_req.remote_mem.buf_addr_hi << 32 | w.data.rdma_req.remote_mem.buf_addr_lo) ==
+               wr.raddr, "raddr");
+      const unsigned char* b = reinterpret_cast<const unsigned char*>(&w);
+      const uint32_t used = inl ? LEVER_EFA_INLINE_WRITE_OFFSET + len : 64u;
+      if (inl) {
+        WANT(memcmp(w.data.rdma_req.inline_data, payload, len) == 0, "inline payload");
+      } else {
+        WANT(w.data.rdma_req.local_mem[0].length == len && w.data.rdma_req.local_mem[0].lkey == l.lkey, "local_mem");
+      }
+      for (uint32_t i = used; i < 128u; ++i) WANT(b[i] == 0, "bytes past the descriptor/payload");
+    }
+  }
+  printf("inline ok words 16 max %u payload@%u\n", l.inline_write_size, LEVER_EFA_INLINE_WRITE_OFFSET);
+  return 0;
+}
+
 static int run(const lever_efa_nic_layout* send, int nq, const lever_efa_nic_layout* recv, int nrx,
                const lever_efa_peer* peers, int R) {
   char why[256];
@@ -117,6 +163,9 @@ static int run(const lever_efa_nic_layout* send, int nq, const lever_efa_nic_lay
   printf("wqe ok first-lap-phase %u second-lap-phase %u req_id@n+5 %u ah %u qpn %u qkey 0x%x\n",
          lever_efa_sq_phase(0, n), lever_efa_sq_phase(n, n), lever_efa_slot(n + 5u, n), p.ahn,
          p.remote_qpn, p.remote_qkey);
+  if (check_inline(l, p)) return 0;
+  // where the kernels' credit comes from (ep_kernels.cu uses_counter): the counter, else the CQ
+  printf("credit %s\n", l.send_cntr_dev ? "counter" : "cq");
   return 0;
 }
 
@@ -150,8 +199,11 @@ static int run_rails(const lever_efa_nic_layout* send, int nq, const int* table_
 }
 
 int main(int argc, char** argv) {
-  if (argc == 4 && !strcmp(argv[1], "emu")) {
+  if ((argc == 4 || argc == 7) && !strcmp(argv[1], "emu")) {
     const int R = atoi(argv[2]), nrx = atoi(argv[3]), NQ = emu::NQ_MAX;
+    // the generation it plays (emu_nic.h set_generation): WQE size, inline bytes, counters
+    const uint32_t wqe = argc == 7 ? (uint32_t)atoi(argv[4]) : 64u, inl = argc == 7 ? (uint32_t)atoi(argv[5]) : 0u;
+    const bool cntr = argc == 7 && atoi(argv[6]) != 0;
     const uint32_t depth = 1024, rxd = 2048;
     if (const char* why = emu_nic::numbering_problem(R, NQ, nrx)) {
       printf("check refused: %s\n", why);
@@ -162,10 +214,12 @@ int main(int argc, char** argv) {
                    rxcq = 0x7f0300000000ull, peers_dev = 0x7f0400000000ull;
     std::vector<lever_efa_nic_layout> send, recv;
     std::vector<lever_efa_peer> peers;
-    for (int q = 0; q < NQ; ++q)
-      send.push_back(emu_nic::send_qp_layout(0, emu_nic::SQ_QPN_BASE + q, sq + q * depth * 64u,
+    for (int q = 0; q < NQ; ++q) {
+      send.push_back(emu_nic::send_qp_layout(0, emu_nic::SQ_QPN_BASE + q, sq + q * depth * wqe,
                                              db + q * 128u, cq + q * depth * emu_nic::CQE_SIZE,
                                              depth, depth, false, peers_dev, (uint32_t)(R * nrx)));
+      emu_nic::set_generation(send.back(), wqe, inl, cntr ? 0x7f0500000000ull + (uint64_t)q * 16u : 0u);
+    }
     for (int i = 0; i < nrx; ++i)
       recv.push_back(emu_nic::recv_qp_layout(0, emu_nic::rx_qpn(0, i, nrx),
                                              rxcq + (uint64_t)i * rxd * emu_nic::CQE_SIZE, rxd));

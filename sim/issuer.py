@@ -404,7 +404,7 @@ class NativePort(WarpPort):
         nf = self.ctx.design.fences_per_doorbell
         after = 0.0
         if nf > 1:
-            after = g.fence_ns * (nf - 1) * scale.get("fence", 1.0)  # led.issue("fence", ...)
+            after = self.release_ns * (nf - 1) * scale.get("fence", 1.0)  # led.issue("fence", ...)
             busy["fence"] += after
             counts["fence"] += nf - 1
             if after < 0:

@@ -70,7 +70,8 @@ MUTANTS: tuple[Mutant, ...] = (
            "RC arrivals may overtake earlier ones on a connection"),
     # -- NIC egress -----------------------------------------------------------------------
     Mutant("egress-serialisation-removed", "sim/nic.py",
-           "depart = max(tx_free, t_ready) + (size + hdr) * ns_per_byte * f_wire",
+           "depart = ((tx_free if tx_free >= t_ready else t_ready)  # max(tx_free, t_ready)\n"
+           "                      + (size + hdr) * ns_per_byte * f_wire)",
            "depart = t_ready", "packets leave as soon as fetched: no line rate on the egress port"),
     Mutant("dma-read-free", "sim/nic.py",
            "t_ready = t0 if inline else t0 + p.dma_read_ns * f_nic", "t_ready = t0",
@@ -85,8 +86,7 @@ MUTANTS: tuple[Mutant, ...] = (
            "mtu = max(p.mtu_bytes, msg.nbytes)\n", "a write leaves as one packet, whatever its size"),
     # -- NIC ingress and completions ------------------------------------------------------
     Mutant("ingress-serialisation-removed", "sim/nic.py",
-           "rx_free = self.rx_free = start + (size + self.p.header_bytes) * self.ns_per_byte"
-           " * self._f_wire",
+           "rx_free = self.rx_free = start + (size + self._hdr) * self.ns_per_byte * self._f_wire",
            "rx_free = self.rx_free = now", "packets land on arrival: no line rate on the ingress port"),
     Mutant("duplicates-not-dropped", "sim/nic.py", "if msg.seen_pkts & bit:", "if False:",
            "a resent copy of a packet that had landed lands again"),
@@ -122,9 +122,8 @@ MUTANTS: tuple[Mutant, ...] = (
            "self.shared = False",
            "warps sharing a QP ring their doorbells at once, no slot-order turn"),
     Mutant("fence-after-doorbell-free", "sim/issuer.py",
-           'tail = [("fence", self.release_ns * (nf - 1), nf - 1)] if nf > 1 else []\n'
-           "            yield from self._pay_ringing(costs, tail, msgs)\n            turn.passed(ticket)",
-           "tail = []\n            yield from self._pay_ringing(costs, tail, msgs)\n            turn.passed(ticket)",
+           'return [("fence", self.release_ns * (nf - 1), nf - 1)] if nf > 1 else []',
+           "return []",
            "the fences after the doorbell cost nothing and hold no turn"),
     Mutant("hand-off-release-free", "sim/issuer.py",
            'costs.append(("fence", self.release_ns * (nf - 1), nf - 1))',

@@ -295,6 +295,19 @@ class NativePort(WarpPort):
             return self._post_alone(msg)
         return self._post(msg, limit)
 
+    def _reserve(self) -> None:
+        """Reserve the open post group's slots (take its ticket in the QP's slot turn) unless it
+        has them: before its credit check, the kernel's order. One place for ``_post`` and
+        ``_post_alone`` (the mutant ``doorbell-turn-when-ready`` edits it)."""
+        if self._ticket < 0:
+            self._ticket = self.turn.take()
+
+    def _turn_tail(self, nf: int) -> list[tuple[str, float, int]]:
+        """The fences after the doorbell of a group rung in its slot turn, before the turn passes
+        (``nf - 1`` releases of the turn at system scope). One place for ``_ring`` and
+        ``_post_alone`` (the mutant ``fence-after-doorbell-free`` edits it)."""
+        return [("fence", self.release_ns * (nf - 1), nf - 1)] if nf > 1 else []
+
     def _post_alone(self, msg: Message) -> Steps:
         """:meth:`_post` then :meth:`_ring` for a write that is its own post group on a QP with
         a slot turn, written out in one generator: the same costs, ledger sums (in the same
@@ -309,8 +322,7 @@ class NativePort(WarpPort):
         msg.on_complete = self._completed
         msg.t_post = env._now
         turn = self.turn
-        if self._ticket < 0:  # the group's slots are reserved before its credit check
-            self._ticket = turn.take()
+        self._reserve()
         # the costs up to the fence, paid as _hold_all pays a list of them: each scaled and
         # summed into the ledger in order, a segment each on the path, one wait for their sum
         busy = led.busy
@@ -378,6 +390,8 @@ class NativePort(WarpPort):
         if total > 0:
             yield hold(env, total)
         ticket = self._ticket
+        if ticket < 0:  # not reserved before the stores: reserved now (as _ring does)
+            ticket = turn.take()
         self._ticket = -1
         ev = turn.wait(ticket)
         if ev is None:  # its turn already: continue on the last ringer's chain if later
@@ -401,14 +415,14 @@ class NativePort(WarpPort):
                     acc += t
                 total += t
         rung = path.cur if path is not None else None  # the segment the doorbell ends
-        nf = self.ctx.design.fences_per_doorbell
         after = 0.0
-        if nf > 1:
-            after = self.release_ns * (nf - 1) * scale.get("fence", 1.0)  # led.issue("fence", ...)
-            busy["fence"] += after
-            counts["fence"] += nf - 1
-            if after < 0:
-                after = 0.0
+        tail = self._turn_tail(self.ctx.design.fences_per_doorbell)
+        for cat, ns, n in tail:
+            t = ns * scale.get(cat, 1.0)  # led.issue(cat, ns, n)
+            busy[cat] += t
+            counts[cat] += n
+            if t > 0:
+                after += t
         nic = qp.nic
         msgs = [msg]
         if total > 0 and after > 0:
@@ -452,8 +466,7 @@ class NativePort(WarpPort):
             limit = self._limit
         if self.turn is not None and self._ticket < 0 and (
                 self._span_left == 0 if span > 1 else len(self.pending) + 1 >= limit):
-            # the group's slots are reserved now, before its credit check (the kernel's order)
-            self._ticket = self.turn.take()
+            self._reserve()
         if span > 1:
             # put_many: one credit check for the whole span, when its slots are reserved
             if self._span_left == 0 and self._credit:
@@ -556,7 +569,7 @@ class NativePort(WarpPort):
                     costs = yield from self._system_fence(costs)
             costs.append(("doorbell", g.doorbell_ns, 1))
             led.counters["doorbells"] += 1
-            tail = [("fence", self.release_ns * (nf - 1), nf - 1)] if nf > 1 else []
+            tail = self._turn_tail(nf)
             yield from self._pay_ringing(costs, tail, msgs)
             turn.passed(ticket)  # after the fence that orders the doorbell before the turn word
             return

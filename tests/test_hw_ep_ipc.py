@@ -1,0 +1,308 @@
+"""V2 over EFA's IPC path (hw/ep_ipc.py, hw/ep/ipc.h, hw/ep/ipc_binding.inc), without a GPU.
+
+Why these tests: on EFA each rank is a process, and V2's same-node traffic (forwarded
+tokens, arrival counters, combine partials and flags, the node barrier) is stores into the
+node peers' buffers, so every rank must map its node peers' V2 allocation (CUDA IPC) and
+hand the kernels the same per-rank tables the one-process emulated runs build. CI has nvcc
+and no GPU: the binding with the IPC calls and the device probe are compiled; the exchange
+runs over a fake IPC layer (handles that name their exporter, mappings that remember who
+opened them) and a fake all_gather, as tests/test_hw_efa_wire.py runs the EFA wiring on fake
+devices. They show: rank r's table entry for node peer p is p's buffer through r's mapping of
+p's allocation (the same offset), its own entries are its own, another node's ranks' are
+their own addresses (RDMA only); every opened mapping is closed once, the last first, also
+when an open or a later step fails, and before the exporter frees; the layouts the kernels
+can not run are refused in one line before any handle is opened.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sysconfig
+from pathlib import Path
+from typing import Any
+
+import pytest
+from lever.hw import ep_ipc
+from lever.hw.ep_ipc import IpcError, NodeShape
+
+from tests.cuda import NVCC
+
+ROOT = Path(__file__).resolve().parents[1]
+EP = ROOT / "hw" / "ep"
+NAMES = (*ep_ipc.NVLINK_BUFFERS, "so_recv", "slot")  # the NVLink ones and two more a rank exports
+
+
+# ============================================================ the compiled side
+def _torch_include() -> list[str]:
+    torch = pytest.importorskip("torch", reason="the binding's pybind11 headers come with torch")
+    return [f"-I{Path(torch.__file__).parent / 'include'}", f"-I{sysconfig.get_paths()['include']}"]
+
+
+@pytest.mark.skipif(NVCC is None, reason="nvcc not installed")
+def test_the_ep_binding_compiles_with_the_ipc_calls_registered(tmp_path):
+    """hw/ep/binding.cpp as the extension builds it (pybind11, CUDA runtime), the IPC layer
+    included and registered: the object holds the five names the exchange calls."""
+    obj = tmp_path / "binding.o"
+    r = subprocess.run([NVCC, "-x", "cu", "-arch=sm_90", "-std=c++17", "-O1", "-c", *_torch_include(),
+                        "-DTORCH_EXTENSION_NAME=lever_hw_ep", str(EP / "binding.cpp"), "-o", str(obj)],
+                       capture_output=True, text=True, timeout=400)
+    assert r.returncode == 0, r.stderr[-3000:]
+    data = obj.read_bytes()
+    for name in (b"ipc_alloc", b"ipc_free", b"ipc_handle", b"ipc_open", b"ipc_close"):
+        assert name + b"\0" in data, name
+
+
+@pytest.mark.skipif(NVCC is None, reason="nvcc not installed")
+def test_the_device_probe_builds_as_the_device_script_builds_it(tmp_path):
+    """hw/ep/ipc_probe.cu (the same hw/ep/ipc.h) as a shared library with its C entries."""
+    so = tmp_path / "probe.so"
+    r = subprocess.run([NVCC, "-arch=sm_90", "-std=c++17", "-O2", "-shared", "-Xcompiler", "-fPIC", f"-I{EP}",
+                        str(EP / "ipc_probe.cu"), "-o", str(so)], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    syms = subprocess.run(["nm", "-D", str(so)], capture_output=True, text=True).stdout
+    for s in ("alloc", "free", "handle", "open", "close", "run"):
+        assert f" T lever_ipc_probe_{s}" in syms, s
+
+
+def test_ipc_sources_are_plain_cuda():
+    for name in ("ipc.h", "ipc_binding.inc", "ipc_probe.cu"):
+        text = (EP / name).read_text()
+        for bad in ("#include <torch", "#include <ATen", "#include <c10", "torch::", "at::Tensor"):
+            assert bad not in text, (name, bad)
+    assert '#include "ipc_binding.inc"' in (EP / "binding.cpp").read_text()
+    assert "register_ipc(m);" in (EP / "binding.cpp").read_text()
+
+
+# ============================================================ the fake IPC layer
+class FakeIpc:
+    """One process's CUDA IPC as the runtime behaves: a handle names its exporter's
+    allocation; opening it maps that allocation at an address of the importer's own; a
+    process can not open its own handle nor one it already opened; close needs an open
+    mapping. ``log`` is shared by the world: ("open"/"close"/"free", importer, exporter)."""
+
+    def __init__(self, rank: int, log: list[tuple], fail_open: int | None = None,
+                 fail_close: int | None = None) -> None:
+        self.rank, self.log = rank, log
+        self.fail_open, self.fail_close = fail_open, fail_close
+        self.maps: dict[int, int] = {}  # mapped address -> exporter
+
+    @staticmethod
+    def base_of(rank: int) -> int:
+        return 0x7F0000000000 + (rank << 32)
+
+    def ipc_handle(self, base: int) -> bytes:
+        assert base == self.base_of(self.rank)
+        return b"H" + self.rank.to_bytes(1, "little") + base.to_bytes(8, "little") + bytes(54)
+
+    def ipc_open(self, handle: bytes, gpu: int = 0) -> int:
+        exporter = handle[1]
+        assert int.from_bytes(handle[2:10], "little") == self.base_of(exporter)
+        if exporter == self.rank:
+            raise RuntimeError("cudaIpcOpenMemHandle failed: invalid device context")
+        if exporter in self.maps.values():
+            raise RuntimeError("cudaIpcOpenMemHandle failed: already mapped")
+        if exporter == self.fail_open:
+            raise RuntimeError("cudaIpcOpenMemHandle failed:\n  peer access is not supported")
+        addr = 0x500000000000 + (self.rank << 36) + (exporter << 32)
+        self.maps[addr] = exporter
+        self.log.append(("open", self.rank, exporter))
+        return addr
+
+    def ipc_close(self, addr: int) -> int:
+        exporter = self.maps.pop(addr)  # KeyError: closing what is not open
+        self.log.append(("close", self.rank, exporter))
+        return 1 if exporter == self.fail_close else 0
+
+    def ipc_free(self, base: int) -> int:
+        self.log.append(("free", self.rank, self.rank))
+        return 0
+
+
+def _bufs(rank: int) -> dict[str, int]:
+    base = FakeIpc.base_of(rank)
+    return {k: base + 0x10000 * (i + 1) + 64 * rank for i, k in enumerate(NAMES)}
+
+
+def _entries(P: int, N: int, hosts: list[str] | None = None, **override: Any) -> list[dict[str, Any]]:
+    out = []
+    for r in range(P * N):
+        shape = NodeShape(P=P, N=N, node=r // P, local=r % P)
+        h = hosts[r] if hosts else f"node{r // P}"
+        out.append(ep_ipc.local_entry(shape, r, h, FakeIpc(r, []).ipc_handle(FakeIpc.base_of(r)),
+                                      FakeIpc.base_of(r), 1 << 24, _bufs(r)))
+    for r, kv in override.items():
+        out[int(r[1:])].update(kv)
+    return out
+
+
+def _exchange(rank: int, P: int, N: int, log: list[tuple], entries: list[dict[str, Any]] | None = None, **kw):
+    entries = entries or _entries(P, N)
+    ext = FakeIpc(rank, log, **kw)
+    shape = ep_ipc.node_shape({"rank": rank, "world_size": P * N, "local_rank": rank % P, "local_world_size": P})
+
+    def gather(obj):
+        assert obj == entries[rank]  # what this rank sent is its entry
+        return entries
+
+    tables, maps, got = ep_ipc.exchange(ext, gather, shape, rank, base=FakeIpc.base_of(rank), length=1 << 24,
+                                        buffers=_bufs(rank), host=f"node{rank // P}")
+    return tables, maps, ext, got
+
+
+# ============================================================ the tables
+@pytest.mark.parametrize("P, N", [(2, 2), (3, 2), (4, 1), (1, 4)])
+def test_each_ranks_table_points_at_its_node_peers_buffers_through_its_mappings(P, N):
+    """Rank r's entry for node peer p is r's mapping of p's allocation plus the buffer's
+    offset in it; its own entry is its own addresses; another node's rank's entry is that
+    rank's own addresses (the kernels use them as RDMA raddr only). Each process maps its
+    node peers and nobody else."""
+    for r in range(P * N):
+        log: list[tuple] = []
+        tables, maps, ext, entries = _exchange(r, P, N, log)
+        assert len(tables) == P * N
+        node = set(range((r // P) * P, (r // P + 1) * P))
+        assert set(maps.mapped) == node - {r}
+        assert sorted(e for _, _, e in log) == sorted(node - {r})
+        for p in range(P * N):
+            for k in NAMES:
+                mine = _bufs(p)[k]
+                if p == r or p not in node:
+                    assert tables[p][k] == mine
+                else:
+                    assert tables[p][k] == maps.mapped[p] + (mine - FakeIpc.base_of(p))
+                    assert ext.maps[maps.mapped[p]] == p  # the mapping is p's allocation
+        assert maps.close() == 0
+
+
+def test_tables_are_what_make_v2_takes():
+    """One map per rank in rank order, every V2 buffer name the rank exported, integers."""
+    tables, maps, _, _ = _exchange(1, 2, 2, [])
+    assert [set(t) for t in tables] == [set(NAMES)] * 4
+    assert all(isinstance(v, int) for t in tables for v in t.values())
+    maps.close()
+
+
+# ============================================================ teardown
+def test_teardown_closes_every_mapping_once_the_last_first():
+    log: list[tuple] = []
+    _, maps, ext, _ = _exchange(0, 4, 1, log)
+    log.clear()
+    assert maps.close() == 0
+    assert log == [("close", 0, 3), ("close", 0, 2), ("close", 0, 1)]
+    assert ext.maps == {} and maps.mapped == {}
+    assert maps.close() == 0 and len(log) == 3  # nothing closed twice
+
+
+def test_a_failed_open_closes_those_opened_and_refuses_in_one_line():
+    log: list[tuple] = []
+    with pytest.raises(IpcError) as ei:
+        _exchange(0, 4, 1, log, fail_open=3)
+    msg = str(ei.value)
+    assert msg == ("V2 over EFA: rank 0 mapping rank 3's V2 buffers: cudaIpcOpenMemHandle failed: peer access "
+                   "is not supported")
+    assert log == [("open", 0, 1), ("open", 0, 2), ("close", 0, 2), ("close", 0, 1)]
+
+
+def test_a_step_failing_after_the_opens_closes_them(monkeypatch):
+    log: list[tuple] = []
+
+    def broken(*a, **k):
+        raise IpcError("V2 over EFA: broken after the opens")
+
+    monkeypatch.setattr(ep_ipc, "rank_tables", broken)
+    with pytest.raises(IpcError, match="broken after the opens"):
+        _exchange(2, 3, 1, log)
+    assert log == [("open", 2, 0), ("open", 2, 1), ("close", 2, 1), ("close", 2, 0)]
+
+
+def test_one_failing_close_does_not_keep_the_others_open():
+    log: list[tuple] = []
+    _, maps, ext, _ = _exchange(0, 4, 1, log, fail_close=2)
+    assert maps.close() == 1
+    assert [x for x in log if x[0] == "close"] == [("close", 0, 3), ("close", 0, 2), ("close", 0, 1)]
+    assert ext.maps == {}
+
+
+def test_release_closes_then_waits_for_every_rank_then_frees():
+    """The exporter frees only after a barrier every rank reaches after closing its own
+    mappings; a failed barrier (a peer gone) still frees."""
+    log: list[tuple] = []
+    _, maps, ext, _ = _exchange(1, 3, 1, log)
+    log.clear()
+    assert ep_ipc.release(maps, ext, FakeIpc.base_of(1), lambda: log.append(("barrier", 1, 1))) == 0
+    assert log == [("close", 1, 2), ("close", 1, 0), ("barrier", 1, 1), ("free", 1, 1)]
+    log.clear()
+    _, maps, ext, _ = _exchange(1, 3, 1, log)
+    log.clear()
+
+    def gone():
+        raise RuntimeError("gloo: connection closed by peer")
+
+    assert ep_ipc.release(maps, ext, FakeIpc.base_of(1), gone) == 0
+    assert log == [("close", 1, 2), ("close", 1, 0), ("free", 1, 1)]
+
+
+# ============================================================ one-line refusals
+def _env(rank: int, world: int, local: int, lws: int) -> dict[str, int]:
+    return {"rank": rank, "world_size": world, "local_rank": local, "local_world_size": lws}
+
+
+@pytest.mark.parametrize("env, msg", [
+    (_env(0, 6, 0, 4), "LOCAL_WORLD_SIZE 4 does not divide the world's 6 ranks"),
+    (_env(0, 32, 0, 8), "32 ranks; the V2 kernels take at most 16"),
+    (_env(5, 8, 0, 4), "rank 5 has LOCAL_RANK 0, not 1"),
+])
+def test_node_shape_refuses_what_the_kernels_can_not_run(env, msg):
+    with pytest.raises(IpcError) as ei:
+        ep_ipc.node_shape(env)
+    assert msg in str(ei.value) and "\n" not in str(ei.value)
+
+
+def test_node_shape_from_torchrun():
+    assert ep_ipc.node_shape(_env(5, 8, 1, 4)) == NodeShape(P=4, N=2, node=1, local=1)
+    assert list(NodeShape(P=4, N=2, node=1, local=1).node_ranks()) == [4, 5, 6, 7]
+
+
+@pytest.mark.parametrize("over, msg", [
+    ({"r3": {"P": 4}}, "ranks per node differ (LOCAL_WORLD_SIZE 2 on rank 0, 4 on rank 3)"),
+    ({"r2": {"local": 1}}, "rank 2 has LOCAL_RANK 1, not 0"),
+    ({"r1": {"host": "elsewhere"}}, "node 0's ranks run on 2 hosts (elsewhere, node0)"),
+    ({"r1": {"rank": 2}}, "the gather's entry 1 is rank 2"),
+])
+def test_a_world_of_unequal_or_scattered_nodes_is_refused_before_any_open(over, msg):
+    log: list[tuple] = []
+    with pytest.raises(IpcError) as ei:
+        _exchange(0, 2, 2, log, entries=_entries(2, 2, **over))
+    assert msg in str(ei.value) and "\n" not in str(ei.value)
+    assert log == []  # nothing opened
+
+
+def test_an_allocation_without_the_nvlink_buffers_or_a_buffer_outside_it_is_refused():
+    shape = NodeShape(P=2, N=1, node=0, local=0)
+    with pytest.raises(IpcError, match="buffer final_x at .* is outside the exported allocation"):
+        ep_ipc.local_entry(shape, 0, "h", bytes(64), 0x1000, 0x1000, {"final_x": 0x3000})
+    with pytest.raises(IpcError, match="a CUDA IPC handle is 64 bytes, got 3"):
+        ep_ipc.local_entry(shape, 0, "h", b"abc", 0x1000, 0x1000, {})
+    ents = [ep_ipc.local_entry(NodeShape(2, 1, 0, r), r, "h", bytes(64), 0x1000, 0x1000, {"final_x": 0x1000})
+            for r in range(2)]
+    with pytest.raises(IpcError, match="the exported allocation lacks arrived, expect"):
+        ep_ipc.check_world(ents, shape)
+
+
+def test_node_visible_devices_puts_the_ranks_gpu_first_and_keeps_the_nodes():
+    env = {"CUDA_VISIBLE_DEVICES": "4,5,6,7"}
+    assert ep_ipc.node_visible_devices(_env(6, 8, 2, 4), env) == "6,4,5,7"
+    env = {}
+    assert ep_ipc.node_visible_devices(_env(1, 2, 1, 2), env) == "1,0"
+    with pytest.raises(IpcError, match="LOCAL_RANK 2 but CUDA_VISIBLE_DEVICES lists 2 GPUs"):
+        ep_ipc.node_visible_devices(_env(2, 4, 2, 4), {"CUDA_VISIBLE_DEVICES": "0,1"})
+
+
+def test_the_probe_exports_every_nvlink_buffer_inside_its_window():
+    from lever.hw import ipc_probe
+
+    b = ipc_probe.buffers_of(1 << 40)
+    assert set(b) == set(ep_ipc.NVLINK_BUFFERS)
+    assert all(1 << 40 <= a < (1 << 40) + ipc_probe.WINDOW for a in b.values())
+    assert b["final_x"] == 1 << 40  # the probe's region
+    assert (ROOT / "hw" / "run_v2_ipc_on_device.sh").stat().st_mode & 0o111

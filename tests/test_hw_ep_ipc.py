@@ -16,6 +16,7 @@ can not run are refused in one line before any handle is opened.
 
 from __future__ import annotations
 
+import platform
 import subprocess
 import sysconfig
 from pathlib import Path
@@ -91,12 +92,10 @@ class FakeIpc:
         return 0x7F0000000000 + (rank << 32)
 
     def ipc_handle(self, base: int) -> bytes:
-        assert base == self.base_of(self.rank)
         return b"H" + self.rank.to_bytes(1, "little") + base.to_bytes(8, "little") + bytes(54)
 
     def ipc_open(self, handle: bytes, gpu: int = 0) -> int:
         exporter = handle[1]
-        assert int.from_bytes(handle[2:10], "little") == self.base_of(exporter)
         if exporter == self.rank:
             raise RuntimeError("cudaIpcOpenMemHandle failed: invalid device context")
         if exporter in self.maps.values():
@@ -306,3 +305,243 @@ def test_the_probe_exports_every_nvlink_buffer_inside_its_window():
     assert all(1 << 40 <= a < (1 << 40) + ipc_probe.WINDOW for a in b.values())
     assert b["final_x"] == 1 << 40  # the probe's region
     assert (ROOT / "hw" / "run_v2_ipc_on_device.sh").stat().st_mode & 0o111
+
+
+# ============================================================ the V2 EFA runner (hw/efa/ep_v2_run.py)
+def _v2_runner(log: list[tuple], me: int = 1, P: int = 2, N: int = 2, fail_open: int | None = None):
+    """An EfaV2Runner up to its wiring, on CPU: its window one allocation holding V1's and
+    the V2 buffers (the real plan), the IPC layer faked, the other ranks' entries made as
+    theirs would be (the same offsets in their own windows), the EFA wiring stubbed."""
+    torch = pytest.importorskip("torch")
+    from types import SimpleNamespace
+
+    from lever.hw import ep_v2
+    from lever.hw import reference as ref
+    from lever.hw.efa.ep_run import window_offsets
+    from lever.hw.efa.ep_v2_run import EfaV2Runner
+
+    R = P * N
+    s = ref.Shape(num_ranks=R, tokens=16, hidden=256, top_k=4, num_experts=8)
+    r = object.__new__(EfaV2Runner)
+    r.t = SimpleNamespace(uint8=torch.uint8, cuda=SimpleNamespace(synchronize=lambda: None))
+    r.shape, r.R, r.me, r.node, r.P, r.N = s, R, me, NodeShape(P=P, N=N, node=me // P, local=me % P), P, N
+    r.Cv, r.Fv, r.S, r.NW, r.tails, r.so_warps, r.fwd_warps = 4, 2, 4, 8, s.tokens + 2, 2, 1
+    r.rows = [torch.zeros(R, s.tokens, s.hidden, dtype=torch.bfloat16) + q for q in range(R)]
+    plan = [(f"v2.{n}", k, dt) for n, k, dt in ep_v2.v2_buffer_plan(s, R, P, N, r.Cv, r.S, r.NW, r.tails, 64)]
+    off, length = window_offsets(plan)
+    raw = torch.zeros(length, dtype=torch.uint8)
+    r.ipc_base, r.ipc_len = raw.data_ptr(), length
+    size = {"uint8": 1, "int32": 4, "int64": 8}
+    dt = {"uint8": torch.uint8, "int32": torch.int32, "int64": torch.int64}
+    r.bufs = [{n: raw[off[n]:off[n] + k * size[d]].view(dt[d]) for n, k, d in plan}]
+    r.bufs[0]["comb_out"] = torch.zeros(1)
+    r.raw = raw
+    made: list[Any] = []
+
+    class Ext(FakeIpc):
+        def make_v2(self, h, cfg, tables):
+            made.append((h, cfg, tables))
+
+    r.ext = Ext(me, log, fail_open=fail_open)
+    mine = {n[3:]: raw.data_ptr() + off[n] for n, _, _ in plan}
+    entries = []
+    for q in range(R):
+        base = r.ipc_base if q == me else FakeIpc.base_of(q)
+        bufs = {k: base + (a - r.ipc_base) for k, a in mine.items()}
+        host = platform.node() if q // P == me // P else f"node{q // P}"  # the runner names its own host
+        entries.append(ep_ipc.local_entry(NodeShape(P, N, q // P, q % P), q, host,
+                                          r.ext.ipc_handle(base) if q == me else FakeIpc(q, []).ipc_handle(base),
+                                          base, length, bufs))
+
+    class Dist:
+        def all_gather(self, obj):
+            assert obj == entries[me]
+            return entries
+
+        def barrier(self):
+            log.append(("barrier", me, me))
+
+    r.dist = Dist()
+    r.ipc_maps = None
+    return r, made, entries
+
+
+def test_the_v2_runner_hands_make_v2_the_tables_of_its_node_through_ipc(monkeypatch):
+    """_wire: the V2 buffers leave V1's window map, the combine input rows go in, the IPC
+    exchange runs before V1's EFA wiring, and rebuild gives make_v2 one map per rank: its
+    own, its node peer's through the mapping (same offset), the other node's own addresses."""
+    from lever.hw.efa.ep_run import EfaRunner
+
+    log: list[tuple] = []
+    r, made, entries = _v2_runner(log)
+    monkeypatch.setattr(EfaRunner, "_wire", lambda self: log.append(("efa wire", 1, 1)))
+
+    def world(self, scn, seed):
+        self.handles = [7]
+
+    monkeypatch.setattr(EfaRunner, "rebuild", world)
+    r._wire()
+    assert log == [("open", 1, 0), ("efa wire", 1, 1)]
+    assert not [k for k in r.bufs[0] if k.startswith("v2.")] and "final_x" in r.v2[0]
+    assert float(r.v2[0]["comb_in"].view(4, 16, -1)[0, 0, 16:18].view(r.rows[0].dtype)[0]) == 1.0  # rank 1's rows
+    r.rebuild(None, 0)
+    (h, cfg, tables), = made
+    assert h == 7 and cfg == {"P": 2, "N": 2, "C": 4, "F": 2, "so_warps": 2, "fwd_warps": 1, "S": 4, "NW": 8,
+                              "tails": 18}
+    assert tables[1] == {k: v.data_ptr() for k, v in r.v2[0].items()}
+    mapped = r.ipc_maps.mapped[0]
+    assert tables[0] == {k: mapped + (a - entries[0]["base"]) for k, a in entries[0]["buffers"].items()}
+    assert tables[2] == entries[2]["buffers"] and tables[3] == entries[3]["buffers"]
+
+
+def test_the_v2_runner_closes_efa_then_its_mappings_then_waits_then_frees(monkeypatch):
+    from lever.hw.efa.ep_run import EfaRunner
+
+    log: list[tuple] = []
+    r, _, _ = _v2_runner(log, me=2, P=4, N=1)
+    monkeypatch.setattr(EfaRunner, "_wire", lambda self: None)
+    r._wire()
+    log.clear()
+    monkeypatch.setattr(EfaRunner, "close", lambda self: log.append(("efa close", 2, 2)) or 0)
+    assert r.close() == 0
+    assert log == [("efa close", 2, 2), ("close", 2, 3), ("close", 2, 1), ("close", 2, 0), ("barrier", 2, 2),
+                   ("free", 2, 2)]
+    assert r.ipc_maps is None and r.ipc_base == 0
+
+
+def test_the_v2_runner_closes_its_mappings_when_the_efa_wiring_fails_and_frees_the_window(monkeypatch):
+    from lever.hw.efa.ep_run import EfaRunner
+    from lever.hw.efa.wire import WireError
+
+    log: list[tuple] = []
+    r, _, _ = _v2_runner(log, me=0, P=3, N=1)
+
+    def broken(self):
+        raise WireError("address exchange: rank 1 drives 1 EFA device(s), rank 0 2")
+
+    monkeypatch.setattr(EfaRunner, "_wire", broken)
+    with pytest.raises(WireError):
+        r._wire()
+    assert log == [("open", 0, 1), ("open", 0, 2), ("close", 0, 2), ("close", 0, 1)]
+    assert r.ipc_maps is None
+    # the same failure seen from _alloc (the whole build): the window goes too
+    log.clear()
+    r, _, _ = _v2_runner(log, me=0, P=3, N=1)
+
+    def alloc(self):
+        self._wire()
+
+    monkeypatch.setattr(EfaRunner, "_alloc", alloc)
+    with pytest.raises(WireError):
+        r._alloc()
+    assert log[-1] == ("free", 0, 0) and r.ipc_base == 0
+    assert [x for x in log if x[0] == "close"] == [("close", 0, 2), ("close", 0, 1)]
+
+
+def test_a_failed_open_in_the_runner_leaves_nothing_mapped(monkeypatch):
+    from lever.hw.efa.ep_run import EfaRunner
+
+    log: list[tuple] = []
+    r, _, _ = _v2_runner(log, me=0, P=4, N=1, fail_open=2)
+    monkeypatch.setattr(EfaRunner, "_wire", lambda self: log.append(("efa wire", 0, 0)))
+    with pytest.raises(IpcError, match="^V2 over EFA: rank 0 mapping rank 2's V2 buffers"):
+        r._wire()
+    assert log == [("open", 0, 1), ("close", 0, 1)]  # EFA never wired
+
+
+# ============================================================ the command and the record
+TORCHRUN_V2 = {"RANK": "1", "WORLD_SIZE": "4", "LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "2",
+               "MASTER_ADDR": "10.0.0.1", "MASTER_PORT": "29500"}
+
+
+@pytest.mark.parametrize("env, argv, msg", [
+    ({"WORLD_SIZE": "6", "LOCAL_WORLD_SIZE": "4"}, ["--ranks", "6"],
+     "V2 over EFA: LOCAL_WORLD_SIZE 4 does not divide the world's 6 ranks"),
+    ({"LOCAL_RANK": "0"}, ["--ranks", "4"], "V2 over EFA: rank 1 has LOCAL_RANK 0, not 1"),
+    ({"WORLD_SIZE": "32", "LOCAL_WORLD_SIZE": "8"}, ["--ranks", "32"], "V2 over EFA: 32 ranks; the V2 kernels"),
+    ({}, ["--ranks", "4", "--ranks-per-node", "4"], "--ranks-per-node 4: on EFA the ranks per node are torchrun's"),
+])
+def test_v2_on_efa_refuses_a_node_layout_the_kernels_can_not_run_before_cuda(monkeypatch, tmp_path, env, argv, msg):
+    from lever.hw.efa import ep_run, wire
+    from lever.hw.efa import run as efa_run
+
+    from tests.test_hw_efa_wire import _ep_args, _libs_ok
+
+    e = {**TORCHRUN_V2, **env}
+    monkeypatch.setattr(efa_run, "preflight", lambda what: {"libs": _libs_ok(), "devices": {"rdmap17s0": "/x"},
+                                                             "torchrun": wire.torchrun_env(e)})
+
+    def no_cuda():
+        raise AssertionError("CUDA reached")
+
+    monkeypatch.setattr("lever.hw.device.require_cuda", no_cuda)
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(ep_ipc.UserError) as ei:
+        ep_run.main_efa(_ep_args("--protocol", "v2-hybrid", *argv, "--out", "r.json"))
+    assert msg in str(ei.value) and "\n" not in str(ei.value)
+    assert not list(tmp_path.iterdir())
+
+
+@pytest.mark.parametrize("protocol, visible", [("v2-hybrid", "3,2"), ("v2-direct", "3,2"), ("v1-ll", "3")])
+def test_v2_on_efa_is_no_longer_refused_and_keeps_the_nodes_gpus_visible(monkeypatch, tmp_path, protocol, visible):
+    """A world the kernels can run goes on to CUDA (where this machine stops), with the
+    rank's GPU first and its node's other GPUs visible (CUDA IPC), not V1's one GPU. (V1 gets
+    that far too: before this, it stopped at run_options' 5-tuple unpacked as 6.)"""
+    from lever.hw.efa import ep_run, wire
+    from lever.hw.efa import run as efa_run
+
+    from tests.test_hw_efa_wire import _ep_args, _libs_ok
+
+    monkeypatch.setattr(efa_run, "preflight", lambda what: {"libs": _libs_ok(), "devices": {"rdmap17s0": "/x"},
+                                                             "torchrun": wire.torchrun_env(TORCHRUN_V2)})
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "2,3")
+
+    class Reached(Exception):
+        pass
+
+    def cuda():
+        raise Reached
+
+    monkeypatch.setattr("lever.hw.device.require_cuda", cuda)
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(Reached):
+        ep_run.main_efa(_ep_args("--protocol", protocol, "--ranks", "4", "--out", "r.json"))
+    import os
+
+    assert os.environ["CUDA_VISIBLE_DEVICES"] == visible
+
+
+def test_an_efa_v2_record_names_the_protocol_and_node_shape_and_links_the_v2_design_on_the_instance():
+    from lever.calibration.records import parse_record
+    from lever.hw import ep_v2
+    from lever.hw.efa.ep_run import efa_record
+    from lever.hw.efa.ep_v2_run import efa_v2_record, v2_sets
+    from lever.hw.ep import build_record
+
+    from tests.test_hw_efa_wire import _FakeRunner
+
+    class Runner(_FakeRunner):
+        R, N, P, Cv, Fv, S = 16, 2, 8, 24, 24, 6
+        env = {"local_world_size": 8}
+        run = {"proto": 1, "interval": 1}
+
+    base = ep_v2.load_scenario("v2-hybrid", "native", 16, 8, False, {}, [])
+    sets = v2_sets(base, "v2-hybrid", "native", 16, 8, {})
+    rec = build_record(rid="efa-v2-hybrid-n2x8-native-baseline", path="native", ranks=16, gpus=1, levers=[],
+                       sets=sets, hidden=7168, scn=base,
+                       lat={"dispatch": [100.0 + i for i in range(60)], "combine": [200.0] * 60},
+                       gate={"passed": True, "checks": ["x"], "detail": "packets 0"}, attribution=None,
+                       samples=None, metrics={"wqes_per_iteration_count": {"median": 99.0}},
+                       how={"repetitions": 60, "warmup": 10, "notes": "24 EP blocks; flags dispatch={} x"},
+                       platform_info={"gpu": "NVIDIA H200"}, command="lever hw ep --nic efa")
+    rec = efa_record(rec, runner=Runner(), path="native", facts={"instance": "p5en.48xlarge"},
+                     platform_info={"gpu": "NVIDIA H200"})
+    rec = efa_v2_record(rec, runner=Runner(), protocol="v2-hybrid", path="native")
+    r = parse_record(rec)
+    assert r.nic == "efa" and r.what.protocol == "v2-hybrid" and r.what.workload.nodes == 2
+    assert "2 nodes x 8 ranks" in r.what.design and "ranks per node 8" in r.how.notes
+    assert r.gate.checks == ep_v2.V2_CHECKS
+    assert r.sim.scenario == "platforms/p5en"
+    scn = r.sim.load()  # the model runs the V2 design on the instance's platform, this node shape
+    assert scn.design.protocol == "v2-hybrid" and scn.workload.gpus_per_node == 8 and scn.workload.ep_ranks == 16
+    assert scn.platform.name == "p5en" and scn.design.forward_warps_per_sm == base.design.forward_warps_per_sm

@@ -116,6 +116,15 @@ def check_world(entries: Sequence[Mapping[str, Any]], shape: NodeShape) -> None:
         raise IpcError(f"V2 over EFA: the exported allocation lacks {', '.join(missing)}")
 
 
+class CudaMemory:
+    """An address the binding allocated (``ipc_alloc``), for torch to view without a copy
+    (``torch.as_tensor(CudaMemory(ptr, n), device=...)`` reads ``__cuda_array_interface__``)."""
+
+    def __init__(self, ptr: int, nbytes: int) -> None:
+        self.__cuda_array_interface__ = {"shape": (nbytes,), "typestr": "|u1", "data": (int(ptr), False),
+                                         "version": 3, "strides": None}
+
+
 class NodeMaps:
     """The node peers' allocations mapped into this process (``ipc_open``), closed by
     :meth:`close`: the last opened first, each once, errors counted, never raised."""

@@ -11,7 +11,9 @@ through the same C++ IPC calls (hw/ep/ipc.h) as the EP binding, then:
    (16-byte stores as V2's ``v2_copy``), a system fence, ``atomicAdd_system`` on the
    destination's arrival counter, a release store (system scope) of an epoch-tagged flag;
 2. after a host barrier, check: every rank polls its own flags (acquire, bounded), checks
-   the arrival counts and every word of every source;
+   the arrival counts and every word of every source; and torch's view of the allocation
+   (``torch.as_tensor`` over ``__cuda_array_interface__``, as the runner makes its window)
+   reads the same words;
 3. a negative control: the check for an epoch nobody wrote must report every flag missing
    (the check can fail);
 4. pingpong (informational): put and wait in one kernel, both processes' kernels at once
@@ -162,6 +164,14 @@ def main(argv: list[str] | None = None) -> int:
         dist.barrier()
         o = ext.run(1, peers, shape.local, 1, 1, ns)
         res["steps"]["put_check"] = {"passed": o[:3] == [0, 0, 0], "out": o}
+        # the window as the V2 EFA runner sees it (torch over the binding's allocation, no copy):
+        # the words node peer s stored here through its mapping
+        win = torch.as_tensor(ep_ipc.CudaMemory(base, WINDOW), device=f"cuda:{gpu}")
+        seen = win[256:256 + 4 * shape.P * WORDS].view(torch.int32).view(shape.P, WORDS).cpu().tolist()
+        bad = sum(1 for s in range(shape.P) for i in range(0, WORDS, 97)
+                  if seen[s][i] & 0xFFFFFFFF != ((131 + 17 * s + 7 * shape.local) ^ i) & 0xFFFFFFFF)
+        res["steps"]["torch_view"] = {"passed": bad == 0, "bad": bad}
+        del win
         o = ext.run(1, peers, shape.local, 3, 1, int(1e6))  # nobody wrote epoch 3
         res["steps"]["negative_control"] = {"passed": o[0] == shape.P, "out": o,
                                             "what": "a check for an epoch nobody wrote reports every flag missing"}
@@ -171,7 +181,8 @@ def main(argv: list[str] | None = None) -> int:
         res["steps"]["pingpong"] = {"passed": o[0] == 0 and o[2] == 0, "out": o, "s": round(time.time() - t1, 3),
                                     "informational": True}
         dist.barrier()
-        ok = tab_ok and res["steps"]["put_check"]["passed"] and res["steps"]["negative_control"]["passed"]
+        ok = (tab_ok and res["steps"]["put_check"]["passed"] and res["steps"]["torch_view"]["passed"]
+              and res["steps"]["negative_control"]["passed"])
     except (RuntimeError, ep_ipc.IpcError) as e:
         res["error"] = " ".join(str(e).split())
     finally:

@@ -38,14 +38,6 @@ from lever.hw import reference as ref
 from lever.hw.efa.ep_run import EfaRunner, window_plan
 
 
-class CudaMemory:
-    """An address the binding allocated, seen by torch (``__cuda_array_interface__``, no copy)."""
-
-    def __init__(self, ptr: int, nbytes: int) -> None:
-        self.__cuda_array_interface__ = {"shape": (nbytes,), "typestr": "|u1", "data": (ptr, False),
-                                         "version": 3, "strides": None}
-
-
 class EfaV2Runner(EfaRunner):
     """One V2 rank on its EFA device(s), its node peers reached through CUDA IPC."""
 
@@ -102,7 +94,7 @@ class EfaV2Runner(EfaRunner):
         """The window as one exportable allocation (its base is what the node maps)."""
         self.ipc_base = int(self.ext.ipc_alloc(nbytes, 0))
         self.ipc_len = nbytes
-        return self.t.as_tensor(CudaMemory(self.ipc_base, nbytes), device="cuda:0")
+        return self.t.as_tensor(ep_ipc.CudaMemory(self.ipc_base, nbytes), device="cuda:0")
 
     def _wire(self) -> None:
         """The V2 buffers out of the window map, the IPC exchange, then V1's EFA wiring; a

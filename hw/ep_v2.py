@@ -303,7 +303,7 @@ def main_v2(args: argparse.Namespace) -> int:
     from lever.calibration.records import dump_record, parse_record
     from lever.hw.device import require_cuda
 
-    if args.nic == "efa":  # refuses V2 after the device checks (hw/efa/ep_run.py)
+    if args.nic == "efa":  # one process per rank under torchrun: hw/efa/ep_run.py, hw/efa/ep_v2_run.py
         from lever.hw.efa.ep_run import main_efa
 
         return main_efa(args)

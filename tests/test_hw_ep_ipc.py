@@ -545,3 +545,35 @@ def test_an_efa_v2_record_names_the_protocol_and_node_shape_and_links_the_v2_des
     scn = r.sim.load()  # the model runs the V2 design on the instance's platform, this node shape
     assert scn.design.protocol == "v2-hybrid" and scn.workload.gpus_per_node == 8 and scn.workload.ep_ranks == 16
     assert scn.platform.name == "p5en" and scn.design.forward_warps_per_sm == base.design.forward_warps_per_sm
+
+
+@pytest.mark.parametrize("nproc, brk", [(2, ""), (3, ""), (2, "offset")])
+def test_the_device_probe_flow_runs_across_processes_on_shared_memory(tmp_path, nproc, brk):
+    """hw/ipc_probe.py end to end under torchrun (gloo), its CUDA faked by shared-memory files
+    (tests/ipc_probe_fake.py): every step passes on every rank and the outcome is written;
+    with the tables' offset broken, the probe itself says FAILED (exit 1)."""
+    pytest.importorskip("torch")
+    import os
+    import sys
+
+    if not os.path.isdir("/dev/shm"):
+        pytest.skip("no /dev/shm")
+    out = tmp_path / "outcome.json"
+    env = {**os.environ, "LEVER_FAKE_BREAK": brk, "OMP_NUM_THREADS": "1"}
+    r = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node",
+                        str(nproc), str(ROOT / "tests" / "ipc_probe_fake.py"), "--out", str(out), "--timeout-s", "30"],
+                       capture_output=True, text=True, timeout=180, env=env, cwd=tmp_path)
+    import json
+
+    o = json.loads(out.read_text())
+    steps = [s for pr in o["per_rank"] for s in pr["steps"].values()]
+    if brk:
+        assert r.returncode != 0 and not o["passed"]
+        assert not o["per_rank"][0]["steps"]["tables"]["passed"]
+        assert not o["per_rank"][0]["steps"]["put_check"]["passed"]
+    else:
+        assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+        assert o["passed"] and o["ranks"] == nproc and o["ranks_per_node"] == nproc and len(o["per_rank"]) == nproc
+        assert all(s["passed"] for s in steps)
+        assert all(pr["steps"]["teardown"]["opened"] == nproc - 1 == pr["steps"]["teardown"]["closed"]
+                   for pr in o["per_rank"])

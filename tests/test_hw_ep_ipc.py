@@ -577,3 +577,46 @@ def test_the_device_probe_flow_runs_across_processes_on_shared_memory(tmp_path, 
         assert all(s["passed"] for s in steps)
         assert all(pr["steps"]["teardown"]["opened"] == nproc - 1 == pr["steps"]["teardown"]["closed"]
                    for pr in o["per_rank"])
+
+
+def test_the_v2_gate_of_one_rank_passes_the_reference_and_fails_a_wrong_byte():
+    """V2Runner.gate_v2_rank (the emulated runs' gate per rank, which the EFA runner runs on
+    its own rank and gathers): the reference's own outputs pass, one wrong payload byte, one
+    wrong count or one wrong combine element fail with the rank named."""
+    torch = pytest.importorskip("torch")
+    from types import SimpleNamespace
+
+    from lever.hw import ep as v1
+    from lever.hw import reference as ref
+    from lever.hw.ep_v2 import V2Runner
+
+    R = 4
+    s = ref.Shape(num_ranks=R, tokens=16, hidden=256, top_k=4, num_experts=8)
+    inp = ref.make_inputs(s, 0, exact=True)
+    lay = ref.dispatch_layout(s, inp)
+    y = ref.make_expert_outputs(s, lay, 1, exact=True)
+    run = SimpleNamespace(t=torch, shape=s, R=R, inputs=inp, layouts=lay, rlayouts=ref.rank_layout(s, inp),
+                          ref_comb=ref.combine(s, inp, lay, y))
+    r = 2
+    rl = run.rlayouts[r]
+    x, sc = ref.rank_payload(s, inp, rl)
+    fx = torch.zeros(R, s.tokens, v1.DMSG, dtype=torch.uint8)
+    fx[..., :s.hidden] = x
+    fx[..., s.hidden:s.hidden + 4 * s.scales] = sc.contiguous().view(torch.uint8).view(R, s.tokens, 4 * s.scales)
+    b = {"out_cnt": rl["counts"].to(torch.int32).clone(), "out_src": rl["src"].to(torch.int32).reshape(-1).clone(),
+         "final_x": fx.reshape(-1)}
+    comb = run.ref_comb[r].clone()
+
+    def gate():
+        return V2Runner.gate_v2_rank(run, r, b, comb)
+
+    assert gate() == []
+    src0 = int(torch.nonzero(rl["counts"])[0])
+    fx[src0, 0, 5] ^= 1
+    assert gate() == [f"rank {r}: FP8 payload differs"]
+    fx[src0, 0, 5] ^= 1
+    comb.view(-1)[7] += 1
+    assert gate() == [f"rank {r}: combine output differs in 1 elements"]
+    comb.view(-1)[7] -= 1
+    b["out_cnt"][src0] += 1
+    assert gate() == [f"rank {r}: tokens per source differ"]

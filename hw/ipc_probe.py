@@ -20,7 +20,8 @@ through the same C++ IPC calls (hw/ep/ipc.h) as the EP binding, then:
    (on one GPU without MPS, the driver time-slices the two contexts);
 5. teardown in order (``release``: mappings closed, barrier, allocation freed), counted.
 
-Rank 0 writes the outcome JSON (``--out``). Exit 0 iff steps 1-3 and 5 passed on every rank.
+Rank 0 writes the outcome JSON (``--out``). ``--ep-binding`` makes the IPC calls through the
+EP extension's pybind11 ``ipc_*`` (what the runner calls; the extension is built first). Exit 0 iff steps 1-3 and 5 passed on every rank.
 The probe's C++ (hw/ep/ipc_probe.cu) is built with ``nvcc -shared`` and loaded by ctypes:
 seconds, not the EP extension's minutes. With one visible GPU every rank uses it (two
 processes on one device: what one H200 can show); with more, rank r uses GPU r % count.
@@ -106,6 +107,33 @@ class CtypesIpc:
         return list(out)
 
 
+class EpBindingIpc(CtypesIpc):
+    """``--ep-binding``: the IPC calls through the EP extension's own ``ipc_*`` (pybind11,
+    hw/ep/ipc_binding.inc: exactly what the V2 EFA runner calls), the kernels from the probe."""
+
+    def __init__(self, so: Path, ep: Any) -> None:
+        super().__init__(so)
+        self.ep = ep
+
+    def ipc_alloc(self, nbytes: int, gpu: int = 0) -> int:
+        return int(self.ep.ipc_alloc(nbytes, gpu))
+
+    def ipc_free(self, base: int) -> int:
+        return int(self.ep.ipc_free(base))
+
+    def ipc_handle(self, base: int) -> bytes:
+        return bytes(self.ep.ipc_handle(base))
+
+    def ipc_open(self, handle: bytes, gpu: int = 0) -> int:
+        a = int(self.ep.ipc_open(handle, gpu))
+        self.opened.append(a)
+        return a
+
+    def ipc_close(self, mapped: int) -> int:
+        self.closed.append(int(mapped))
+        return int(self.ep.ipc_close(mapped))
+
+
 def build(out_dir: Path, rank: int) -> Path:
     nvcc = os.environ.get("NVCC") or "nvcc"
     so = out_dir / f"lever_ipc_probe_{rank}.so"
@@ -128,6 +156,8 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m lever.hw.ipc_probe")
     ap.add_argument("--out", default="v2_ipc_outcome.json")
     ap.add_argument("--timeout-s", type=float, default=60.0)
+    ap.add_argument("--ep-binding", action="store_true",
+                    help="the IPC calls through the EP extension (built first: minutes) instead of the probe's")
     args = ap.parse_args(argv)
     t0 = time.time()
     import torch
@@ -141,7 +171,13 @@ def main(argv: list[str] | None = None) -> int:
     gpu = me % max(1, ngpu)
     build_dir = Path(os.environ.get("LEVER_BUILD_DIR", "/tmp/lever_build")) / "ipc_probe"
     build_dir.mkdir(parents=True, exist_ok=True)
-    ext = CtypesIpc(build(build_dir, me))
+    so = build(build_dir, me)
+    if args.ep_binding:
+        from lever.hw.ep import load_ext
+
+        ext: CtypesIpc = EpBindingIpc(so, load_ext())
+    else:
+        ext = CtypesIpc(so)
     ext.set_device(gpu)
     dist = Dist(torch, env, args.timeout_s)
     res: dict[str, Any] = {"rank": me, "gpu": gpu, "host": platform.node(), "steps": {}}
@@ -195,6 +231,8 @@ def main(argv: list[str] | None = None) -> int:
     dist.close()
     if me == 0:
         outcome = {"kind": "lever-v2-ipc-probe", "passed": all(r["passed"] for r in allres),
+                   "ipc_calls": "EP extension (hw/ep/ipc_binding.inc)" if args.ep_binding else
+                   "probe library (hw/ep/ipc_probe.cu), the same hw/ep/ipc.h",
                    "ranks": env["world_size"], "ranks_per_node": shape.P, "nodes": shape.N,
                    "gpus_visible": ngpu, "same_gpu": len({r["gpu"] for r in allres}) < len(allres),
                    "device": torch.cuda.get_device_name(gpu), "torch": torch.__version__,

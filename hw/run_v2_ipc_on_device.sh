@@ -6,7 +6,7 @@
 # the mapped pointers as V2's same-node traffic does, check them, run a negative control and
 # close every mapping before the allocations go (hw/ipc_probe.py says what each step proves).
 # Outcome: $OUT/v2_ipc_outcome.json (rank 0), log in $OUT/log.txt. Bounded: 80 s in all.
-# Usage (device machine, repository root): OUT=... hw/run_v2_ipc_on_device.sh
+# Usage (device machine, repository root): OUT=... [NPROC=2] [EP_BINDING=1] hw/run_v2_ipc_on_device.sh
 set -u
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/v2_ipc_out}
@@ -21,4 +21,15 @@ timeout 80 python3 -m torch.distributed.run --standalone --nproc-per-node "${NPR
     --out "$OUT/v2_ipc_outcome.json" --timeout-s 40 2>&1 | tee -a "$LOG"
 rc=${PIPESTATUS[0]}
 echo "=== v2-ipc rc=$rc wall=$(( $(date +%s) - t0 ))s" | tee -a "$LOG"
+# EP_BINDING=1: again with the IPC calls through the EP extension's pybind11 ipc_* (what the V2 EFA
+# runner calls); builds the EP extension first (minutes: outside the 90 s of the probe itself)
+if [[ ${EP_BINDING:-0} == 1 ]]; then
+  t1=$(date +%s)
+  timeout 400 python3 -c 'from lever.hw.ep import load_ext; m = load_ext(); print("ep built", hasattr(m, "ipc_open"))' 2>&1 | tail -3 | tee -a "$LOG"
+  timeout 80 python3 -m torch.distributed.run --standalone --nproc-per-node "${NPROC:-2}" -m lever.hw.ipc_probe \
+      --ep-binding --out "$OUT/v2_ipc_outcome_ep_binding.json" --timeout-s 40 2>&1 | tee -a "$LOG"
+  rc2=${PIPESTATUS[0]}
+  echo "=== v2-ipc ep-binding rc=$rc2 wall=$(( $(date +%s) - t1 ))s" | tee -a "$LOG"
+  [[ $rc == 0 ]] && rc=$rc2
+fi
 exit "$rc"

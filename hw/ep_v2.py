@@ -108,6 +108,41 @@ def run_flags(scn, protocol: str, path: str) -> dict[str, int]:
     return {"proto": PROTO[protocol], "interval": d.scaleout_update_interval}
 
 
+V2_ZEROED = ("arrived", "expect", "so_tail", "so_notify", "sig", "part_flag", "comb_flag", "comb_sig", "nbar",
+             "arr_base", "wqe_done", "h_socnt", "h_expect")
+"""The V2 words zeroed before every variant (:meth:`V2Runner.reset_state`)."""
+
+
+def v2_geometry(nb: int, so_warps: int, fwd_warps: int, n_rxcq: int, N: int, tokens: int, P: int) -> dict[str, int]:
+    """Channels C, forward warps F, slots per stream S, notify words NW and tail words of a
+    run (hw/ep/v2.h V2World), or the EpError of what the kernels do not take."""
+    C, F = nb * so_warps, nb * fwd_warps
+    if C > n_rxcq:
+        raise v1.EpError(f"{C} channels exceed the {n_rxcq} receive queues")
+    if F and (N - 1) * math.ceil(C / F) > 32:
+        raise v1.EpError("a forward warp would poll more than 32 streams: more forward warps or fewer nodes")
+    S = math.ceil(tokens / C)
+    if S > 64:
+        raise v1.EpError(f"{S} tokens per (node, channel) stream: the forward warps track at most 64 "
+                         "(more channels)")
+    return {"C": C, "F": F, "S": S, "NW": 4 * math.ceil((C + P) / 4), "tails": tokens + 2}
+
+
+def v2_buffer_plan(s: Shape, R: int, P: int, N: int, C: int, S: int, NW: int, tails: int,
+                   sq_depth: int) -> list[tuple[str, int, str]]:
+    """(name, elements, dtype) of one rank's V2 buffers (hw/ep/v2.h V2Rank), in order."""
+    T = s.tokens
+    return [("final_x", R * T * v1.DMSG, "uint8"), ("arrived", R, "int32"), ("expect", R, "int64"),
+            ("so_recv", N * C * S * v1.DMSG, "uint8"), ("so_tail", N * C, "int64"), ("so_notify", N * NW, "int32"),
+            ("sig", R, "int64"), ("part", R * T * P * v1.CMSG, "uint8"), ("part_flag", R * T * P, "int64"),
+            ("comb_rows", T * R * v1.CMSG, "uint8"), ("comb_flag", T * R, "int64"), ("comb_sig", R, "int64"),
+            ("nbar", P, "int64"), ("slot", T * R, "int32"), ("cnt", R, "int32"), ("socnt", C * N, "int32"),
+            ("h_socnt", N * C, "int32"), ("h_expect", R, "int32"), ("arr_base", R, "int32"),
+            ("out_src", R * T, "int32"), ("out_cnt", R, "int32"), ("comb_in", R * T * v1.CMSG, "uint8"),
+            ("comb_send", R * T * v1.CMSG, "uint8"), ("tail_src", C * N * tails, "int64"),
+            ("notify_src", N * NW, "int32"), ("sig_src", 2 * R, "int64"), ("wqe_done", v1.NQ_MAX * sq_depth, "int32")]
+
+
 # ----------------------------------------------------------------- the device run
 class V2Runner(v1.Runner):
     """V1's runner (NIC queues, peer access, proxy threads, timing) plus the V2 buffers."""
@@ -127,18 +162,8 @@ class V2Runner(v1.Runner):
         self.warps = self.so_warps + self.fwd_warps  # every EP block: scale-out + forward warps
         if not 1 <= self.warps <= 8:
             raise v1.EpError(f"warps_per_sm + forward_warps_per_sm = {self.warps}: the kernels take 1..8")
-        self.Cv = self.nb * self.so_warps
-        self.Fv = self.nb * self.fwd_warps
-        if self.Cv > self.n_rxcq:
-            raise v1.EpError(f"{self.Cv} channels exceed the {self.n_rxcq} receive queues")
-        if self.Fv and (self.N - 1) * math.ceil(self.Cv / self.Fv) > 32:
-            raise v1.EpError("a forward warp would poll more than 32 streams: more forward warps or fewer nodes")
-        self.S = math.ceil(shape.tokens / self.Cv)
-        if self.S > 64:
-            raise v1.EpError(f"{self.S} tokens per (node, channel) stream: the forward warps track at most 64 "
-                             "(more channels)")
-        self.NW = 4 * math.ceil((self.Cv + self.P) / 4)
-        self.tails = shape.tokens + 2
+        g = v2_geometry(self.nb, self.so_warps, self.fwd_warps, self.n_rxcq, self.N, shape.tokens, self.P)
+        self.Cv, self.Fv, self.S, self.NW, self.tails = g["C"], g["F"], g["S"], g["NW"], g["tails"]
         cap = ext.coop_max_blocks_v2(0, 32 * max(self.warps, self.nic_warps))
         grid = self.rpg * (self.nb + self.nics)
         if grid > cap:
@@ -159,16 +184,8 @@ class V2Runner(v1.Runner):
             def z(n: int, dt, dv: str = dv):
                 return t.zeros(n, dtype=dt, device=dv)
 
-            b = {"final_x": z(R * T * v1.DMSG, u8), "arrived": z(R, i32), "expect": z(R, i64),
-                 "so_recv": z(N * C * self.S * v1.DMSG, u8), "so_tail": z(N * C, i64),
-                 "so_notify": z(N * self.NW, i32), "sig": z(R, i64), "part": z(R * T * P * v1.CMSG, u8),
-                 "part_flag": z(R * T * P, i64), "comb_rows": z(T * R * v1.CMSG, u8), "comb_flag": z(T * R, i64),
-                 "comb_sig": z(R, i64), "nbar": z(P, i64), "slot": z(T * R, i32), "cnt": z(R, i32),
-                 "socnt": z(C * N, i32), "h_socnt": z(N * C, i32), "h_expect": z(R, i32), "arr_base": z(R, i32),
-                 "out_src": z(R * T, i32), "out_cnt": z(R, i32), "comb_in": z(R * T * v1.CMSG, u8),
-                 "comb_send": z(R * T * v1.CMSG, u8), "tail_src": z(C * N * self.tails, i64),
-                 "notify_src": z(N * self.NW, i32), "sig_src": z(2 * R, i64),
-                 "wqe_done": z(v1.NQ_MAX * self.depth, i32)}
+            b = {name: z(n, {"uint8": u8, "int32": i32, "int64": i64}[dt])
+                 for name, n, dt in v2_buffer_plan(s, R, P, N, C, self.S, self.NW, self.tails, self.depth)}
             # the rank's combine input rows at its V2 buffer positions (BF16 at +16)
             ci = b["comb_in"].view(R, T, v1.CMSG)
             ci[..., 16:16 + 2 * H] = self.rows[r].view(t.uint8).reshape(R, T, 2 * H).to(dv)
@@ -210,53 +227,62 @@ class V2Runner(v1.Runner):
     def reset_state(self) -> None:
         super().reset_state()
         for b in self.v2:
-            for k in ("arrived", "expect", "so_tail", "so_notify", "sig", "part_flag", "comb_flag", "comb_sig",
-                      "nbar", "arr_base", "wqe_done", "h_socnt", "h_expect"):
+            for k in V2_ZEROED:
                 b[k].zero_()
         self.sync()
 
     def poison(self) -> None:
         super().poison()
         for b in self.v2:
-            b["final_x"].fill_(0xA5)
-            b["out_src"].fill_(-7)
-            b["out_cnt"].fill_(-7)
-            b["comb_rows"].fill_(0x5A)
+            poison_v2(b)
         self.sync()
 
     def gate_check(self) -> list[str]:
         """Every rank's V2 outputs against the reference (hw/reference.py), V1's per-expert
         view of them, and the combine output against V1's reference."""
+        fails = []
+        for r in range(self.R):
+            fails += self.gate_v2_rank(r, self.v2[r], self.bufs[r]["comb_out"])
+        return fails
+
+    def gate_v2_rank(self, r: int, b: dict, comb_out) -> list[str]:
+        """Rank ``r``'s V2 outputs (its V2 buffers ``b``, its combine output): failure strings.
+        (The EFA runner calls it for its own rank and gathers the world's.)"""
         t, s = self.t, self.shape
         R, T, H = self.R, s.tokens, s.hidden
-        fails = []
-        for r in range(R):
-            b, lay = self.v2[r], self.rlayouts[r]
-            counts = b["out_cnt"].cpu()
-            if not t.equal(counts, lay["counts"]):
-                fails.append(f"rank {r}: tokens per source differ")
-                continue
-            src = b["out_src"].view(R, T).cpu()
-            valid = t.arange(T)[None, :] < counts[:, None]
-            src = t.where(valid, src, -1)
-            if not t.equal(src, lay["src"]):
-                fails.append(f"rank {r}: token indices differ")
-                continue
-            view = ref.expert_view(s, self.inputs, r, src, counts)
-            if not (t.equal(view["counts"], self.layouts[r]["counts"]) and t.equal(view["src"], self.layouts[r]["src"])):
-                fails.append(f"rank {r}: the per-expert view differs from V1's layout")
-            fx = b["final_x"].view(R, T, v1.DMSG).cpu()
-            xr, scr = ref.rank_payload(s, self.inputs, lay)
-            got_x = t.where(valid[..., None], fx[..., :H], 0)
-            got_s = t.where(valid[..., None], fx[..., H:H + 4 * s.scales].contiguous().view(t.float32), 0)
-            if not t.equal(got_x, xr):
-                fails.append(f"rank {r}: FP8 payload differs")
-            if not t.equal(got_s, scr):
-                fails.append(f"rank {r}: scales differ")
-            out = self.bufs[r]["comb_out"].cpu()
-            if not t.equal(out, self.ref_comb[r]):
-                fails.append(f"rank {r}: combine output differs in {int((out != self.ref_comb[r]).sum())} elements")
+        fails: list[str] = []
+        lay = self.rlayouts[r]
+        counts = b["out_cnt"].cpu()
+        if not t.equal(counts, lay["counts"]):
+            return [f"rank {r}: tokens per source differ"]
+        src = b["out_src"].view(R, T).cpu()
+        valid = t.arange(T)[None, :] < counts[:, None]
+        src = t.where(valid, src, -1)
+        if not t.equal(src, lay["src"]):
+            return [f"rank {r}: token indices differ"]
+        view = ref.expert_view(s, self.inputs, r, src, counts)
+        if not (t.equal(view["counts"], self.layouts[r]["counts"]) and t.equal(view["src"], self.layouts[r]["src"])):
+            fails.append(f"rank {r}: the per-expert view differs from V1's layout")
+        fx = b["final_x"].view(R, T, v1.DMSG).cpu()
+        xr, scr = ref.rank_payload(s, self.inputs, lay)
+        got_x = t.where(valid[..., None], fx[..., :H], 0)
+        got_s = t.where(valid[..., None], fx[..., H:H + 4 * s.scales].contiguous().view(t.float32), 0)
+        if not t.equal(got_x, xr):
+            fails.append(f"rank {r}: FP8 payload differs")
+        if not t.equal(got_s, scr):
+            fails.append(f"rank {r}: scales differ")
+        out = comb_out.cpu()
+        if not t.equal(out, self.ref_comb[r]):
+            fails.append(f"rank {r}: combine output differs in {int((out != self.ref_comb[r]).sum())} elements")
         return fails
+
+
+def poison_v2(b: dict) -> None:
+    """What the gate iteration must overwrite in one rank's V2 buffers."""
+    b["final_x"].fill_(0xA5)
+    b["out_src"].fill_(-7)
+    b["out_cnt"].fill_(-7)
+    b["comb_rows"].fill_(0x5A)
 
 
 V2_CHECKS = [
@@ -277,7 +303,7 @@ def main_v2(args: argparse.Namespace) -> int:
     from lever.calibration.records import dump_record, parse_record
     from lever.hw.device import require_cuda
 
-    if args.nic == "efa":  # refuses V2 after the device checks (hw/efa/ep_run.py)
+    if args.nic == "efa":  # one process per rank under torchrun: hw/efa/ep_run.py, hw/efa/ep_v2_run.py
         from lever.hw.efa.ep_run import main_efa
 
         return main_efa(args)

@@ -491,7 +491,8 @@ def _ep_args(*argv: str) -> argparse.Namespace:
 
 
 @pytest.mark.parametrize("argv, msg", [
-    (["--protocol", "v2-hybrid", "--out", "r.json"], "V2 over EFA needs NVLink between the node's processes"),
+    (["--protocol", "v2-hybrid", "--ranks", "16", "--ranks-per-node", "4", "--out", "r.json"],
+     "--ranks-per-node 4: on EFA the ranks per node are torchrun's LOCAL_WORLD_SIZE (8)"),
     (["--faults", "--out", "r.json"], "--faults: an emulated-NIC option"),
     (["--emu-set", "wire.paths=4", "--out", "r.json"], "--emu-set: an emulated-NIC option"),
     (["--ranks", "2", "--out", "r.json"], "--ranks 2: the torchrun world has 16 processes"),

@@ -34,7 +34,7 @@ import argparse
 import json
 import platform as _pf
 import sys
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -75,7 +75,7 @@ def window_plan(shape: Any, ranks: int) -> list[tuple[str, int, str]]:
 
 def window_offsets(plan: list[tuple[str, int, str]]) -> tuple[dict[str, int], int]:
     """Byte offset of each buffer (4 KiB aligned) and the window's length (2 MiB multiple)."""
-    size = {"uint8": 1, "int64": 8}
+    size = {"uint8": 1, "int32": 4, "int64": 8}
     off, pos = {}, 0
     for name, n, dt in plan:
         off[name] = pos
@@ -100,6 +100,14 @@ class EfaRunner(v1.Runner):
     def dev(self, r: int) -> int:
         return 0  # the process sees its own GPU only (run.mask_gpu)
 
+    def window_plan(self) -> list[tuple[str, int, str]]:
+        """The buffers of the registered window (:func:`window_plan`; V2 adds its own)."""
+        return window_plan(self.shape, self.R)
+
+    def window_memory(self, nbytes: int):
+        """The window's zeroed uint8 GPU memory (a torch allocation; V2: an exportable one)."""
+        return self.t.zeros(nbytes, dtype=self.t.uint8, device="cuda:0")
+
     # ------------------------------------------------------------- memory and wiring
     def _alloc(self) -> None:
         t, s, R, me = self.t, self.shape, self.R, self.me
@@ -107,17 +115,17 @@ class EfaRunner(v1.Runner):
         self.rpg, self.nics = 1, 0  # one rank on this GPU, no emulated NIC blocks
         dv = "cuda:0"
         u8, i32, i64 = t.uint8, t.int32, t.int64
-        plan = window_plan(s, R)
+        plan = self.window_plan()
         self.win_off, self.win_len = window_offsets(plan)
-        raw = t.zeros(self.win_len + WINDOW_ALIGN, dtype=u8, device=dv)
+        raw = self.window_memory(self.win_len + WINDOW_ALIGN)
         base = (-raw.data_ptr()) % WINDOW_ALIGN
         self.window_raw = raw
         self.window = raw[base:base + self.win_len]
-        dtypes = {"uint8": u8, "int64": i64}
+        dtypes = {"uint8": u8, "int32": i32, "int64": i64}
         b: dict[str, Any] = {}
         for name, n, dt in plan:
             o = self.win_off[name]
-            nbytes = n * (8 if dt == "int64" else 1)
+            nbytes = n * {"uint8": 1, "int32": 4, "int64": 8}[dt]
             b[name] = self.window[o:o + nbytes].view(dtypes[dt])
 
         def z(n: int, dt):
@@ -294,19 +302,23 @@ class EfaRunner(v1.Runner):
 
     def check_errors(self) -> None:
         """Every rank's first error (kernels, barrier, proxy), gathered: all ranks raise alike."""
-        msg = None
-        try:
-            super().check_errors()
-            e = self.barrier_err.cpu().tolist()
-            if e[0]:
-                msg = (f"{BARRIER_ERR.get(e[0], f'barrier error {e[0]}')} (peer {e[1]}, seen {e[2]}, "
-                       f"want/status {e[3]})")
-        except v1.EpError as err:
-            msg = str(err)
+        msg = self.local_error()
         bad = [(r, m) for r, m in enumerate(self.dist.all_gather(msg)) if m]
         if bad:
             more = f" (and {len(bad) - 1} more ranks)" if len(bad) > 1 else ""
             raise v1.EpError(f"rank {bad[0][0]}: {bad[0][1]}{more}")
+
+    def local_error(self) -> str | None:
+        """This rank's first error (the kernels', then the barrier's), or None."""
+        try:
+            super().check_errors()
+            e = self.barrier_err.cpu().tolist()
+            if e[0]:
+                return (f"{BARRIER_ERR.get(e[0], f'barrier error {e[0]}')} (peer {e[1]}, seen {e[2]}, "
+                        f"want/status {e[3]})")
+        except v1.EpError as err:
+            return str(err)
+        return None
 
     def gate_check(self) -> list[str]:
         fails: list[str] = []
@@ -434,15 +446,21 @@ def refuse_emulator_options(args: argparse.Namespace) -> None:
                             "they are (one GPU per process)")
 
 
-def variant_needs(args, variants: list[str], extra: Mapping[str, Any], loss: float) -> dict[str, Any]:
-    """The most send QPs any variant uses and whether any counts receive completions."""
+def variant_needs(args, variants: list[str], extra: Mapping[str, Any], loss: float,
+                  load: Callable[[list[str]], Any] | None = None) -> dict[str, Any]:
+    """The most send QPs any variant uses and whether any counts receive completions
+    (``load``: the variant's scenario from its levers; V1's by default). V2 hybrid counts
+    them on the proxy path too (its writes carry immediates: hw/ep/v2_kernels.cuh v2_mode)."""
+    protocol = getattr(args, "protocol", "v1-ll") or "v1-ll"
     nq, imm = 1, False
     for v in variants:
-        scn = v1.load_scenario(args.ranks, False, extra, [x for x in v.split(",") if x], args.path, loss)
+        levers = [x for x in v.split(",") if x]
+        scn = load(levers) if load else v1.load_scenario(args.ranks, False, extra, levers, args.path, loss)
         for op in ("dispatch", "combine"):
             f = v1.kernel_flags(scn, op, args.path, 0, args.unsafe_ordered)
             nq = max(nq, f["num_qps"])
             imm = imm or bool(f["imm_counting"] or f["cached"])
+        imm = imm or (protocol == "v2-hybrid" and args.path == "proxy")
     return {"num_qps": nq, "imm": imm}
 
 
@@ -461,9 +479,8 @@ def main_efa(args: argparse.Namespace) -> int:
         raise UserError(f"{what} --efa-counters: the proxy path's host threads poll the CQ (native path only)")
     efa_device.require_features(inline_write=gen["inline_write"], counters=gen["send_counters"],
                                 version=pre["libs"].get("rdma_core"))
-    if getattr(args, "protocol", "v1-ll") != "v1-ll":
-        raise UserError(f"{what} --protocol {args.protocol}: V2 over EFA needs NVLink between the node's "
-                        "processes (CUDA IPC), not wired; --protocol v1-ll runs")
+    protocol = getattr(args, "protocol", "v1-ll") or "v1-ll"
+    v2 = protocol != "v1-ll"
     refuse_emulator_options(args)
     env = pre["torchrun"]
     if args.ranks != env["world_size"]:
@@ -471,11 +488,34 @@ def main_efa(args: argparse.Namespace) -> int:
                         "(one rank per process and GPU)")
     if args.iters < 1 or args.warmup < 0:
         raise UserError("--iters must be >= 1 and --warmup >= 0")
-    variants, extra, emu, _sq, _cq, loss = v1.run_options(args)
-    efa_run.mask_gpu(env)
+    node = None
+    if v2:  # the node shape is torchrun's; what the V2 kernels can not run is refused here
+        from lever.hw import ep_ipc
+
+        node = ep_ipc.node_shape(env)
+        rpn = int(getattr(args, "ranks_per_node", 0) or 0)
+        if rpn and rpn != node.P:
+            raise UserError(f"--ranks-per-node {rpn}: on EFA the ranks per node are torchrun's "
+                            f"LOCAL_WORLD_SIZE ({node.P})")
+    variants, extra, emu, _placement, loss = v1.run_options(args)  # (sq, cq, rxcq): host, on EFA
+
+    def scenario(levers: list[str]):
+        if node is not None:
+            from lever.hw import ep_v2
+
+            return ep_v2.load_scenario(protocol, args.path, args.ranks, node.P, False, extra, levers, loss)
+        return v1.load_scenario(args.ranks, False, extra, levers, args.path, loss)
+
+    if node is not None:  # the rank's GPU is cuda:0, the node's others visible for CUDA IPC
+        ep_ipc.node_visible_devices(env)
+    else:
+        efa_run.mask_gpu(env)
     torch = require_cuda()
     args.provenance = efa_provenance(args.allow_dirty)
-    needs = {**variant_needs(args, variants, extra, 0.0), **gen}
+    try:
+        needs = {**variant_needs(args, variants, extra, 0.0, scenario), **gen}
+    except v1.EpError as e:
+        raise UserError(str(e)) from None
     facts = wire.host_facts()
     efa_ext = efa_run.load_efa_ext(pre["libs"])
     ext = v1.load_ext()
@@ -486,36 +526,62 @@ def main_efa(args: argparse.Namespace) -> int:
     outcomes: list[dict[str, Any]] = []
     rc = 0
     try:
-        base = v1.load_scenario(args.ranks, False, extra, [], args.path, loss)
+        base = scenario([])
         shape = v1.Shape(num_ranks=args.ranks, tokens=base.workload.tokens_per_rank,
                          top_k=base.workload.top_k, num_experts=base.workload.num_experts)
         shape.check()
-        runner = EfaRunner(torch, ext, efa_ext, dist, env, device_names, shape, args.ranks, base, args.seed,
-                           args.num_sms, args.timeout_ms, args.path, args.proxy_threads, emu, needs)
+        if node is not None:
+            from lever.hw.efa.ep_v2_run import EfaV2Runner
+
+            runner = EfaV2Runner(torch, ext, efa_ext, dist, env, device_names, shape, args.ranks, base, args.seed,
+                                 args.num_sms, args.timeout_ms, args.path, args.proxy_threads, emu, needs, node,
+                                 protocol)
+        else:
+            runner = EfaRunner(torch, ext, efa_ext, dist, env, device_names, shape, args.ranks, base, args.seed,
+                               args.num_sms, args.timeout_ms, args.path, args.proxy_threads, emu, needs)
         runner.rdma_core = pre["libs"].get("rdma_core")
         info = v1._platform_info(torch)
+
+        def tag_of(v: str) -> str:
+            return "-".join(x for x in v.split(",") if x) or "baseline"
+
+        def rid_of(tag: str) -> str:
+            if node is not None:
+                return f"efa-{protocol}-n{node.N}x{node.P}-{args.path}-{tag}"
+            return f"efa-ep{args.ranks}-{args.path}-{tag}"
+
         for i, v in enumerate(variants):
             levers = [x for x in v.split(",") if x]
-            tag = "-".join(levers) if levers else "baseline"
-            rid = f"efa-ep{args.ranks}-{args.path}-{tag}"
-            scn = v1.load_scenario(args.ranks, False, extra, levers, args.path, loss)
+            tag = tag_of(v)
+            rid = rid_of(tag)
             try:
+                scn = scenario(levers)
+                if node is not None:
+                    from lever.hw import ep_v2
+                    from lever.hw.efa.ep_v2_run import efa_v2_record, v2_sets
+
+                    runner.run = ep_v2.run_flags(scn, protocol, args.path)
                 for op in ("dispatch", "combine"):
                     wire.check_variant(runner.plan, v1.kernel_flags(scn, op, args.path, 0, args.unsafe_ordered),
                                        f"variant {tag}")
                 runner.rebuild(scn, args.seed)
                 runner.reset_state()
-                sets = v1.scenario_overrides(args.ranks, False, extra, args.path, loss)
+                if node is not None:  # the V2 design whole, on the instance's platform
+                    sets = v2_sets(base, protocol, args.path, args.ranks, node.P, extra)
+                else:
+                    sets = v1.scenario_overrides(args.ranks, False, extra, args.path, loss)
                 if args.path == "proxy":
                     sets["platform.proxy.threads"] = runner.proxy_threads
                 # --num-sms as the model must be told; the send CQ is host memory; the rank's devices
                 sets.update(v1.run_shape_overrides(args.num_sms, "host", len(runner.device_names), base))
                 rec = v1.run_variant(runner, scn, args, levers, sets, rid, info, args.unsafe_ordered)
                 rec = efa_record(rec, runner=runner, facts=facts, platform_info=info, path=args.path)
+                if node is not None:
+                    rec = efa_v2_record(rec, runner=runner, protocol=protocol, path=args.path)
             except (v1.EpError, wire.WireError) as e:
                 print(f"lever: rank {env['rank']}: variant {tag}: {e}", file=sys.stderr)
                 outcomes.append({"id": rid, "passed": False, "error": str(e)})
-                outcomes += [{"id": f"efa-ep{args.ranks}-{args.path}-{w or 'baseline'}", "passed": False,
+                outcomes += [{"id": rid_of(tag_of(w)), "passed": False,
                               "error": "not run: an earlier variant failed (its QPs' state is unknown)"}
                              for w in variants[i + 1:]]
                 rc = 1

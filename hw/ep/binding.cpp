@@ -597,9 +597,11 @@ static int proxy_start(const std::vector<IntMap>& ranks, int num_qps, int ring_d
 }
 
 #include "v2_binding.inc"  // DeepEP V2 worlds and launches
+#include "ipc_binding.inc"  // CUDA IPC of the V2 buffers between a node's processes (V2 over EFA)
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   register_v2(m);
+  register_ipc(m);
   m.def("proxy_alloc", &proxy_alloc, py::arg("bytes"), py::arg("write_combined") = false);
   m.def("proxy_free", &proxy_free);
   m.def("host_zero", &host_zero);

@@ -620,3 +620,55 @@ def test_the_v2_gate_of_one_rank_passes_the_reference_and_fails_a_wrong_byte():
     comb.view(-1)[7] -= 1
     b["out_cnt"][src0] += 1
     assert gate() == [f"rank {r}: tokens per source differ"]
+
+
+def test_an_op_resets_then_crosses_the_barrier_then_launches_its_protocols_kernel():
+    """EfaRunner.run_op, shared by V1 and V2 on EFA: the per-op reset, the cross-node EFA
+    barrier, then the op's own launch (launch_op for V1, launch_v2 for V2), each on the rank's
+    stream and in that order; a failed launch names which."""
+    pytest.importorskip("torch")
+    from lever.hw import ep as v1
+    from lever.hw.efa.ep_run import EfaRunner
+    from lever.hw.efa.ep_v2_run import EfaV2Runner
+
+    calls: list[str] = []
+
+    class Ext:
+        def __init__(self, rc: int = 0) -> None:
+            self.rc = rc
+
+        def launch_barrier(self, h, seq, s):
+            calls.append(f"reset{seq}")
+            return 0
+
+        def barrier_launch(self, cfg, seq, s):
+            calls.append(f"barrier{seq}")
+            return 0
+
+        def launch_op(self, h, op, epoch, flags, s):
+            calls.append("v1")
+            return self.rc
+
+        def launch_v2(self, h, op, epoch, flags, run, s):
+            calls.append("v2")
+            return self.rc
+
+        def err_string(self, rc):
+            return f"code {rc}"
+
+    class Stream:
+        cuda_stream = 0
+
+    for cls, kernel in ((EfaRunner, "v1"), (EfaV2Runner, "v2")):
+        for rc in (0, 3):
+            calls.clear()
+            r = object.__new__(cls)
+            r.seq, r.me, r.epoch, r.run, r.bcfg = 0, 0, 1, {}, {}
+            r.streams, r.handles = [Stream()], [0]
+            r.ext = r.efa_ext = Ext(rc)
+            if rc:
+                with pytest.raises(v1.EpError, match=f"{r.op_kind} launch failed: code 3"):
+                    r.run_op(0, {}, None)
+            else:
+                r.run_op(0, {}, None)
+            assert calls == ["reset1", "barrier1", kernel]

@@ -294,11 +294,19 @@ class EfaRunner(v1.Runner):
             raise v1.EpError(f"rank {self.me}: EFA barrier launch failed: {self.efa_ext.err_string(rc)}")
         if events is not None:
             events[0][0].record(st)
-        rc = self.ext.launch_op(self.handles[0], op, self.epoch, flags, st.cuda_stream)
+        rc = self._launch(op, flags, st)
         if rc:
-            raise v1.EpError(f"rank {self.me}: op launch failed: {self.ext.err_string(rc) if rc > 0 else rc}")
+            raise v1.EpError(f"rank {self.me}: {self.op_kind} launch failed: "
+                             f"{self.ext.err_string(rc) if rc > 0 else rc}")
         if events is not None:
             events[0][1].record(st)
+
+    op_kind = "op"
+    """What a failed launch names (V2's runner: "V2 op")."""
+
+    def _launch(self, op: int, flags: dict[str, int], st) -> int:
+        """Launch one op on ``st`` after the reset and the cross-node barrier: its return code."""
+        return self.ext.launch_op(self.handles[0], op, self.epoch, flags, st.cuda_stream)
 
     def check_errors(self) -> None:
         """Every rank's first error (kernels, barrier, proxy), gathered: all ranks raise alike."""

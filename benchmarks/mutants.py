@@ -126,7 +126,7 @@ MUTANTS: tuple[Mutant, ...] = (
            "return []",
            "the fences after the doorbell cost nothing and hold no turn"),
     Mutant("hand-off-release-free", "sim/issuer.py",
-           'costs.append(("fence", self.release_ns * (nf - 1), nf - 1))',
+           "costs.extend(self._release_tail(nf))",
            "pass",
            "a warp handing an every-post turn on without ringing releases the turn word for free"),
     Mutant("turn-release-is-the-fence", "sim/issuer.py",

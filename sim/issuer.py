@@ -302,10 +302,11 @@ class NativePort(WarpPort):
         if self._ticket < 0:
             self._ticket = self.turn.take()
 
-    def _turn_tail(self, nf: int) -> list[tuple[str, float, int]]:
-        """The fences after the doorbell of a group rung in its slot turn, before the turn passes
-        (``nf - 1`` releases of the turn at system scope). One place for ``_ring`` and
-        ``_post_alone`` (the mutant ``fence-after-doorbell-free`` edits it)."""
+    def _release_tail(self, nf: int) -> list[tuple[str, float, int]]:
+        """The fences after a doorbell, before the slot turn (or the lock) passes: ``nf - 1``
+        releases at system scope, ``gpu.turn_release_ns`` each; a warp handing an every-post
+        turn on without ringing pays them too. One place for ``_ring`` and ``_post_alone``
+        (the mutant ``fence-after-doorbell-free`` edits it)."""
         return [("fence", self.release_ns * (nf - 1), nf - 1)] if nf > 1 else []
 
     def _post_alone(self, msg: Message) -> Steps:
@@ -416,7 +417,7 @@ class NativePort(WarpPort):
                 total += t
         rung = path.cur if path is not None else None  # the segment the doorbell ends
         after = 0.0
-        tail = self._turn_tail(self.ctx.design.fences_per_doorbell)
+        tail = self._release_tail(self.ctx.design.fences_per_doorbell)
         for cat, ns, n in tail:
             t = ns * scale.get(cat, 1.0)  # led.issue(cat, ns, n)
             busy[cat] += t
@@ -556,8 +557,7 @@ class NativePort(WarpPort):
                     # doorbell's scope all the same (hw/ep turn_pass: st.release.sys where the
                     # doorbell is host or BAR memory), and a release at system scope is a
                     # system fence before the store: the fence after a doorbell, paid per post
-                    if nf > 1:
-                        costs.append(("fence", self.release_ns * (nf - 1), nf - 1))
+                    costs.extend(self._release_tail(nf))
                     ev = self._hold_all(costs)
                     if ev is not None:
                         yield ev
@@ -569,7 +569,7 @@ class NativePort(WarpPort):
                     costs = yield from self._system_fence(costs)
             costs.append(("doorbell", g.doorbell_ns, 1))
             led.counters["doorbells"] += 1
-            tail = self._turn_tail(nf)
+            tail = self._release_tail(nf)
             yield from self._pay_ringing(costs, tail, msgs)
             turn.passed(ticket)  # after the fence that orders the doorbell before the turn word
             return
@@ -592,8 +592,7 @@ class NativePort(WarpPort):
             costs.append(("lock", g.atomic_ns, 1))
         costs.append(("doorbell", g.doorbell_ns, 1))
         led.counters["doorbells"] += 1
-        tail = [("fence", self.release_ns * (nf - 1), nf - 1)] if nf > 1 else []
-        yield from self._pay_ringing(costs, tail, msgs)
+        yield from self._pay_ringing(costs, self._release_tail(nf), msgs)
         if locked:
             lock.release(req)
 

@@ -155,6 +155,23 @@ def _wanted(name: str) -> str | None:
     return None
 
 
+def _publish(stage: Path, root: Path) -> None:
+    """From the kept tree in ``stage/rdma-core``: lay out ``stage/include`` (the headers a
+    build includes, as an installed rdma-core has them), then put both in ``root`` in place of
+    what was there."""
+    tree = stage / "rdma-core"
+    for sub, files in PUBLISH.items():
+        d = stage / "include" / sub
+        d.mkdir(parents=True)
+        for rel in files:
+            shutil.copy2(tree / rel, d / Path(rel).name)
+    shutil.copytree(tree / "kernel-headers" / "rdma", stage / "include" / "rdma")
+    for name in ("rdma-core", "include"):
+        if (root / name).exists():
+            shutil.rmtree(root / name)
+        (stage / name).rename(root / name)
+
+
 def unpack(tarball: Path, root: Path) -> None:
     """Extract the kept headers into ``root/rdma-core`` and publish ``root/include``."""
     digest = _sha256(tarball)
@@ -177,16 +194,7 @@ def unpack(tarball: Path, root: Path) -> None:
         cmake = (tree / "CMakeLists.txt").read_text() if (tree / "CMakeLists.txt").exists() else ""
         if f'set(PACKAGE_VERSION "{VERSION}")' not in cmake:
             raise FetchError(f"{tarball.name}: rdma-core/CMakeLists.txt is not PACKAGE_VERSION {VERSION}")
-        for sub, files in PUBLISH.items():
-            d = stage / "include" / sub
-            d.mkdir(parents=True)
-            for rel in files:
-                shutil.copy2(tree / rel, d / Path(rel).name)
-        shutil.copytree(tree / "kernel-headers" / "rdma", stage / "include" / "rdma")
-        for name in ("rdma-core", "include"):
-            if (root / name).exists():
-                shutil.rmtree(root / name)
-            (stage / name).rename(root / name)
+        _publish(stage, root)
         (root / "COMPLETE").write_text(f"rdma-core {VERSION}\n{SDIST} sha256 {digest}\n")
     finally:
         shutil.rmtree(stage, ignore_errors=True)
@@ -255,16 +263,7 @@ def headers_from_tree(tree: str | os.PathLike[str], dest: str | os.PathLike[str]
                     target.parent.mkdir(parents=True, exist_ok=True)
                     shutil.copy2(f, target)
             shutil.copy2(src / "CMakeLists.txt", out / "CMakeLists.txt")
-            for sub, files in PUBLISH.items():
-                d = stage / "include" / sub
-                d.mkdir(parents=True)
-                for rel in files:
-                    shutil.copy2(out / rel, d / Path(rel).name)
-            shutil.copytree(out / "kernel-headers" / "rdma", stage / "include" / "rdma")
-            for name in ("rdma-core", "include"):
-                if (root / name).exists():
-                    shutil.rmtree(root / name)
-                (stage / name).rename(root / name)
+            _publish(stage, root)
         finally:
             shutil.rmtree(stage, ignore_errors=True)
     return Headers(root, f"{version}.0")

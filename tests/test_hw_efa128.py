@@ -36,6 +36,7 @@ from lever.hw.efa.wire import WireError
 from lever.sim.errors import UserError
 
 from tests.efa_fake import GPU_MAP_OFFSET, FakeDevice, gather_world
+from tests.test_hw_efa import _assert_reverse_teardown, _mock
 
 ROOT = Path(__file__).resolve().parents[1]
 EFA = ROOT / "hw" / "efa"
@@ -159,31 +160,6 @@ def mocks(headers, tmp_path_factory) -> dict[str, Path]:
     return exes
 
 
-def _mock(exe: Path, mode: str, fail: str = "") -> dict[str, Any]:
-    r = _run([str(exe), mode, fail, "16"])
-    assert r.returncode == 0, r.stderr
-    out: dict[str, Any] = {"log": [], "layout": {}}
-    for ln in r.stdout.splitlines():
-        key, _, rest = ln.partition(" ")
-        if key == "log":
-            out["log"].append(rest)
-        elif key == "layout":
-            name, val = rest.split()
-            out["layout"][name] = int(val)
-        else:
-            out[key] = rest
-    return out
-
-
-def _reverse_teardown(log: list[str]) -> None:
-    def kind(s: str) -> str:
-        return s.split(" ", 1)[1].split("(")[0]
-
-    made = [kind(s) for s in log if s.startswith("create ") and kind(s) != "devlist"]
-    gone = [kind(s) for s in log if s.startswith("destroy ") and kind(s) != "devlist"]
-    assert gone == made[::-1], log
-
-
 @needs_cxx
 def test_an_inline_write_qp_has_128_byte_wqes_and_80_inline_bytes(mocks):
     r = _mock(mocks["new"], "open-128")
@@ -195,7 +171,7 @@ def test_an_inline_write_qp_has_128_byte_wqes_and_80_inline_bytes(mocks):
     assert lay["inline_write_size"] == 80 and lay["cntr_mem"] == 0 and lay["send_cntr_dev"] == 0
     plain = _mock(mocks["new"], "open")
     assert plain["layout"]["sq_entry_size"] == 64 and plain["layout"]["inline_write_size"] == 0
-    _reverse_teardown(r["log"])
+    _assert_reverse_teardown(r["log"])
 
 
 @needs_cxx
@@ -206,7 +182,7 @@ def test_counters_are_made_before_the_qp_attached_in_reset_and_destroyed_after_i
     i = log.index
     assert i("create cntr(va)") < i("create qp") < i("attach cntr ops 16") < i("attach cntr ops 32") < i("modify INIT")
     assert i("destroy qp") < i("destroy cntr") < i("destroy cq")
-    _reverse_teardown(r["log"])
+    _assert_reverse_teardown(r["log"])
     lay = r["layout"]  # a host page of host.cpp's, mapped for the GPU: send count, errors, remote writes
     assert lay["cntr_mem"] == efa_device.MEM["host"]
     assert lay["send_cntr_dev"] == lay["send_cntr"] + GPU_MAP_OFFSET and lay["send_cntr"] % 4096 == 0
@@ -239,7 +215,7 @@ def test_what_the_library_or_device_lacks_is_refused_in_one_line(mocks, exe, mod
     r = _mock(mocks[exe], mode, fail)
     assert r["rc"] != "0" and r["live"] == "0", r
     assert _one_line(r["err"]).startswith(msg), r["err"]
-    _reverse_teardown(r["log"])
+    _assert_reverse_teardown(r["log"])
 
 
 @needs_cxx

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from lever.hw.efa import device as efa_device
+from lever.hw.efa import rdma_core, wire
 
 DATA = Path(__file__).resolve().parent / "data" / "efa"
 GPU_MAP_OFFSET = 1 << 44
@@ -156,3 +157,37 @@ def gather_world(addrs: list[dict[str, Any]]):
         return [dict(a) for a in addrs]
 
     return all_gather
+
+
+def wire_world(devs: list[list[Any]], plan: Any) -> tuple[list, list, list]:
+    """The fake ranks ``devs`` ([rank][rail]) wired as a torchrun world would be: each opens
+    its queues, publishes its address (its window's buffers a page apart), takes everyone's
+    through the exchange, opens its send side and builds its tables: (queues, gathered
+    addresses, tables), per rank."""
+    R = len(devs)
+    qs = [wire.open_queues(d, plan) for d in devs]
+    addrs = []
+    for r, (d, q) in enumerate(zip(devs, qs, strict=True)):
+        win = d[0].window
+        bufs = {k: win + 4096 * (i + 1) for i, k in enumerate(wire.PEER_BUFFERS)}
+        addrs.append(wire.local_address(d, plan, q, rank=r, world=R, buffers=bufs, barrier_words=win,
+                                        fingerprint={"tokens": 128}, host=f"node{r}"))
+    gathered = [wire.exchange(a, gather_world(list(reversed(addrs)))) for a in addrs]
+    tables = []
+    for r, (d, q) in enumerate(zip(devs, qs, strict=True)):
+        wire.open_send(d, plan, q)
+        tables.append(wire.build_tables(d, plan, q, gathered[r], r))
+    return qs, gathered, tables
+
+
+def v59_headers() -> rdma_core.Headers:
+    """rdma-core v59 headers, fetched once into the cache; the test is skipped only where PyPI
+    can not be reached (for the fixtures of the tests that compile against them)."""
+    import pytest
+
+    try:
+        return rdma_core.ensure_headers()
+    except rdma_core.FetchError as e:
+        if e.unreachable:
+            pytest.skip(f"PyPI unreachable, so no rdma-core v59 headers: {e}")
+        raise

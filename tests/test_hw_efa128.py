@@ -35,7 +35,7 @@ from lever.hw.efa import run as efa_run
 from lever.hw.efa.wire import WireError
 from lever.sim.errors import UserError
 
-from tests.efa_fake import GPU_MAP_OFFSET, FakeDevice, gather_world
+from tests.efa_fake import GPU_MAP_OFFSET, FakeDevice, v59_headers, wire_world
 from tests.test_hw_efa import _assert_reverse_teardown, _mock
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -58,12 +58,7 @@ def _one_line(msg: str) -> str:
 
 @pytest.fixture(scope="module")
 def headers() -> rdma_core.Headers:
-    try:
-        return rdma_core.ensure_headers()
-    except rdma_core.FetchError as e:
-        if e.unreachable:
-            pytest.skip(f"PyPI unreachable, so no rdma-core v59 headers: {e}")
-        raise
+    return v59_headers()
 
 
 @pytest.fixture(scope="module")
@@ -233,18 +228,7 @@ def _world(R: int = 2, lib: dict[str, bool] | None = None, caps_bits: int = CAPS
     caps = devs[0][0].caps()
     args = dict(num_qps=3, imm=False, nrx=4, sq_depth=1024, rx_depth=4096, proxy=False, caps=caps)
     plan = wire.plan_queues(**{**args, **plan_kw})
-    qs = [wire.open_queues(d, plan) for d in devs]
-    addrs = []
-    for r, (d, q) in enumerate(zip(devs, qs, strict=True)):
-        win = d[0].window
-        bufs = {k: win + 4096 * (i + 1) for i, k in enumerate(wire.PEER_BUFFERS)}
-        addrs.append(wire.local_address(d, plan, q, rank=r, world=R, buffers=bufs, barrier_words=win,
-                                        fingerprint={"tokens": 128}, host=f"node{r}"))
-    gathered = [wire.exchange(a, gather_world(list(reversed(addrs)))) for a in addrs]
-    tables = []
-    for r, (d, q) in enumerate(zip(devs, qs, strict=True)):
-        wire.open_send(d, plan, q)
-        tables.append(wire.build_tables(d, plan, q, gathered[r], r))
+    qs, _gathered, tables = wire_world(devs, plan)
     return devs, plan, qs, tables
 
 

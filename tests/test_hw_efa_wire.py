@@ -28,7 +28,7 @@ from lever.hw.efa import wire
 from lever.hw.efa.wire import QueuePlan, WireError
 from lever.sim.errors import UserError
 
-from tests.efa_fake import GPU_MAP_OFFSET, FakeDevice, gather_world
+from tests.efa_fake import GPU_MAP_OFFSET, FakeDevice, gather_world, wire_world
 
 CAPS = FakeDevice(0).caps()
 
@@ -56,18 +56,7 @@ def world(R: int = 3, ndev: int = 1, **plan_kw: Any):
     for r in range(R):
         log: list[str] = []
         devs.append([FakeDevice(r, window=0x7F3000000000 + (r << 32), rail=e, log=log) for e in range(ndev)])
-    qs = [wire.open_queues(d, plan) for d in devs]
-    addrs = []
-    for r, (d, q) in enumerate(zip(devs, qs, strict=True)):
-        win = d[0].window
-        bufs = {k: win + 4096 * (i + 1) for i, k in enumerate(wire.PEER_BUFFERS)}
-        addrs.append(wire.local_address(d, plan, q, rank=r, world=R, buffers=bufs, barrier_words=win,
-                                        fingerprint={"tokens": 128}, host=f"node{r}"))
-    gathered = [wire.exchange(a, gather_world(list(reversed(addrs)))) for a in addrs]
-    tables = []
-    for r, (d, q) in enumerate(zip(devs, qs, strict=True)):
-        wire.open_send(d, plan, q)
-        tables.append(wire.build_tables(d, plan, q, gathered[r], r))
+    qs, gathered, tables = wire_world(devs, plan)
     return devs, plan, qs, gathered, tables
 
 

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One call on a single-GPU machine (nvidia-h200): the EP kernels' newer-generation paths on
-# the emulated NIC (issue 18; hw/efa/README.md "Newer device generations"): 128-byte WQEs with
+# the emulated NIC (hw/efa/README.md "Newer device generations"): 128-byte WQEs with
 # inline RDMA writes (what rdma-core v63 makes) and the send credit read from a completion
 # counter (after v64), each against the v59 control in the same call. Every variant must
 # pass the emulated runs' gate (outputs equal the reference, in-kernel stamps, bounded polls);

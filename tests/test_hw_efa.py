@@ -692,6 +692,44 @@ def test_cli_report_and_json(monkeypatch, recorded, tmp_path, capsys):
     assert plat.nic.startswith("EFA efa_0 (rdma-core 59;")
 
 
+def test_fetcher_reads_the_simple_index_and_names_an_unreachable_one(tmp_path, monkeypatch):
+    """The archive comes from the index page pip reads (PEP 503), found among other files by
+    its name; no build of the sdist's metadata. A dead index is 'unreachable' (tests skip),
+    an index without the archive is not."""
+    import functools
+    import http.server
+    import threading
+
+    root = tmp_path / "index"
+    (root / "pyverbs").mkdir(parents=True)
+    (root / "files").mkdir()
+    (root / "files" / rdma_core.SDIST).write_bytes(b"the archive")
+    (root / "pyverbs" / "index.html").write_text(
+        '<a href="../files/pyverbs-58.0.tar.gz#sha256=00">pyverbs-58.0.tar.gz</a>\n'
+        f'<a href="../files/{rdma_core.SDIST}#sha256={rdma_core.SDIST_SHA256}">{rdma_core.SDIST}</a>\n')
+    handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(root))
+    handler.log_message = lambda *a: None  # type: ignore[attr-defined]
+    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    try:
+        index = f"http://127.0.0.1:{srv.server_address[1]}"
+        assert rdma_core.sdist_url(index).endswith(f"/files/{rdma_core.SDIST}#sha256={rdma_core.SDIST_SHA256}")
+        monkeypatch.setenv(rdma_core.INDEX_ENV, index)
+        got = rdma_core.download(tmp_path)
+        assert got == tmp_path / rdma_core.SDIST and got.read_bytes() == b"the archive"
+        (root / "pyverbs" / "index.html").write_text('<a href="../files/pyverbs-58.0.tar.gz">x</a>')
+        with pytest.raises(rdma_core.FetchError, match="no pyverbs-59.0.tar.gz listed") as e:
+            rdma_core.download(tmp_path)
+        assert not e.value.unreachable
+    finally:
+        srv.shutdown()
+        srv.server_close()
+    monkeypatch.setenv(rdma_core.INDEX_ENV, index)  # the server is gone: connection refused
+    with pytest.raises(rdma_core.FetchError) as e:
+        rdma_core.download(tmp_path, timeout=5.0)
+    assert e.value.unreachable
+
+
 def test_fetcher_refuses_a_wrong_archive(tmp_path):
     import tarfile
 

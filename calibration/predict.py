@@ -141,6 +141,26 @@ def param_sets(scn: Scenario, k: int, rng_seed: int = 12345) -> list[dict[str, f
     return draw_params(cal.names, cal.log_mean, cal.log_cov, k, rng_seed=rng_seed)
 
 
+def cov_factor(cov: Any) -> np.ndarray:
+    """A factor ``L`` of a covariance (``L @ L.T == cov``) that is the same on every machine.
+
+    Why not ``Generator.multivariate_normal``: it factors by SVD, whose singular vectors'
+    signs and order are the LAPACK build's choice, so one seed gave other draws (and other
+    bands, some crossing zero on one machine and not on another) under another numpy. The
+    Cholesky factor is unique; a covariance that is not positive definite (a parameter the
+    data do not constrain, no prior) falls back to ``eigh`` with each eigenvector's sign fixed
+    (its largest component positive) and negative eigenvalues set to 0."""
+    c = np.asarray(cov, dtype=float)
+    c = 0.5 * (c + c.T)
+    try:
+        return np.linalg.cholesky(c)
+    except np.linalg.LinAlgError:
+        w, v = np.linalg.eigh(c)
+        cols = np.arange(v.shape[1])
+        v = v * np.where(v[np.argmax(np.abs(v), axis=0), cols] < 0, -1.0, 1.0)
+        return v * np.sqrt(np.clip(w, 0.0, None))
+
+
 def draw_params(names: list[str], log_mean: Any, log_cov: Any, k: int,
                 bounds: Mapping[str, tuple[float, float]] | None = None,
                 rng_seed: int = 12345) -> list[dict[str, float]]:
@@ -151,8 +171,8 @@ def draw_params(names: list[str], log_mean: Any, log_cov: Any, k: int,
     if k <= 0 or not names:
         return []
     rng = np.random.default_rng(rng_seed)
-    draws = rng.multivariate_normal(np.asarray(log_mean, dtype=float), np.asarray(log_cov, dtype=float),
-                                    size=k, check_valid="ignore")
+    mean = np.asarray(log_mean, dtype=float)
+    draws = mean + rng.standard_normal((k, mean.size)) @ cov_factor(log_cov).T
     out = []
     for row in draws:
         draw = {}

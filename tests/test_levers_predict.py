@@ -118,3 +118,30 @@ def test_param_samples_widen_band_when_calibrated():
     scn2 = levers_mod.load_with_levers(BASE, [], {**SMALL, **cal})
     draws = pr.param_sets(scn2, 3)
     assert len(draws) == 3 and all(list(d) == ["platform.gpu.fence_ns"] and d["platform.gpu.fence_ns"] > 0 for d in draws)
+
+
+def test_parameter_draws_are_the_cholesky_transform_of_the_seeds_normals():
+    """A band's parameter draws depend only on the seed and the covariance, not on the LAPACK
+    build: the unique Cholesky factor (SVD's vector signs are the library's choice), and for a
+    covariance that is only semi-definite, eigenvectors with a fixed sign."""
+    import numpy as np
+
+    cov = np.array([[0.30, 0.05, -0.02], [0.05, 0.10, 0.01], [-0.02, 0.01, 0.05]])
+    mean = np.log([1000.0, 300.0, 50.0])
+    names = ["gpu.fence_ns", "nic.wqe_process_ns", "nic.line_rate_gbps"]
+    draws = pr.draw_params(names, mean, cov, 5, rng_seed=7)
+    z = np.random.default_rng(7).standard_normal((5, 3))
+    want = np.exp(mean + z @ np.linalg.cholesky(cov).T)
+    got = np.array([[d[f"platform.{n}"] for n in names] for d in draws])
+    assert np.allclose(got, want, rtol=1e-12)
+    # semi-definite (an unconstrained direction): the factor still reproduces the covariance,
+    # and flipping an eigenvector's sign (what another LAPACK may return) changes nothing
+    v = np.array([[1.0, 1.0], [1.0, -1.0]]) / np.sqrt(2.0)
+    psd = v @ np.diag([0.2, 0.0]) @ v.T
+    f = pr.cov_factor(psd)
+    assert np.allclose(f @ f.T, psd, atol=1e-12)
+    assert np.all(f[np.argmax(np.abs(f), axis=0), [0, 1]] >= 0)
+    # many draws have the covariance asked for
+    big = pr.draw_params(names, mean, cov, 20000, rng_seed=1)
+    logs = np.log([[d[f"platform.{n}"] for n in names] for d in big])
+    assert np.allclose(np.cov(logs.T), cov, atol=0.01)

@@ -654,3 +654,47 @@ def test_a_host_engine_mirrors_the_doorbells_wqes_before_they_are_parsed():
     nic.doorbell([Message(0, 1, 64, RankTag(0))])
     assert sent == [pytest.approx(5000.0 + nic.wqe_ns)]
     assert nic.host_free == pytest.approx(5000.0)
+
+
+@pytest.mark.parametrize("per_pass", [False, True])
+def test_a_doorbell_rung_before_its_qps_mirror_reads_it_joins_that_mirror(per_pass):
+    """nic.mirror_per_pass (the emulated NIC's host engine reads every QP's doorbell in one pass
+    and mirrors each QP's new WQEs whole): a second doorbell on a QP whose mirror is still
+    queued behind other host-engine work costs nothing more and its WQE is parsed after that
+    mirror; a doorbell of another QP, or one rung after the mirror started, books its own.
+    Without it every doorbell pays doorbell_process_ns."""
+    from lever.sim.engine import Ledger, Trace
+    from lever.sim.fabric import Fabric
+    from lever.sim.message import Message
+    from lever.sim.nic import Nic
+
+    scn = _write_imm({"platform.nic.host_engine": True, "platform.nic.doorbell_process_ns": 5000.0,
+                      "platform.nic.mirror_per_pass": per_pass})
+    env = simpy.Environment()
+    led = Ledger()
+    fab = Fabric(env, scn.platform.fabric, np.random.default_rng(0), led)
+    nic = Nic(env, 0, 0, scn.platform.nic, scn.platform.receiver, fab, led, Trace())
+    sent = []
+    nic._transmit = lambda msg, t0, rec=None: sent.append(t0)
+    qa, qb = object(), object()
+
+    def ring(qp):
+        m = Message(0, 1, 64, RankTag(0))
+        m.qp = qp
+        nic.doorbell([m])
+
+    nic._on_host_engine(10000.0)  # the engine is busy (CQE writes) until 10 us
+    ring(qa)  # its mirror is queued: 10-15 us
+    ring(qa)  # rung before that mirror reads the doorbell
+    if per_pass:
+        assert nic.host_free == pytest.approx(15000.0) and led.counters["mirrors_joined"] == 1
+        assert sent == [pytest.approx(15000.0 + nic.wqe_ns), pytest.approx(15000.0 + 2 * nic.wqe_ns)]
+    else:
+        assert nic.host_free == pytest.approx(20000.0) and led.counters["mirrors_joined"] == 0
+        assert sent[1] == pytest.approx(20000.0 + nic.wqe_ns)
+    before = nic.host_free
+    ring(qb)  # another QP: a mirror of its own
+    assert nic.host_free == pytest.approx(before + 5000.0)
+    env.run(until=before + 1.0)  # qb's mirror has started (read its doorbell): too late to join
+    ring(qb)
+    assert nic.host_free == pytest.approx(before + 10000.0)

@@ -107,9 +107,6 @@ class Nic:
         self.recv_cqe_engine_ns = 0.0
         self.host_free = 0.0  # the host engine that writes them: its own serial timeline
         self.host_rec: Rec = ROOT
-        # nic.mirror_per_pass: per QP, the last mirror booked on the host engine (start, end,
-        # segment): a doorbell before its start joins it
-        self._mirrors: dict[object, tuple[float, float, Rec | None]] = {}
 
     # -- egress -----------------------------------------------------------
     def doorbell(self, msgs: list[Message]) -> None:
@@ -122,21 +119,11 @@ class Nic:
         if self.p.doorbell_process_ns and self.p.host_engine:
             # the host engine reads the doorbell and mirrors the new WQEs; the WQE engine parses
             # each once it is mirrored (and once it is free)
-            qp = msgs[0].qp if self.p.mirror_per_pass else None
-            queued = self._mirrors.get(qp) if qp is not None else None
-            if queued is not None and queued[0] > now:
-                # its QP's mirror has not read the doorbell yet: these WQEs go with it
-                end, hrec = queued[1], queued[2]
-                self._counters["mirrors_joined"] += 1
-            else:
-                start = self.host_free if self.host_free > now else now
-                end, hrec = self._on_host_engine(self.p.doorbell_process_ns)
-                if qp is not None:
-                    self._mirrors[qp] = (start, end, hrec)
-            if end > self.engine_free:  # parsing waits for the mirror
-                self.engine_free = end
+            self._on_host_engine(self.p.doorbell_process_ns)
+            if self.host_free > self.engine_free:  # parsing waits for the mirror
+                self.engine_free = self.host_free
                 if path is not None:
-                    self.engine_rec = hrec
+                    self.engine_rec = self.host_rec
         elif self.p.doorbell_process_ns:  # once per doorbell, before its WQEs are parsed
             busy = self.engine_free > now
             start = max(self.engine_free, now)

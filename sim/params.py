@@ -103,13 +103,6 @@ class NicParams(Strict):
         "WQEs from a host-memory SQ: doorbell_process_ns; writing CQEs into host-memory CQs: "
         "host_cqe_write_ns) runs on an engine of its own, apart from the one parsing WQEs "
         "(the emulated NIC: a host-engine warp per NIC block, ep_kernels.cu nic_warp)")
-    mirror_per_pass: bool = Field(
-        False, description="with host_engine: the host engine reads every QP's doorbell in one "
-        "pass and mirrors each QP's new WQEs at once, so a doorbell rung while its QP's mirror "
-        "is still queued (the pass has not read the doorbell yet) joins that mirror at no cost: "
-        "doorbell_process_ns is paid per pass and QP, not per doorbell (the emulated NIC: "
-        "ep_kernels.cu nic_mirror, a lane per QP reads the doorbells, each QP with news is "
-        "mirrored whole)")
     host_cqe_write_ns: float = Field(
         0.0, ge=0, description="engine time per CQE the NIC writes into a CQ in host memory, "
         "send and receive alike, on its host engine (nic.host_engine), else on the serial engine "

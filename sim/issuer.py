@@ -198,11 +198,10 @@ class SlotTurn:
     though their own stores are done: doorbells of a QP ring one group at a time, in the
     order of reservation, not of readiness."""
 
-    __slots__ = ("env", "next", "serving", "_waiting", "released", "observe_ns")
+    __slots__ = ("env", "next", "serving", "_waiting", "released")
 
-    def __init__(self, env, observe_ns: float = 0.0) -> None:
+    def __init__(self, env) -> None:
         self.env = env
-        self.observe_ns = observe_ns  # gpu.turn_observe_ns: a spinning waiter sees the release late
         self.next = 0       # the next ticket (post group) to hand out
         self.serving = 0    # the ticket whose doorbell may ring now
         self._waiting: dict[int, Event] = {}
@@ -228,10 +227,7 @@ class SlotTurn:
         ev = self._waiting.pop(ticket + 1, None)
         if ev is not None:
             ev.rec = self.released  # its wait was released by this doorbell
-            if self.observe_ns > 0.0:  # the spinner's load sees the release this much later
-                self.env.timeout(self.observe_ns).callbacks.append(lambda _e, ev=ev: ev.succeed())
-            else:
-                ev.succeed()
+            ev.succeed()
 
 
 class NativePort(WarpPort):

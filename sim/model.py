@@ -176,7 +176,7 @@ class World:
         """The slot-order doorbell turn of one QP, shared by every warp posting on it."""
         t = self._turns.get(id(qp))
         if t is None:
-            t = self._turns[id(qp)] = SlotTurn(self.env, self.scn.platform.gpu.turn_observe_ns)
+            t = self._turns[id(qp)] = SlotTurn(self.env)
         return t
 
     def port(self, rank: int, channel: int) -> Port:

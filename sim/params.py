@@ -73,11 +73,6 @@ class GpuParams(Strict):
         "lock: the release that orders the doorbell before the next warp's (hw/ep turn_pass: "
         "st.release.sys after a one-word store, no WQE stores of its own to drain); also what a "
         "warp that hands the turn on without ringing pays. None: gpu.fence_ns")
-    turn_observe_ns: float = Field(
-        0.0, ge=0, description="a warp spinning on its QP's turn word sees the previous holder's "
-        "release this long after the release (the store's way to L2 and the spinner's next "
-        "acquire load): each hand-off of a slot turn between warps costs it, on the chain of "
-        "doorbells; 0: the waiter rings at the release")
     fence_gpu_ns: float = Field(
         250.0, ge=0, description="a GPU-scope fence (__threadfence) after WQE stores: orders them "
         "before a hand-off to another warp of the GPU, not before the NIC sees them")

@@ -262,16 +262,8 @@ class NativePort(WarpPort):
         spinners = ctx.design.recv_cq == "per-dest-qp"
         self.fence_host = (host if g.fence_waits_host_reads and (self.host is not None or spinners)
                            else None)
-        # the fence after the WQE stores, and after a doorbell: the release of the turn (or
-        # lock), at system scope where the SQ and doorbell are host memory, GPU scope where
-        # they are GPU memory (nic.sq_in_device_memory: hw/ep turn_pass)
-        sq_dev = nic.sq_in_device_memory
-        self.wqe_fence_ns = (g.fence_device_ns if sq_dev and g.fence_device_ns is not None
-                             else g.fence_ns)
-        if sq_dev:
-            self.release_ns = g.fence_gpu_ns
-        else:
-            self.release_ns = g.fence_ns if g.turn_release_ns is None else g.turn_release_ns
+        # the fence after a doorbell: the release of the turn (or lock) at system scope
+        self.release_ns = g.fence_ns if g.turn_release_ns is None else g.turn_release_ns
         self.inline_bytes = nic.inline_bytes
         self.wqe_room = max(0, 64 - nic.wqe_meta_bytes)  # inline bytes beside the descriptor
         # fixed for the run: what post() would look up per put
@@ -381,7 +373,7 @@ class NativePort(WarpPort):
             total += t
         # _ring: the system fence after the stores (behind the host reads in flight, known
         # only when it issues: then the stores are paid first)
-        f = self.wqe_fence_ns
+        f = g.fence_ns
         fh = self.fence_host
         if fh is not None:
             if total > 0:
@@ -608,7 +600,7 @@ class NativePort(WarpPort):
         """``costs`` with a system fence after them. The fence's flush is ordered behind the
         host reads in flight when it issues (``gpu.fence_waits_host_reads``): known only then
         (reads other warps issue meanwhile count), so the costs before it are paid first."""
-        f = self.wqe_fence_ns
+        f = self.ctx.platform.gpu.fence_ns
         if self.fence_host is not None:
             ev = self._hold_all(costs)
             if ev is not None:

@@ -116,7 +116,7 @@ class Nic:
         now = self.env._now
         wqe_ns = self._wqe_cost
         rec = None
-        if self.p.doorbell_process_ns and self.p.host_engine and not self.p.sq_in_device_memory:
+        if self.p.doorbell_process_ns and self.p.host_engine:
             # the host engine reads the doorbell and mirrors the new WQEs; the WQE engine parses
             # each once it is mirrored (and once it is free)
             self._on_host_engine(self.p.doorbell_process_ns)

@@ -68,9 +68,6 @@ class GpuParams(Strict):
     host_read_line_ns: float = Field(
         0.0, ge=0, description="the GPU's read path to host memory: ns per line requested (reads "
         "of many warps at once queue on it; 0: they never queue)")
-    fence_device_ns: float | None = Field(
-        None, ge=0, description="the system fence after WQE stores into an SQ in GPU memory "
-        "(nic.sq_in_device_memory): no PCIe writes to drain. None: gpu.fence_ns")
     turn_release_ns: float | None = Field(
         None, ge=0, description="the system fence after a doorbell store, inside the QP's turn or "
         "lock: the release that orders the doorbell before the next warp's (hw/ep turn_pass: "
@@ -106,11 +103,6 @@ class NicParams(Strict):
         "WQEs from a host-memory SQ: doorbell_process_ns; writing CQEs into host-memory CQs: "
         "host_cqe_write_ns) runs on an engine of its own, apart from the one parsing WQEs "
         "(the emulated NIC: a host-engine warp per NIC block, ep_kernels.cu nic_warp)")
-    sq_in_device_memory: bool = Field(
-        False, description="the SQ and its doorbell in GPU memory (hw/ep --sq device): the "
-        "emulated NIC's fetcher reads them there, so its host engine mirrors nothing (no "
-        "doorbell_process_ns on it), the fence after the WQE stores is gpu.fence_device_ns and "
-        "the turn's release is a GPU-scope one (gpu.fence_gpu_ns: hw/ep turn_pass st.release.gpu)")
     host_cqe_write_ns: float = Field(
         0.0, ge=0, description="engine time per CQE the NIC writes into a CQ in host memory, "
         "send and receive alike, on its host engine (nic.host_engine), else on the serial engine "

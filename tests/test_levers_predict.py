@@ -125,6 +125,7 @@ def test_parameter_draws_are_the_cholesky_transform_of_the_seeds_normals():
     build: the unique Cholesky factor (SVD's vector signs are the library's choice), and for a
     covariance that is only semi-definite, eigenvectors with a fixed sign."""
     import numpy as np
+    import pytest
 
     cov = np.array([[0.30, 0.05, -0.02], [0.05, 0.10, 0.01], [-0.02, 0.01, 0.05]])
     mean = np.log([1000.0, 300.0, 50.0])
@@ -134,12 +135,15 @@ def test_parameter_draws_are_the_cholesky_transform_of_the_seeds_normals():
     want = np.exp(mean + z @ np.linalg.cholesky(cov).T)
     got = np.array([[d[f"platform.{n}"] for n in names] for d in draws])
     assert np.allclose(got, want, rtol=1e-12)
-    # semi-definite (an unconstrained direction): the factor still reproduces the covariance,
-    # and flipping an eigenvector's sign (what another LAPACK may return) changes nothing
+    # not positive definite (an unconstrained direction whose variance came out a hair below
+    # zero): Cholesky refuses it, and the eigh factor reproduces the covariance with that
+    # direction at 0 and each eigenvector's largest component positive (the fixed sign)
     v = np.array([[1.0, 1.0], [1.0, -1.0]]) / np.sqrt(2.0)
-    psd = v @ np.diag([0.2, 0.0]) @ v.T
-    f = pr.cov_factor(psd)
-    assert np.allclose(f @ f.T, psd, atol=1e-12)
+    indefinite = v @ np.diag([0.2, -1e-9]) @ v.T
+    with pytest.raises(np.linalg.LinAlgError):
+        np.linalg.cholesky(indefinite)
+    f = pr.cov_factor(indefinite)
+    assert np.allclose(f @ f.T, v @ np.diag([0.2, 0.0]) @ v.T, atol=1e-12)
     assert np.all(f[np.argmax(np.abs(f), axis=0), [0, 1]] >= 0)
     # many draws have the covariance asked for
     big = pr.draw_params(names, mean, cov, 20000, rng_seed=1)

@@ -23,6 +23,7 @@ PATH = Path(__file__).resolve().parent / "emulated_nic.toml"
 JITTER_KINDS = {"none": 0, "exponential": 1, "lognormal": 2, "gamma": 3}
 PLACEMENTS = ("host", "device")
 FETCHERS = {"dedicated": 1, "shared": 0}
+CLAIMS = {"mask": 1, "scan": 0}
 
 # key -> (section, type, lo, hi): the allowed range of every value (inclusive)
 SCHEMA: dict[str, tuple[str, type, float, float]] = {
@@ -49,6 +50,7 @@ SCHEMA: dict[str, tuple[str, type, float, float]] = {
     "inline_write_bytes": ("nic", int, 0, 80),
     "deliver_lead_ns": ("schedule", float, 0.0, 1e6),
     "deliver_batch_count": ("schedule", int, 1, 32),
+    "mirror_poll_gap_ns": ("schedule", float, 0.0, 1e6),
 }
 STRINGS: dict[str, tuple[str, tuple[str, ...]]] = {
     "jitter_distribution": ("wire", tuple(JITTER_KINDS)),
@@ -56,6 +58,7 @@ STRINGS: dict[str, tuple[str, tuple[str, ...]]] = {
     "cq": ("placement", PLACEMENTS),
     "rxcq": ("placement", PLACEMENTS),
     "nic_fetcher": ("schedule", tuple(FETCHERS)),
+    "nic_claim": ("schedule", tuple(CLAIMS)),
     "send_completions": ("nic", ("cq", "counter")),
 }
 
@@ -91,7 +94,8 @@ class EmulatedNic:
             "completion_ns": v["completion_ns"], "min_wqe_gap_ns": 1000.0 / v["max_msg_rate_mops"],
             "recv_completion_ns": v["recv_completion_ns"], "nics_per_rank": v["nics_per_rank"],
             "deliver_lead_ns": v["deliver_lead_ns"], "deliver_batch": v["deliver_batch_count"],
-            "dedicated_fetcher": FETCHERS[v["nic_fetcher"]], "seed": float(seed + 1),
+            "dedicated_fetcher": FETCHERS[v["nic_fetcher"]], "claim_mask": CLAIMS[v["nic_claim"]],
+            "mirror_poll_gap_ns": v["mirror_poll_gap_ns"], "seed": float(seed + 1),
         }
 
     def record(self, faults: bool, sq: str, cq: str, rxcq: str | None = None) -> dict[str, Any]:

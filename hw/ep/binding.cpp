@@ -201,6 +201,8 @@ static int make_world(int gpu, const IntMap& c, const FloatMap& fab, const std::
   w.fab.deliver_lead_ns = (float)f("deliver_lead_ns");
   w.fab.deliver_batch = (int)f("deliver_batch");
   w.fab.dedicated_fetcher = (int)f("dedicated_fetcher");
+  w.fab.claim_mask = (int)f("claim_mask");
+  w.fab.mirror_poll_gap_ns = (float)f("mirror_poll_gap_ns");
   w.fab.seed = (unsigned long long)f("seed");
 
   // ---- the NIC tables, whoever filled them (emulated_nic_tables below, or a real device's

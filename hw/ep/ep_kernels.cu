@@ -1531,12 +1531,14 @@ __device__ __forceinline__ void entry_requeue(NicShared& S, int e, unsigned kind
 // so the NIC pays for seeing them: one PCIe read of every doorbell it serves, then a
 // copy of the new WQEs into its device mirror and the mirror's doorbell, which the
 // fetcher reads as it reads a device-memory SQ. my_mdb: the lane's mirrored producer value.
-__device__ void nic_mirror(const World& w, NicCtx& c, unsigned& my_mdb) {
+// Returns whether any doorbell had moved.
+__device__ bool nic_mirror(const World& w, NicCtx& c, unsigned& my_mdb) {
   const int lane = lane_id();
   const int my_q = c.nic + lane * c.nics;
   unsigned my_hdb = my_mdb;
   if (my_q < c.nq) my_hdb = ld_acq32(reinterpret_cast<const unsigned*>(c.lay[my_q].sq_doorbell_dev));
   unsigned todo = __ballot_sync(0xffffffffu, my_q < c.nq && ((my_hdb - my_mdb) & 0xffffu) != 0u);
+  const bool moved = todo != 0u;
   while (todo) {
     const int jq = __ffs(todo) - 1;
     todo &= todo - 1;
@@ -1567,6 +1569,7 @@ __device__ void nic_mirror(const World& w, NicCtx& c, unsigned& my_mdb) {
     }
     if (lane == jq) my_mdb = to;
   }
+  return moved;
 }
 
 // Write the send CQE of WQE wi on QP q (status 0, or the error when its retries ran out).
@@ -1648,19 +1651,52 @@ __device__ bool nic_deliver(const World& w, NicCtx& c, NicShared& S, bool host_e
   const unsigned long long now = gtime();
   int mine = -1;
   rot += 32u;
-  for (int k = 0; k < NP / 32; ++k) {
-    const int e = (int)((rot + (unsigned)(k * 32 + lane)) % NP);
-    if (mine < 0 && vldu(&S.state[e]) == ES_PENDING) {
-      const unsigned kind = vldu(&S.meta[e]) & 3u;
-      const bool host_kind = host_engine && ((c.cq_host && kind == EK_SEND_CQE) ||
-                                             (c.rx_host && kind == EK_RECV_CQE));
-      const bool for_me = is_host ? host_kind : !host_kind;
-      const unsigned long long due = vld64(&S.due[e]);
-      if (for_me && (kind == EK_DATA ? due <= now + lead : due <= now) &&
-          atomicCAS(&S.state[e], ES_PENDING, ES_CLAIMED) == ES_PENDING)
-        mine = e;
+  // whether entry e is one this warp may claim now (pending, its kind this warp's, due)
+  auto claimable = [&](unsigned st, unsigned meta, unsigned long long due) {
+    const unsigned kind = meta & 3u;
+    const bool host_kind = host_engine && ((c.cq_host && kind == EK_SEND_CQE) ||
+                                           (c.rx_host && kind == EK_RECV_CQE));
+    const bool for_me = is_host ? host_kind : !host_kind;
+    return st == ES_PENDING && for_me && (kind == EK_DATA ? due <= now + lead : due <= now);
+  };
+  if (fb.claim_mask) {
+    // the lane's 16 entries loaded at once (independent loads, one latency), a due mask,
+    // then claims from it until the warp holds nclaim or no lane has a candidate left. A
+    // claimed entry is checked again after its CAS: another warp may have delivered and
+    // requeued it (a later due) between the loads and the claim.
+    unsigned cand = 0u;
+#pragma unroll
+    for (int k = 0; k < NP / 32; ++k) {
+      const int e = (int)((rot + (unsigned)(k * 32 + lane)) % NP);
+      if (claimable(vldu(&S.state[e]), vldu(&S.meta[e]), vld64(&S.due[e]))) cand |= 1u << k;
     }
-    if (__popc(__ballot_sync(0xffffffffu, mine >= 0)) >= nclaim) break;
+    while (true) {
+      const unsigned held = __ballot_sync(0xffffffffu, mine >= 0);
+      const unsigned want = __ballot_sync(0xffffffffu, mine < 0 && cand != 0u);
+      const int room = nclaim - __popc(held);
+      if (room <= 0 || want == 0u) break;
+      if (mine < 0 && cand != 0u && __popc(want & ((1u << lane) - 1u)) < room) {
+        const int k = __ffs(cand) - 1;
+        cand &= cand - 1u;
+        const int e = (int)((rot + (unsigned)(k * 32 + lane)) % NP);
+        if (atomicCAS(&S.state[e], ES_PENDING, ES_CLAIMED) == ES_PENDING) {
+          __threadfence_block();
+          if (claimable(ES_PENDING, vldu(&S.meta[e]), vld64(&S.due[e]))) mine = e;
+          else vstu(&S.state[e], ES_PENDING);
+        }
+      }
+    }
+  } else {
+    for (int k = 0; k < NP / 32; ++k) {
+      const int e = (int)((rot + (unsigned)(k * 32 + lane)) % NP);
+      if (mine < 0 && vldu(&S.state[e]) == ES_PENDING) {
+        const unsigned meta = vldu(&S.meta[e]);
+        if (claimable(ES_PENDING, meta, vld64(&S.due[e])) &&
+            atomicCAS(&S.state[e], ES_PENDING, ES_CLAIMED) == ES_PENDING)
+          mine = e;
+      }
+      if (__popc(__ballot_sync(0xffffffffu, mine >= 0)) >= nclaim) break;
+    }
   }
   unsigned got = __ballot_sync(0xffffffffu, mine >= 0);
   // keep NCLAIM, release the rest
@@ -1734,10 +1770,14 @@ __device__ bool nic_deliver(const World& w, NicCtx& c, NicShared& S, bool host_e
         }
       } else if (kind == EK_DATA && fate == 2) {  // a duplicate: discarded, ACKed again
         ++c.n_dup;
-        nic_ack(w, c, S, e, q, wi, p, t);
+        const unsigned long long due0 = vld64(&S.due[e]);
+        nic_ack(w, c, S, e, q, wi, p, t > due0 ? t : due0);
       } else if (kind == EK_DATA) {
         ++c.n_pkt;
         const unsigned long long due0 = vld64(&S.due[e]);
+        // the packet arrived on the wire at its due time: a copy that made it visible earlier
+        // (deliver_lead_ns) does not make its ACK or receive CQE earlier than the schedule
+        const unsigned long long t_land = t > due0 ? t : due0;
         if (t > due0) c.n_late += t - due0;
         else c.n_early += due0 - t;
         // what the lateness is made of: the claim came this long after the packet could be
@@ -1753,10 +1793,10 @@ __device__ bool nic_deliver(const World& w, NicCtx& c, NicShared& S, bool host_e
         if (prev > seqv) ++c.n_reord;
         const int rem = atomicSub(&S.w_land[ws], 1);
         if (rem == 1 && (meta & 4u)) {  // write with immediate: receive completion at the target
-          vst64(&S.src[e], t);
-          entry_requeue(S, e, EK_RECV_CQE, t + (unsigned long long)fb.recv_completion_ns);
+          vst64(&S.src[e], t_land);
+          entry_requeue(S, e, EK_RECV_CQE, t_land + (unsigned long long)fb.recv_completion_ns);
         } else {
-          nic_ack(w, c, S, e, q, wi, p, t);
+          nic_ack(w, c, S, e, q, wi, p, t_land);
         }
       } else if (kind == EK_RECV_CQE) {
         const int dest = (int)((meta >> 16) & 0xffu);
@@ -1837,7 +1877,7 @@ __device__ void nic_warp(const World& w, const EpFlags& f, int lr, int nic, int 
   unsigned rot = (unsigned)wib * 97u;
   while (true) {
     // 0. the host-facing engine: mirror host SQs (without one, warp 0 does it between batches)
-    if (c.sq_host && (is_host || (!host_engine && wib == 0))) nic_mirror(w, c, my_mdb);
+    const bool mirrored = c.sq_host && (is_host || (!host_engine && wib == 0)) && nic_mirror(w, c, my_mdb);
     // 1. fetch: the dedicated fetcher, or one warp at a time by try-lock (never the host engine)
     bool fetcher = is_fetcher;
     if (!dedicated) {
@@ -1869,6 +1909,10 @@ __device__ void nic_warp(const World& w, const EpFlags& f, int lr, int nic, int 
       }
     }
     if (__shfl_sync(0xffffffffu, (int)(idle || stop), 0)) break;
+    // the host engine found no doorbell moved and nothing to write: it pauses before its next
+    // PCIe reads (mirror_poll_gap_ns), sparing the issuers' fences the wait for them
+    if (is_host && c.sq_host && !mirrored && fb.mirror_poll_gap_ns > 0.f)
+      __nanosleep((unsigned)fb.mirror_poll_gap_ns);
   }
   // per-lane counters (each lane handled its own entries): warp sums
   unsigned long long* cs[16] = {&c.n_pkt, &c.n_retx, &c.n_cqe, &c.n_rx, &c.n_reord, &c.n_late,

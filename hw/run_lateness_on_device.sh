@@ -1,0 +1,52 @@
+#!/usr/bin/env bash
+# One device call (nvidia-h200) for the emulated NIC's schedule and what its host-facing
+# engine costs the issuers (issue 17: the emulator keeps its schedule; the chain within
+# 1.5x of the primitives):
+#  * the EP2 baseline with the delivering warps' old claim (nic_claim=scan: the table walked
+#    32 entries a step) against the due-mask claim (nic_claim=mask), and the mask with
+#    deliver_lead_ns 900 / 3000 / 5000: lateness split into claim lag, scan, copies, fence;
+#  * the host engine pausing mirror_poll_gap_ns 0 / 2000 / 8000 ns after a pass that saw no
+#    new doorbell (its PCIe doorbell reads are what every issuer's system fence waits for):
+#    the baseline, the one-warp chain, and the levers that cut doorbells and turns.
+# About 4 minutes with the build. $OUT/records.tgz and $OUT/log.txt come back.
+# LEVER_GIT_REV must name the clean 40-hex commit the tree came from.
+set -u
+cd "$(dirname "$0")/.."
+OUT=${OUT:-/tmp/late_out}
+REC=/tmp/late_rec; mkdir -p "$REC" "$OUT"
+. hw/device_lib.sh
+device_env
+use_carried_wheels
+LOG="$OUT/log.txt"
+{
+  echo "git_rev ${LEVER_GIT_REV:-unset}"
+  nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv
+} 2>&1 | tee -a "$LOG"
+build_exts
+C="--ranks 2 --gpus 1 --iters 60 --out-dir $REC"
+step smoke 60 --ranks 2 --gpus 1 --iters 5 --warmup 1 --profile 0 --faults --out-dir "$REC/smoke" --id-prefix smoke-late --variants ";write-imm-counting"
+if [[ $SMOKE_FAILED == 1 ]]; then echo "=== smoke failed: nothing else run" | tee -a "$LOG"; exit 1; fi
+step claim-scan 60 $C --emu-set nic_claim=scan --id-prefix emu-late-scan- --variants ";"
+for lead in 900 3000 5000; do
+  step claim-mask-lead$lead 60 $C --emu-set deliver_lead_ns=$lead --id-prefix emu-late-mask-lead$lead- --variants ";"
+done
+for gap in 0 2000 8000; do
+  step gap$gap-chain 60 $C --num-sms 1 --set design.warps_per_sm=1 --emu-set mirror_poll_gap_ns=$gap --id-prefix emu-gap$gap-chain --variants ";"
+  step gap$gap-levers 150 $C --emu-set mirror_poll_gap_ns=$gap --id-prefix emu-gap$gap- --variants ";deferred-doorbell-aggregation;batched-doorbells;put-many;lazy-completion-dispatch"
+done
+step faults-gap2000 60 $C --faults --emu-set mirror_poll_gap_ns=2000 --id-prefix emu-gap2000-faults- --variants ";write-imm-counting"
+python3 - "$REC" <<'PY' 2>&1 | tee -a "$LOG"
+import json, sys, pathlib
+d = pathlib.Path(sys.argv[1])
+print(f"{'record':52s} {'disp':>7s} {'comb':>7s}" + "".join(f" {k:>8s}" for k in ("late", "early", "clag", "scan", "copy", "fence", "chain1", "chainwqe", "credrd", "mirror")))
+for p in sorted(d.glob("emu-*.json")):
+    j = json.loads(p.read_text())
+    m, lat = j.get("metrics", {}), j.get("latency_us", {})
+    g = lambda k: m.get(k, {}).get("median", float("nan"))
+    vals = [g(f"nic_{k}_per_packet_ns") for k in ("late", "early", "claim_lag", "scan", "copy", "fence")]
+    vals += [g("dispatch_post_chain_b1_ns"), g("dispatch_post_chain_per_wqe_ns"), g("dispatch_credit_read_ns"), g("mirrored_wqes_per_iteration_count")]
+    print(f"{p.stem[:52]:52s} {lat.get('dispatch', {}).get('median', 0):7.1f} {lat.get('combine', {}).get('median', 0):7.1f}"
+          + "".join(f" {v:8.0f}" for v in vals))
+PY
+tar czf "$OUT/records.tgz" -C /tmp late_rec
+echo "done" | tee -a "$LOG"

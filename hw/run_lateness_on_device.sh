@@ -2,8 +2,9 @@
 # One device call (nvidia-h200) for the emulated NIC's schedule and what its host-facing
 # engine costs the issuers (issue 17: the emulator keeps its schedule; the chain within
 # 1.5x of the primitives):
-#  * the EP2 baseline with the delivering warps' old claim (nic_claim=scan: the table walked
-#    32 entries a step) against the due-mask claim (nic_claim=mask), and the mask with
+#  * the EP2 baseline with the delivering warps' claim as every record ran it (nic_claim=scan,
+#    the file's: the table walked 32 entries a step) against the due-mask claim
+#    (nic_claim=mask), the mask with
 #    deliver_lead_ns 900 / 3000 / 5000: lateness split into claim lag, scan, copies, fence;
 #  * the host engine pausing mirror_poll_gap_ns 0 / 2000 / 8000 ns after a pass that saw no
 #    new doorbell (its PCIe doorbell reads are what every issuer's system fence waits for):
@@ -26,9 +27,9 @@ build_exts
 C="--ranks 2 --gpus 1 --iters 60 --out-dir $REC"
 step smoke 60 --ranks 2 --gpus 1 --iters 5 --warmup 1 --profile 0 --faults --out-dir "$REC/smoke" --id-prefix smoke-late --variants ";write-imm-counting"
 if [[ $SMOKE_FAILED == 1 ]]; then echo "=== smoke failed: nothing else run" | tee -a "$LOG"; exit 1; fi
-step claim-scan 60 $C --emu-set nic_claim=scan --id-prefix emu-late-scan- --variants ";"
+step claim-scan 60 $C --id-prefix emu-late-scan- --variants ";"
 for lead in 900 3000 5000; do
-  step claim-mask-lead$lead 60 $C --emu-set deliver_lead_ns=$lead --id-prefix emu-late-mask-lead$lead- --variants ";"
+  step claim-mask-lead$lead 60 $C --emu-set nic_claim=mask --emu-set deliver_lead_ns=$lead --id-prefix emu-late-mask-lead$lead- --variants ";"
 done
 for gap in 0 2000 8000; do
   step gap$gap-chain 60 $C --num-sms 1 --set design.warps_per_sm=1 --emu-set mirror_poll_gap_ns=$gap --id-prefix emu-gap$gap-chain --variants ";"

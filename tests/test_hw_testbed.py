@@ -73,6 +73,12 @@ def test_emu_set_reaches_the_kernels_and_the_record():
     assert rec["rxcq"] == "device" and emu.record(False, "host", "host")["rxcq"] == "host"
     shared = emulated_nic.load(overrides={"nic_fetcher": "shared"})
     assert shared.fabric_dict(0, False)["dedicated_fetcher"] == 0
+    # the delivering warps' claim and the host engine's pause reach the kernels' Fabric by name
+    assert emu.fabric_dict(0, False)["claim_mask"] == 0 and emu.fabric_dict(0, False)["mirror_poll_gap_ns"] == 0.0
+    tuned = emulated_nic.load(overrides=emulated_nic.parse_emu_sets(["nic_claim=mask", "mirror_poll_gap_ns=2000"]))
+    assert tuned.fabric_dict(0, False)["claim_mask"] == 1 and tuned.fabric_dict(0, False)["mirror_poll_gap_ns"] == 2000.0
+    with pytest.raises(UserError, match="nic_claim = 'heap': allowed mask, scan"):
+        emulated_nic.load(overrides={"nic_claim": "heap"})
     assert emu.sources["loss_prob"] == "--emu-set"
 
 

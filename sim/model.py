@@ -111,11 +111,18 @@ class World:
         self.channels = d.num_sms * d.warps_per_sm
         reserved = 1 if d.notify_qp_reserved else 0
         self.data_qps = list(range(reserved, d.qps_per_call)) or [0]
+        # the channels that post: every channel, or, with owned QPs fewer than the channels,
+        # one per data QP as hw/ep's V1 kernels do (ep_kernels.cu c_issue: the first ndata
+        # channels issue every write and signal, strided over them; every channel receives)
+        self.issue_channels = self.channels
         if d.qp_ownership == "owned" and self.channels > len(self.data_qps):
-            raise ModelError(
-                f"design.qp_ownership = 'owned' needs a data QP per channel: {self.channels} channels "
-                f"(num_sms x warps_per_sm) but {len(self.data_qps)} data QPs (qps_per_call - reserved)"
-            )
+            if d.protocol != "v1-ll":
+                raise ModelError(
+                    f"design.qp_ownership = 'owned' needs a data QP per channel: {self.channels} channels "
+                    f"(num_sms x warps_per_sm) but {len(self.data_qps)} data QPs (qps_per_call - reserved); "
+                    "only v1-ll issues from fewer channels than it has"
+                )
+            self.issue_channels = len(self.data_qps)
         if d.signal_mode == "unordered-counting" and d.protocol != "v2-hybrid":
             raise ModelError("design.signal_mode = 'unordered-counting' applies to protocol v2-hybrid only")
         if d.signal_mode == "ordered" and self.platform.fabric.mode == "srd":
@@ -130,7 +137,7 @@ class World:
         self._cq_reads: dict[int, CqReadQueue] = {}
         self._turns: dict[int, SlotTurn] = {}
         for r in range(R):
-            for c in range(self.channels):
+            for c in range(self.issue_channels):
                 self.qp_of(r, c).owners += 1
                 if self.counts_on_notify_qp:
                     self.qps[r][0].owners += 1

@@ -155,3 +155,44 @@ def test_v1_cached_dispatch_sends_no_counts_and_counts_immediates():
     # combine is not cached: counts still flow
     comb = simulate_op(scenario.load(EP16, {**sets, "design.cached": True}), "combine", 0)
     assert comb.counters["messages_signal"] > 0
+
+
+def test_v1_with_fewer_owned_qps_than_channels_issues_from_one_channel_per_qp():
+    """hw/ep's V1 kernels with owned QPs fewer than their channels (``c_issue``): the first
+    ndata channels post every write and count, one data QP each and alone on it (no lock
+    turn), and every channel still receives. The same routing's writes and counts go out,
+    dealt over 4 channels instead of 16."""
+    from lever.sim.engine import Ledger, Trace
+    from lever.sim.model import World
+    from lever.sim.protocols import run_protocol
+
+    sets = {"design.protocol": "v1-ll", "workload.tokens_per_rank": 32, "design.num_sms": 8,
+            "design.warps_per_sm": 2, "design.qps_per_call": 5, "design.notify_qp_reserved": True}
+    shared = scenario.load(EP16, sets)
+    owned = scenario.load(EP16, {**sets, "design.qp_ownership": "owned"})
+    posters: dict[str, set] = {}
+    busy: dict[str, dict] = {}
+    sent: dict[str, int] = {}
+    for name, scn in (("shared", shared), ("owned", owned)):
+        w = World(scn, "dispatch", 0, Ledger(), Trace(), Routing.for_scenario(scn, 0))
+        chans: set = set()
+        orig = w.port
+
+        def spy(rank, channel, orig=orig, chans=chans):
+            chans.add(channel)
+            return orig(rank, channel)
+
+        w.port = spy
+        w.env.run(w.env.all_of(run_protocol(w)))
+        posters[name], busy[name] = chans, dict(w.ledger.busy)
+        sent[name] = w.ledger.counters["messages_data"]
+        if name == "owned":
+            assert w.issue_channels == 4 and w.channels == 16
+            assert {w.qp_of(0, c).owners for c in range(4)} == {1}
+    assert posters["shared"] == set(range(16)) and posters["owned"] == set(range(4))
+    assert sent["owned"] == sent["shared"] > 0
+    assert busy["shared"].get("lock", 0.0) > 0.0 and busy["owned"].get("lock", 0.0) == 0.0
+    # V2 issues from every channel: owned needs a data QP per channel there
+    with pytest.raises(Exception, match="needs a data QP per channel"):
+        simulate_op(scenario.load(EP16, {**sets, "design.protocol": "v2-direct",
+                                         "design.qp_ownership": "owned"}), "dispatch", 0)

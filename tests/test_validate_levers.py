@@ -172,9 +172,16 @@ def test_a_campaign_delta_is_predicted_at_the_campaign_level_and_judged_without_
 
 
 def test_a_configuration_the_model_refuses_is_reported_not_fitted():
-    rec = load_record(DATA_DIR / "emu-ep2-native-qp17-ownership.json")
-    assert "owned" in val.refusal(rec.sim, {})
+    # V2 owns a QP per channel or refuses (hw/ep's V2 kernels issue from every channel);
+    # V1 issues from one channel per data QP as hw/ep's c_issue does, so qp17 on the V1
+    # testbed runs
+    v2 = load_record(DATA_DIR / "v2" / "emu-v2-direct-n2x2-native-baseline-faults.json").sim
+    link = v2.model_copy(update={"levers": ["qp17-ownership"],
+                                 "set": {**v2.set, "design.num_sms": 24, "design.warps_per_sm": 4}})
+    assert "owned" in val.refusal(link, {})
+    assert val.refusal(load_record(DATA_DIR / "emu-bed-ep2-native-qp17-ownership.json").sim, {}) is None
     assert val.refusal(load_record(DATA_DIR / "emu-ep2-native-put-many.json").sim, {}) is None
+    rec = load_record(DATA_DIR / "emu-ep2-native-qp17-ownership.json")
     (case,) = val.lever_cases([rec, load_record(DATA_DIR / "emu-ep2-native-baseline.json")])
     row = val.judge(case, "dispatch", None, "refused")
     assert row.verdict == "refused" and row.as_json()["predicted_delta_us"] is None

@@ -13,6 +13,10 @@ phase): each polls, for its local experts, every source's count and then knows
 previous call gives every count, so no count messages are sent and no flush
 precedes them; the receiver counts write-with-immediate completions.
 
+With owned QPs fewer than the channels (``design.qp_ownership = "owned"``), only the first
+``World.issue_channels`` channels post, one per data QP, with every write and signal dealt
+over them; every channel still receives (hw/ep's ``c_issue``).
+
 Combine is the same exchange in reverse: every (token, expert) result goes back
 to its source rank (BF16 row), counts per (expert, source), then the source
 reduces its top-k rows per token. With ``ll_combine_flags = "per-rank"`` (the hw/ep
@@ -44,7 +48,7 @@ def run(w: World) -> list:
     rt = w.routing
     dispatch = w.op == "dispatch"
     nbytes = w.workload.dispatch_bytes_per_token if dispatch else w.workload.combine_bytes_per_token
-    C = w.channels
+    C = w.issue_channels
     # items[r]: (channel, dst, tag, token) per write, in issue order; counts[(src, dst, expert)] = n
     items: list[list[tuple[int, int, tuple, int]]] = [[] for _ in range(R)]
     counts: dict[tuple[int, int, int], int] = {}
@@ -91,6 +95,7 @@ def _rank(w: World, r: int, items, counts, nbytes: int, dispatch: bool):
     R = w.workload.ep_ranks
     rt = w.routing
     C = w.channels
+    Ci = w.issue_channels  # the posting channels (all of them unless owned QPs are fewer)
     by_ch: dict[int, list] = {}
     for it in items:
         by_ch.setdefault(it[0], []).append(it)
@@ -108,33 +113,38 @@ def _rank(w: World, r: int, items, counts, nbytes: int, dispatch: bool):
     cached = w.v1_cached  # counts known from the reused handle: no count messages
 
     def warp(c: int):
-        port = w.port(r, c)
-        track = port.track
-        g = w.platform.gpu
-        last_token = -1
-        for _c, dst, tag, tok in by_ch.get(c, []):
-            if dispatch and tok != last_token:
-                yield w.ctx.busy("compute", g.token_prep_ns)
-            last_token = tok
-            if nvl and w.same_node(r, dst):
-                yield from nvlink_put(w, r, dst, nbytes, tag, track)
-            else:  # the destination QP: the expert's (dispatch), the token's channel (combine)
-                yield from put(w, port, r, dst, nbytes, tag, rx_cq=tag.expert if dispatch else tok % C)
-        if w.signal_mode == "flush" and w.design.path == "native":
-            yield from port.flush("signal")
+        if c >= Ci:  # a receiving-only channel (owned QPs fewer than channels): the grid sync
+            wps = w.design.warps_per_sm
+            track = f"sm{c // wps}.w{c % wps}"
+            yield from barrier.arrive()
         else:
-            yield from port.finish()
-        yield from barrier.arrive()
-        sport = w.signal_port(r, c)
-        for e, p in ([] if cached else sig[c::C]):
-            n = counts.get((r, p, e), 0)
-            tag = RankTag(r) if per_rank else ExpertTag(r, e)
-            if nvl and w.same_node(r, p):
-                nvlink_flag(w, r, p, tag, n)
+            port = w.port(r, c)
+            track = port.track
+            g = w.platform.gpu
+            last_token = -1
+            for _c, dst, tag, tok in by_ch.get(c, []):
+                if dispatch and tok != last_token:
+                    yield w.ctx.busy("compute", g.token_prep_ns)
+                last_token = tok
+                if nvl and w.same_node(r, dst):
+                    yield from nvlink_put(w, r, dst, nbytes, tag, track)
+                else:  # the destination QP: the expert's (dispatch), the token's channel (combine)
+                    yield from put(w, port, r, dst, nbytes, tag, rx_cq=tag.expert if dispatch else tok % Ci)
+            if w.signal_mode == "flush" and w.design.path == "native":
+                yield from port.flush("signal")
             else:
-                yield from publish(w, sport, r, p, tag, n, flushed=True, rx_cq=e if dispatch else -1)
-        yield from sport.finish()
-        # receive phase, on the same warps: each polls the counts of its experts (per-rank
+                yield from port.finish()
+            yield from barrier.arrive()
+            sport = w.signal_port(r, c)
+            for e, p in ([] if cached else sig[c::Ci]):
+                n = counts.get((r, p, e), 0)
+                tag = RankTag(r) if per_rank else ExpertTag(r, e)
+                if nvl and w.same_node(r, p):
+                    nvlink_flag(w, r, p, tag, n)
+                else:
+                    yield from publish(w, sport, r, p, tag, n, flushed=True, rx_cq=e if dispatch else -1)
+            yield from sport.finish()
+        # receive phase, on every warp: each polls the counts of its experts (per-rank
         # combine flags: every warp polls every source's flag)
         if per_rank:
             rcv = w.receivers[r]

@@ -100,6 +100,31 @@ class Nvlink:
             return hold(env, busy)
         return None
 
+    def self_copy(self, src: int, nbytes: int, track: str, on_visible, *args):
+        """A put to the rank itself copied by the issuing warp (``nvlink.self_copy_loads_in_flight``
+        = N > 0): one step per 512 x N bytes (the warp's 32 lanes, N 16-byte loads each), each
+        step waiting for its loads (a dependent device load, ``gpu.device_load_ns``) before
+        its stores, then a GPU-scope fence; ``on_visible(*args)`` when the fence is done. Why a
+        warp's own loop and not the port: such a copy is bound by the loads one warp keeps in
+        flight (hw/ep local_put: one per lane, 15 steps for a 7.5 KiB token), not by the
+        link's bandwidth. The event to wait for."""
+        ctx = self.ctx
+        g = ctx.platform.gpu
+        per_step = 512 * ctx.platform.nvlink.self_copy_loads_in_flight
+        steps = -(-nbytes // per_step)
+        t = ctx.ledger.issue("forward", steps * g.device_load_ns + g.fence_gpu_ns)
+        self._counters["nvlink_bytes"] += nbytes
+        self._counters["self_copies"] += 1
+        path = ctx.ledger.path
+        if path is not None:
+            path.seg("forward", t)
+            path.call_later(t, path.cur, on_visible, *args)
+            return hold(self.env, t)
+        call_later(self.env, t, on_visible, *args)
+        if ctx.trace.enabled:
+            ctx.trace.span(f"rank{src}", track, "nvlink", self.env.now, t, dst=src, bytes=nbytes)
+        return hold(self.env, t)
+
     def copy(self, src: int, dst: int, nbytes: int, track: str, on_visible=None, *args):
         """:meth:`send` as a process fragment (``yield from nvlink.copy(...)``)."""
         ev = self.send(src, dst, nbytes, track, on_visible, *args)

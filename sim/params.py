@@ -194,6 +194,11 @@ class NvlinkParams(Strict):
 
     flag_latency_ns: float = Field(615.0, ge=0, description="one-way; 1.23 us round trip measured")
     gbytes_per_s: float = Field(390.0, gt=0)
+    self_copy_loads_in_flight: int = Field(
+        0, ge=0, le=64, description="a put to the rank itself: 0, it rides the GPU's NVLink port "
+        "like a peer's copy; N, the issuing warp copies it N 16-byte loads per lane at a time "
+        "(steps of 512 x N bytes, each a dependent device load, gpu.device_load_ns), then a "
+        "GPU-scope fence (gpu.fence_gpu_ns): hw/ep local_put's loop is 1")
 
 
 class Prior(Strict):

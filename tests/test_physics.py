@@ -734,6 +734,41 @@ def test_nvlink_flag_is_delivered_after_the_stores_before_it():
     assert rcv.known[flag].value == 1
 
 
+def test_a_put_to_the_rank_itself_is_the_issuing_warps_own_copy_loop():
+    """hw/ep's local_put: the warp copies a put to its own rank 512 bytes a step (one 16-byte
+    load per lane, the store waiting for it), then a GPU-scope fence. With
+    ``nvlink.self_copy_loads_in_flight`` = 1 a 7.5 KiB token keeps the warp 15 dependent
+    device loads and a fence long and lands when the fence is done; 4 loads in flight take
+    4 steps; 0 keeps the NVLink port's copy (bytes over the link rate, far shorter), and
+    copies to a peer GPU never take the warp's loop."""
+    nbytes = 7504
+
+    def copy(n_inflight: int, dst: int = 0) -> tuple[float, float]:
+        w = _world(scenario.load(NATIVE, {**EP2_NODE, "platform.nvlink.self_copy_loads_in_flight": n_inflight}))
+        done: dict[str, float] = {}
+
+        def warp():
+            yield from nvlink_put(w, 0, dst, nbytes, ("tok",), "w0")
+            done["warp"] = w.env.now
+
+        def watch():
+            yield w.receivers[dst].data[("tok",)].reach(1)
+            done["landed"] = w.env.now
+
+        w.env.process(warp())
+        w.env.process(watch())
+        w.env.run()
+        return done["warp"], done["landed"]
+
+    g = scenario.load(NATIVE, EP2_NODE).platform.gpu
+    one = 15 * g.device_load_ns + g.fence_gpu_ns
+    assert copy(1) == (pytest.approx(one), pytest.approx(one))
+    assert copy(4)[0] == pytest.approx(4 * g.device_load_ns + g.fence_gpu_ns)
+    port = copy(0)
+    assert port[0] < one / 10 and port[1] < one
+    assert copy(1, dst=1) == pytest.approx(copy(0, dst=1))
+
+
 # -- conservation ------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("name", [NATIVE, PROXY])

@@ -94,7 +94,11 @@ def final_reduce_ns(w: World, kib: float) -> float:
 
 def nvlink_put(w: World, src: int, dst: int, nbytes: int, tag, track: str, count: int = 1):
     """Intra-node data over NVLink (``count`` items of ``nbytes`` each, one stream of stores):
-    visible (and ordered) at the peer after the link latency."""
+    visible (and ordered) at the peer after the link latency. A put to the rank itself is
+    the issuing warp's own copy where the platform says so (``nvlink.self_copy_loads_in_flight``)."""
+    if src == dst and w.platform.nvlink.self_copy_loads_in_flight:
+        yield w.nvlink.self_copy(src, nbytes * count, track, nvlink_land, w.receivers[dst], tag, count)
+        return
     yield from w.nvlink.copy(src, dst, nbytes * count, track, nvlink_land, w.receivers[dst], tag,
                              count)
 

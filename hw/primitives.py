@@ -48,6 +48,7 @@ FAMILIES_1GPU = (
     "shared_queue",
     "host_read",
     "fence_reads",
+    "warp_copy",
 )
 FAMILIES_2GPU = ("nvlink",)
 WARMUP = 10

@@ -8,7 +8,8 @@
 #    deliver_lead_ns 900 / 3000 / 5000: lateness split into claim lag, scan, copies, fence;
 #  * the host engine pausing mirror_poll_gap_ns 0 / 2000 / 8000 ns after a pass that saw no
 #    new doorbell (its PCIe doorbell reads are what every issuer's system fence waits for):
-#    the baseline, the one-warp chain, and the levers that cut doorbells and turns.
+#    the baseline, the one-warp chain, and the levers that cut doorbells and turns;
+#  * the warp_copy primitives: one warp's copy of a token to its own rank (local_put's loop).
 # About 4 minutes with the build. $OUT/records.tgz and $OUT/log.txt come back.
 # LEVER_GIT_REV must name the clean 40-hex commit the tree came from.
 set -u
@@ -36,6 +37,11 @@ for gap in 0 2000 8000; do
   step gap$gap-levers 150 $C --emu-set mirror_poll_gap_ns=$gap --id-prefix emu-gap$gap- --variants ";deferred-doorbell-aggregation;batched-doorbells;put-many;lazy-completion-dispatch"
 done
 step faults-gap2000 60 $C --faults --emu-set mirror_poll_gap_ns=2000 --id-prefix emu-gap2000-faults- --variants ";write-imm-counting"
+# what a warp pays to copy a token by itself (hw/ep local_put's loop; the model's
+# nvlink.self_copy_loads_in_flight prices a step at gpu.device_load_ns)
+echo "=== primitives warp_copy" | tee -a "$LOG"
+timeout 120 python3 -m lever.hw.primitives --gpus 1 --reps 60 --only warp_copy \
+  --out "$REC/h200-primitives-warp-copy.json" 2>&1 | tail -8 | tee -a "$LOG"
 python3 - "$REC" <<'PY' 2>&1 | tee -a "$LOG"
 import json, sys, pathlib
 d = pathlib.Path(sys.argv[1])

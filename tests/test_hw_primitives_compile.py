@@ -30,6 +30,7 @@ FAMILIES = {
     "shared_queue",
     "host_read",
     "fence_reads",
+    "warp_copy",
     "nvlink",
 }
 

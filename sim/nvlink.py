@@ -103,16 +103,18 @@ class Nvlink:
     def self_copy(self, src: int, nbytes: int, track: str, on_visible, *args):
         """A put to the rank itself copied by the issuing warp (``nvlink.self_copy_loads_in_flight``
         = N > 0): one step per 512 x N bytes (the warp's 32 lanes, N 16-byte loads each), each
-        step waiting for its loads (a dependent device load, ``gpu.device_load_ns``) before
-        its stores, then a GPU-scope fence; ``on_visible(*args)`` when the fence is done. Why a
+        step waiting for its loads (``nvlink.self_copy_step_ns``, else a dependent device load,
+        ``gpu.device_load_ns``) before its stores, then a GPU-scope fence; ``on_visible(*args)`` when the fence is done. Why a
         warp's own loop and not the port: such a copy is bound by the loads one warp keeps in
         flight (hw/ep local_put: one per lane, 15 steps for a 7.5 KiB token), not by the
         link's bandwidth. The event to wait for."""
         ctx = self.ctx
         g = ctx.platform.gpu
-        per_step = 512 * ctx.platform.nvlink.self_copy_loads_in_flight
+        nl = ctx.platform.nvlink
+        per_step = 512 * nl.self_copy_loads_in_flight
         steps = -(-nbytes // per_step)
-        t = ctx.ledger.issue("forward", steps * g.device_load_ns + g.fence_gpu_ns)
+        step_ns = g.device_load_ns if nl.self_copy_step_ns is None else nl.self_copy_step_ns
+        t = ctx.ledger.issue("forward", steps * step_ns + g.fence_gpu_ns)
         self._counters["nvlink_bytes"] += nbytes
         self._counters["self_copies"] += 1
         path = ctx.ledger.path

@@ -199,6 +199,9 @@ class NvlinkParams(Strict):
         "like a peer's copy; N, the issuing warp copies it N 16-byte loads per lane at a time "
         "(steps of 512 x N bytes, each a dependent device load, gpu.device_load_ns), then a "
         "GPU-scope fence (gpu.fence_gpu_ns): hw/ep local_put's loop is 1")
+    self_copy_step_ns: float | None = Field(
+        None, ge=0, description="one step of that loop (its loads, then its stores issued), "
+        "ns. None: gpu.device_load_ns, the unloaded dependent L2 load")
 
 
 class Prior(Strict):

@@ -743,8 +743,11 @@ def test_a_put_to_the_rank_itself_is_the_issuing_warps_own_copy_loop():
     copies to a peer GPU never take the warp's loop."""
     nbytes = 7504
 
-    def copy(n_inflight: int, dst: int = 0) -> tuple[float, float]:
-        w = _world(scenario.load(NATIVE, {**EP2_NODE, "platform.nvlink.self_copy_loads_in_flight": n_inflight}))
+    def copy(n_inflight: int, dst: int = 0, step: float | None = None) -> tuple[float, float]:
+        sets = {**EP2_NODE, "platform.nvlink.self_copy_loads_in_flight": n_inflight}
+        if step is not None:
+            sets["platform.nvlink.self_copy_step_ns"] = step
+        w = _world(scenario.load(NATIVE, sets))
         done: dict[str, float] = {}
 
         def warp():
@@ -764,6 +767,8 @@ def test_a_put_to_the_rank_itself_is_the_issuing_warps_own_copy_loop():
     one = 15 * g.device_load_ns + g.fence_gpu_ns
     assert copy(1) == (pytest.approx(one), pytest.approx(one))
     assert copy(4)[0] == pytest.approx(4 * g.device_load_ns + g.fence_gpu_ns)
+    # a step priced on its own (nvlink.self_copy_step_ns) rather than as the unloaded L2 load
+    assert copy(1, step=650.0)[0] == pytest.approx(15 * 650.0 + g.fence_gpu_ns)
     port = copy(0)
     assert port[0] < one / 10 and port[1] < one
     assert copy(1, dst=1) == pytest.approx(copy(0, dst=1))

@@ -24,7 +24,7 @@ LOG="$OUT/log.txt"
   echo "git_rev ${LEVER_GIT_REV:-unset}"
   nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv
 } 2>&1 | tee -a "$LOG"
-build_exts
+build_exts prim  # the EP extension and the primitives (warp_copy) side by side
 C="--ranks 2 --gpus 1 --iters 60 --out-dir $REC"
 step smoke 60 --ranks 2 --gpus 1 --iters 5 --warmup 1 --profile 0 --faults --out-dir "$REC/smoke" --id-prefix smoke-late --variants ";write-imm-counting"
 if [[ $SMOKE_FAILED == 1 ]]; then echo "=== smoke failed: nothing else run" | tee -a "$LOG"; exit 1; fi

@@ -51,6 +51,11 @@ class Port(Protocol):
     def flush(self, cat: str = "signal") -> Steps: ...
 
 
+def warp_track(warps_per_sm: int, warp: int) -> str:
+    """A warp's trace track (``sm3.w1``): its SM and its place on it."""
+    return f"sm{warp // warps_per_sm}.w{warp % warps_per_sm}"
+
+
 class WarpPort:
     """What every posting warp shares, native or proxy: its counters, its
     trace track, and paying costs (counted for the profiler) or waits."""
@@ -62,8 +67,7 @@ class WarpPort:
         self.warp = warp
         self.posted = 0
         self.done = Counter(self.env)
-        wps = ctx.design.warps_per_sm
-        self.track = f"sm{warp // wps}.w{warp % wps}"
+        self.track = warp_track(ctx.design.warps_per_sm, warp)
         self.proc = f"rank{rank}"
 
     def _pay(self, cat: str, ns: float, n: int = 1):

@@ -121,8 +121,8 @@ class Nvlink:
         if path is not None:
             path.seg("forward", t)
             path.call_later(t, path.cur, on_visible, *args)
-            return hold(self.env, t)
-        call_later(self.env, t, on_visible, *args)
+        else:
+            call_later(self.env, t, on_visible, *args)
         if ctx.trace.enabled:
             ctx.trace.span(f"rank{src}", track, "nvlink", self.env.now, t, dst=src, bytes=nbytes)
         return hold(self.env, t)

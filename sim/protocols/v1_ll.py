@@ -28,6 +28,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from lever.sim.issuer import warp_track
 from lever.sim.protocols.common import (
     Barrier,
     final_reduce_ns,
@@ -114,8 +115,7 @@ def _rank(w: World, r: int, items, counts, nbytes: int, dispatch: bool):
 
     def warp(c: int):
         if c >= Ci:  # a receiving-only channel (owned QPs fewer than channels): the grid sync
-            wps = w.design.warps_per_sm
-            track = f"sm{c // wps}.w{c % wps}"
+            track = warp_track(w.design.warps_per_sm, c)
             yield from barrier.arrive()
         else:
             port = w.port(r, c)

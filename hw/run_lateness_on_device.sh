@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One device call (nvidia-h200) for the emulated NIC's schedule and what its host-facing
-# engine costs the issuers (issue 17: the emulator keeps its schedule; the chain within
+# engine costs the issuers (docs/testbed.md: the emulator keeps its schedule; the chain within
 # 1.5x of the primitives):
 #  * the EP2 baseline with the delivering warps' claim as every record ran it (nic_claim=scan,
 #    the file's: the table walked 32 entries a step) against the due-mask claim

@@ -176,10 +176,19 @@ MUTANTS: tuple[Mutant, ...] = (
            "        if nbytes > self.inline_bytes or nbytes <= self.wqe_room:\n            return 1\n",
            "        return 1\n", "inline data beyond 32 B still fits a 64 B WQE"),
     Mutant("flush-does-not-wait", "sim/issuer.py",
-           "        if self.done.value < self.posted:\n"
+           "        if self.ctx.design.flush_scope == \"qp\":\n"
+           "            qp = self.qp\n"
+           "            done = qp.completions\n"
+           "            while done.value < qp.rung:\n"
+           "                yield from self._wait(cat, done.reach(qp.rung))\n"
+           "        elif self.done.value < self.posted:\n"
            "            yield from self._wait(cat, self.done.reach(self.posted))\n",
            "",
            "flush returns before the send completions"),
+    Mutant("flush-waits-for-own-writes-only", "sim/issuer.py",
+           "        if self.ctx.design.flush_scope == \"qp\":\n",
+           "        if False:\n",
+           "a QP-scoped flush waits only for the warp's own writes, not the QP's"),
     Mutant("lazy-ignores-sq-bound", "sim/model.py",
            "if worst > self.platform.nic.sq_depth:", "if False:",
            "lazy completion is granted even when the SQ could overflow"),

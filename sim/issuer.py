@@ -749,9 +749,17 @@ class NativePort(WarpPort):
         self.done.add(1)
 
     def flush(self, cat: str = "signal"):
-        """Wait until every WQE this warp posted has completed (send completions)."""
+        """Wait until every WQE this warp posted has completed (send completions); with
+        ``design.flush_scope = "qp"``, until the QP's completions equal the WQEs rung on it
+        by any warp, compared live: a WQE another warp rings while this one waits moves the
+        target, and the flush ends only at an instant the QP has nothing in flight."""
         yield from self.finish()
-        if self.done.value < self.posted:
+        if self.ctx.design.flush_scope == "qp":
+            qp = self.qp
+            done = qp.completions
+            while done.value < qp.rung:
+                yield from self._wait(cat, done.reach(qp.rung))
+        elif self.done.value < self.posted:
             yield from self._wait(cat, self.done.reach(self.posted))
         yield from self._pay(cat, self._read_cq(1) if self.cq is not None else self.counter_read_ns)
         self.qp.consumed = self.qp.completions.value

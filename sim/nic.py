@@ -41,14 +41,15 @@ class QueuePair:
     issuers that share the queue (and its doorbell order).
     """
 
-    __slots__ = ("index", "rank", "nic", "posted", "completions", "consumed", "lock", "pending",
-                 "owners")
+    __slots__ = ("index", "rank", "nic", "posted", "rung", "completions", "consumed", "lock",
+                 "pending", "owners")
 
     def __init__(self, env: simpy.Environment, index: int, rank: int, nic: Nic) -> None:
         self.index = index
         self.rank = rank
         self.nic = nic
         self.posted = 0
+        self.rung = 0  # WQEs handed to the NIC by a doorbell (submitted)
         self.completions = Counter(env)
         self.consumed = 0
         self.lock = Lock(env, direct=True)  # the doorbell turn: FIFO, handed over at release
@@ -116,6 +117,9 @@ class Nic:
         now = self.env._now
         wqe_ns = self._wqe_cost
         rec = None
+        qp = msgs[0].qp if msgs else None
+        if qp is not None:  # one doorbell rings one QP's WQEs
+            qp.rung += len(msgs)
         if self.p.doorbell_process_ns and self.p.host_engine:
             # the host engine reads the doorbell and mirrors the new WQEs; the WQE engine parses
             # each once it is mirrored (and once it is free)

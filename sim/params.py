@@ -458,6 +458,12 @@ class Design(Strict):
         1, ge=1, description="lines (CQEs) one credit poll of the send CQ reads at once: the "
         "kernel's choice, not the GPU's (hw/ep cq_poll: the warp's 32 lanes read 32; one per "
         "poll where a completion counter or a single CQE is read)")
+    flush_scope: Literal["warp", "qp"] = Field(
+        "warp", description="native flush: what it waits for. warp: the send completions of "
+        "the WQEs this warp posted (hw/ep's V2 flush, by SQ slot); qp: spin until every WQE "
+        "rung on the warp's QP, by any warp sharing it, has completed, read live, so WQEs "
+        "other warps ring meanwhile are waited for too (NCCL GIN's blocking flush: submitted "
+        "== completed on the context's endpoints)")
     lazy_completion_dispatch: bool = False
     lazy_completion_combine: bool = False
     credit_check_every: int = Field(1, ge=1, description="puts between two credit checks when not lazy")

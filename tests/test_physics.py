@@ -527,6 +527,43 @@ def test_flush_waits_for_every_send_completion():
     assert port.done.value == 5 and out["t"] >= 2 * w.platform.fabric.base_latency_ns
 
 
+@pytest.mark.parametrize("scope", ["warp", "qp"])
+def test_a_qp_scoped_flush_waits_for_what_other_warps_ring_meanwhile(scope):
+    """Two warps share one QP. Warp 0 posts one write and flushes; warp 1 rings a write every
+    microsecond meanwhile. A warp-scoped flush ends one round trip after warp 0's own write;
+    a QP-scoped flush (NCCL GIN: submitted == completed, read live) ends only when the QP has
+    nothing in flight, after warp 1's last write completed."""
+    w = _world(_load({**QUIET, "design.num_sms": 1, "design.warps_per_sm": 2,
+                      "design.qps_per_call": 2, "design.flush_scope": scope}))
+    a, b = w.port(0, 0), w.port(0, 1)
+    assert a.qp is b.qp
+    out = {}
+
+    def flusher():
+        yield from _post(w, a, 1)
+        yield from a.flush()
+        out["flush"] = w.env.now
+
+    def other():
+        for i in range(8):
+            yield from put(w, b, 0, 1, 1024, RankTag(0), seq=i)
+            yield w.env.timeout(1000.0)
+        yield from b.finish()
+
+    def last_completion():
+        yield b.done.reach(8)
+        out["b_done"] = w.env.now
+
+    for g in (flusher(), other(), last_completion()):
+        w.env.process(g)
+    w.env.run()
+    rtt = 2 * w.platform.fabric.base_latency_ns
+    if scope == "warp":
+        assert rtt <= out["flush"] < out["b_done"] - 4000.0
+    else:
+        assert out["flush"] >= out["b_done"] and a.qp.completions.value == a.qp.rung == 9
+
+
 def test_a_credit_check_reads_the_counter_once_plus_once_per_new_cqe():
     """Three puts find no completions (one read each); after they completed, the fourth
     check consumes their three CQEs: 1 + 3 reads."""

@@ -761,6 +761,5 @@ class NativePort(WarpPort):
                 yield from self._wait(cat, done.reach(qp.rung))
         elif self.done.value < self.posted:
             yield from self._wait(cat, self.done.reach(self.posted))
-        # the poll that sees the last completion consumes the CQEs not yet consumed, one read
-        # each past the first (a credit poll's reads: _credit_read), or reads the counter once
-        yield from self._pay(cat, self._credit_read())
+        yield from self._pay(cat, self._read_cq(1) if self.cq is not None else self.counter_read_ns)
+        self.qp.consumed = self.qp.completions.value

@@ -45,11 +45,8 @@ def _base() -> tuple:
 def _synthetic_records() -> list:
     rng = np.random.default_rng(7)
     _plat, base = _base()
-    # tiny-t48: three times the puts per warp for the same crossings, so the fence and the
-    # fabric latency move its latency in another proportion than the others' (without it the
-    # two are 0.985 correlated since a flush reads the CQEs it consumes one by one)
     variants = {"tiny-b1": {}, "tiny-b8": {"design.doorbell_batch": 8},
-                "tiny-t16": {"workload.tokens_per_rank": 16}, "tiny-t48": {"workload.tokens_per_rank": 48}}
+                "tiny-t16": {"workload.tokens_per_rank": 16}}
     out = []
     for id_, extra in variants.items():
         sets = {**TINY, **extra}

@@ -564,35 +564,6 @@ def test_a_qp_scoped_flush_waits_for_what_other_warps_ring_meanwhile(scope):
         assert out["flush"] >= out["b_done"] and a.qp.completions.value == a.qp.rung == 9
 
 
-@pytest.mark.parametrize("counter", [False, True])
-def test_a_flush_consumes_the_cqes_it_finds_one_read_each(counter):
-    """Five writes posted back to back (their credit polls find nothing completed yet), then a
-    flush: the poll that sees the last completion reads the CQ until a read finds no new CQE,
-    one read per CQE past the first, as a credit poll does (1 + 5 reads). A completion counter
-    is one read whatever it counts."""
-    w = _world(_load(_one_warp({"platform.nic.hw_counters": counter})))
-    port = w.port(0, 0)
-    t = {}
-
-    def warp():
-        yield from _post(w, port, 5, after=False)
-        yield from port.flush()
-        t["flush"] = w.env.now
-
-    def last_completion():
-        yield port.done.reach(5)
-        t["done"] = w.env.now
-
-    w.env.process(warp())
-    w.env.process(last_completion())
-    w.env.run()
-    assert w.ledger.events["credit_wait"] == 5
-    assert w.ledger.busy["credit_wait"] == pytest.approx(5 * port.counter_read_ns)
-    reads = 1 if counter else 1 + 5
-    assert t["flush"] - t["done"] == pytest.approx(reads * port.counter_read_ns)
-    assert port.qp.consumed == 5
-
-
 def test_a_credit_check_reads_the_counter_once_plus_once_per_new_cqe():
     """Three puts find no completions (one read each); after they completed, the fourth
     check consumes their three CQEs: 1 + 3 reads."""

@@ -556,7 +556,11 @@ def git_rev() -> str:
 
 
 def calibrated_platform(platform: Platform, result: FitResult, records: list[RunRecord],
-                        name: str) -> Platform:
+                        name: str, refs: Mapping[str, str] | None = None,
+                        shared: list[str] | None = None) -> Platform:
+    """``platform`` with ``result``'s values and their provenance. ``refs``: per parameter,
+    what fitted it, where that is not simply ``records`` (a joint fit: the records that
+    constrain it, of every platform); ``shared``: the parameters tied across platforms."""
     plat = platform.model_copy(deep=True)
     data = plat.model_dump(mode="json")
     for n, v in zip(result.names, result.x, strict=True):
@@ -572,13 +576,15 @@ def calibrated_platform(platform: Platform, result: FitResult, records: list[Run
     for n in result.names:  # the fitted value's source: the records, and the prior's reason
         was = platform.sources.get(n)
         why = f"; prior: {was.ref}" if was is not None else ""
-        data.setdefault("sources", {})[n] = {"kind": "fitted", "ref": f"lever calibrate on {ids}{why}"}
+        fitted_by = (refs or {}).get(n) or f"lever calibrate on {ids}"
+        data.setdefault("sources", {})[n] = {"kind": "fitted", "ref": f"{fitted_by}{why}"}
     data["calibrated"] = {
         "names": result.names, "log_mean": [float(np.log(v)) for v in result.x],
         "log_cov": [[float(c) for c in row] for row in result.log_cov],
         "records": {r.id: r.digest() for r in records},
         "date": datetime.now(UTC).isoformat(timespec="seconds"),
         "git_rev": git_rev(), "cost": result.cost, "unidentifiable": result.unidentifiable,
+        "shared": [n for n in result.names if n in (shared or [])],
     }
     return Platform.model_validate(data)
 

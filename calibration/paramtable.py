@@ -188,7 +188,8 @@ def parameter_table(name_or_path: str | Path, compare: bool = True) -> tuple[Loa
             ref = "lever calibrate on " + ", ".join(cal.records)
         set_in = lp.origin.get(path, "")
         from_class = bool(set_in) and Path(set_in).resolve().parent == gpus_dir
-        shared = plat.gpu_class if (path in shared_vals and from_class) else ""
+        tied = cal is not None and path in cal.shared  # one value for the class, by a joint fit
+        shared = plat.gpu_class if (path in shared_vals and (from_class or tied)) else ""
         row = ParamRow(path, value, unit_of(path), None, kind, shared, ref)
         sd = _log_sigma(plat, path)
         row.rel_sigma = sd

@@ -236,6 +236,8 @@ class Calibrated(Strict):
     git_rev: str = ""
     cost: float | None = None
     unidentifiable: list[str] = Field(default_factory=list)
+    shared: list[str] = Field(default_factory=list, description="of ``names``, those a joint fit "
+                              "tied across every platform of the GPU class (one value for all)")
 
 
 SourceKind = Literal["measured", "published", "fitted", "assumed"]

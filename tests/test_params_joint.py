@@ -192,6 +192,16 @@ def test_calibrate_joint_writes_one_platform_per_nic_with_the_shared_values_alik
         assert plat.sources["gpu.reduce_ns_per_kib"].kind == "fitted"
         assert plat.gpu_class == "hopper" and plat.calibrated is not None
     assert "efa-ep16-native-headline" in loaded[0].sources["fabric.base_latency_ns"].ref
+    # a shared value says it is one for the class and names the records of both platforms that
+    # constrain it; `lever params` marks it shared on both
+    for f, plat in zip(files, loaded, strict=True):
+        ref = plat.sources["gpu.reduce_ns_per_kib"].ref
+        assert "efa-ep16-native-headline" in ref and "ib-ep8-ll-reference" in ref, ref
+        assert "every hopper platform (efa-p5, ib-cx7)" in ref
+        assert plat.calibrated.shared == ["gpu.reduce_ns_per_kib", "gpu.token_prep_ns"]
+        rows = {r.path: r for r in parameter_table(f, compare=False)[1]}
+        assert rows["gpu.reduce_ns_per_kib"].shared == "hopper"
+        assert rows["fabric.base_latency_ns"].shared == ""
 
 
 def test_calibrate_without_joint_still_needs_records_and_out(capsys):

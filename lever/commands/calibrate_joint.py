@@ -41,7 +41,14 @@ def shipped_fittable() -> list[str]:
 
 def main_joint(args: argparse.Namespace) -> int:
     from lever.calibration.fit import FitError, calibrated_platform, platform_toml, write_atomic
-    from lever.calibration.joint import group_result, joint_fit, report, resolve_groups, warm_starts
+    from lever.calibration.joint import (
+        GROUP_SEP,
+        group_result,
+        joint_fit,
+        report,
+        resolve_groups,
+        warm_starts,
+    )
     from lever.commands.calibrate import load_records_any
 
     if args.out is not None:
@@ -74,10 +81,20 @@ def main_joint(args: argparse.Namespace) -> int:
         cmd = ("lever calibrate --joint " + " ".join(args.records) + f" --out-dir {args.out_dir}"
                f" --seeds {args.seeds} --max-nfev {args.max_nfev}" + (" --warm" if args.warm else "")
                + "".join(f" --base {b}" for b in args.base))
+        constrained = {p["name"]: p["constrained_by"] for p in rep["params"]}
+        names = [g.name for g in groups]
         for g in groups:
             sub = group_result(res, g, plan.shared)
             name = f"{g.name}-calibrated"
-            cal = calibrated_platform(g.platform, sub, g.records, name)
+            refs = {}
+            for n in sub.names:
+                key = n if n in plan.shared else f"{n}{GROUP_SEP}{g.name}"
+                by = ", ".join(constrained.get(key, [])) or "none of them (it stays at its prior)"
+                tied = (f"; one value for every {g.platform.gpu_class} platform "
+                        f"({', '.join(names)})" if n in plan.shared else "")
+                refs[n] = (f"lever calibrate --joint on {', '.join(r.id for r in g.records)}"
+                           f" (and the other platforms' records); constrained by {by}{tied}")
+            cal = calibrated_platform(g.platform, sub, g.records, name, refs, plan.shared)
             header = (f"{name}: written by `{cmd.replace('  ', ' ')}`\n"
                       f"joint fit of {len(recs)} records on {len(groups)} platforms, "
                       f"{len(res.names)} free parameters ({len(plan.shared)} shared), "

@@ -112,6 +112,27 @@ def _log_sigma(plat: Platform, path: str) -> float | None:
     return src.rel_sigma if src is not None else None
 
 
+def _partner(plat: Platform, path: str, threshold: float = 0.98) -> tuple[str, float] | None:
+    """The calibrated parameter ``path`` is most correlated with, when beyond ``threshold``
+    (the fit's own test, ``calibration.fit.UNIDENTIFIABLE_CORR``): the records then move only
+    a combination of the two."""
+    cal = plat.calibrated
+    if cal is None or path not in cal.names:
+        return None
+    i = cal.names.index(path)
+    best: tuple[str, float] | None = None
+    for j, other in enumerate(cal.names):
+        if j == i:
+            continue
+        den = math.sqrt(max(cal.log_cov[i][i], 0.0) * max(cal.log_cov[j][j], 0.0))
+        if den <= 0:
+            continue
+        c = cal.log_cov[i][j] / den
+        if abs(c) > threshold and (best is None or abs(c) > abs(best[1])):
+            best = (other, c)
+    return best
+
+
 @dataclass
 class GpuClass:
     """What a GPU-class file (``scenarios/gpus/CLASS.toml``) sets for every platform of the
@@ -212,11 +233,19 @@ def parameter_table(name_or_path: str | Path, compare: bool = True) -> tuple[Loa
                         f"({z:.1f} sigma): the value carries something the model lacks")
             if path in cal.unidentifiable:
                 # unconstrained: it stays where the fit started, which is its prior unless a
-                # warm start (an earlier calibration) put it elsewhere
-                row.defects.append(
-                    "not identified by the records: it stays near its prior" if not far else
-                    f"not identified by the records: it stays where the fit started, x"
-                    f"{value / prior.value:.3g} from its prior {prior.value:g} (a warm start)")
+                # warm start (an earlier calibration) put it elsewhere; or the records move it
+                # only together with another parameter
+                pair = _partner(plat, path)
+                if pair is not None:
+                    row.defects.append(
+                        f"not identified apart from {pair[0]} (correlation {pair[1]:+.3f}): the "
+                        "records move only a combination of the two")
+                else:
+                    unc = f" (1 sigma: x{math.exp(sd):.3g})" if sd is not None and sd > 0.3 else ""
+                    row.defects.append(
+                        f"not identified by the records{unc}: it stays near its prior" if not far else
+                        f"not identified by the records{unc}: it stays where the fit started, x"
+                        f"{value / prior.value:.3g} from its prior {prior.value:g} (a warm start)")
         if path in shared_vals:
             bad, gap = _differs(value, sd, shared_vals[path], shared_sig.get(path))
             if bad and not shared and not fitted:  # a fit may move it: its bounds say how far

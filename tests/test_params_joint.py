@@ -88,6 +88,44 @@ log_cov = [[0.01]]
     assert any(d.startswith("fabric.base_latency_ns: fitted at a bound") for d in out["defects"])
 
 
+def test_an_unidentified_value_says_whether_another_parameter_takes_its_place(tmp_path):
+    """Two fitted values 0.99 correlated: the unidentified one names its partner; a value
+    unidentified on its own says how uncertain it is."""
+    body = """
+[platform]
+name = "pair"
+[platform.fabric]
+base_latency_ns = 9000.0
+[platform.gpu]
+fence_ns = 1500.0
+token_prep_ns = 210.0
+[platform.free."fabric.base_latency_ns"]
+lo = 1000.0
+hi = 100000.0
+prior = { value = 8000.0, rel_sigma = 1.0 }
+[platform.free."gpu.fence_ns"]
+lo = 100.0
+hi = 20000.0
+prior = { value = 1430.0, rel_sigma = 0.3 }
+[platform.free."gpu.token_prep_ns"]
+lo = 20.0
+hi = 20000.0
+prior = { value = 200.0, rel_sigma = 1.0 }
+[platform.calibrated]
+names = ["fabric.base_latency_ns", "gpu.fence_ns", "gpu.token_prep_ns"]
+log_mean = [9.105, 7.313, 5.347]
+log_cov = [[0.04, -0.0396, 0.0], [-0.0396, 0.04, 0.0], [0.0, 0.0, 1.0]]
+unidentifiable = ["gpu.fence_ns", "gpu.token_prep_ns"]
+[platform.sources]
+"gpu.token_prep_ns" = { kind = "fitted", ref = "a test's fit" }
+"""
+    rows = {r.path: r for r in parameter_table(_write_platform(tmp_path, body), compare=False)[1]}
+    assert any("apart from fabric.base_latency_ns (correlation -0.990)" in d
+               for d in rows["gpu.fence_ns"].defects), rows["gpu.fence_ns"].defects
+    assert any("not identified by the records (1 sigma: x2.72)" in d
+               for d in rows["gpu.token_prep_ns"].defects), rows["gpu.token_prep_ns"].defects
+
+
 def test_a_source_naming_no_parameter_is_refused_with_one_line(tmp_path, capsys):
     p = _write_platform(tmp_path, '[platform]\nname = "bad"\n[platform.sources]\n'
                                   '"gpu.nope_ns" = { kind = "measured", ref = "x" }\n')

@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from lever.calibration.fit import UNIDENTIFIABLE_CORR
 from lever.sim import scenario as scn_mod
 from lever.sim.params import FreeParam, Platform, parameter_value
 
@@ -112,10 +113,10 @@ def _log_sigma(plat: Platform, path: str) -> float | None:
     return src.rel_sigma if src is not None else None
 
 
-def _partner(plat: Platform, path: str, threshold: float = 0.98) -> tuple[str, float] | None:
+def _partner(plat: Platform, path: str,
+             threshold: float = UNIDENTIFIABLE_CORR) -> tuple[str, float] | None:
     """The calibrated parameter ``path`` is most correlated with, when beyond ``threshold``
-    (the fit's own test, ``calibration.fit.UNIDENTIFIABLE_CORR``): the records then move only
-    a combination of the two."""
+    (the fit's own test): the records then move only a combination of the two."""
     cal = plat.calibrated
     if cal is None or path not in cal.names:
         return None

@@ -193,6 +193,10 @@ MUTANTS: tuple[Mutant, ...] = (
            "if worst > self.platform.nic.sq_depth:", "if False:",
            "lazy completion is granted even when the SQ could overflow"),
     # -- receiver ---------------------------------------------------------------------------
+    Mutant("lanes-poll-one-source-at-a-time", "sim/receiver.py",
+           "            yield from self.wait(tag, n, track, cat, flags=flags, check=False, spin=spin, poll=False)\n",
+           "            yield from self.wait(tag, n, track, cat, flags=flags, check=False, spin=spin)\n",
+           "a warp polling many sources' counts pays a poll for each, as if one after another"),
     Mutant("recv-completion-free", "sim/receiver.py",
            'dt = ctx.ledger.cost("signal", ctx.platform.receiver.recv_completion_ns)',
            "dt = 0.0", "immediate counting pays no receive-CQE latency"),

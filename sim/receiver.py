@@ -27,7 +27,7 @@ next poll (uniform phase over ``poll_interval_ns``) plus one load.
 from __future__ import annotations
 
 from collections import defaultdict
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from lever.sim.engine import ROOT, Counter, Rec, Tally, call_at, hold, hold_at
 from lever.sim.recv_cq import RecvCq
@@ -226,7 +226,7 @@ class Receiver:
     # -- polling -------------------------------------------------------------------
     def wait(self, tag, n: int, track: str, cat: str = "poll_wait", flags: int = 0,
              check: bool = True, then: tuple[str, float] | None = None, total: bool = False,
-             spin: int = -1):
+             spin: int = -1, poll: bool = True):
         """A warp polls until it may conclude ``n`` writes of ``tag`` landed
         (and, with ``flags``, until that many signals of ``tag`` arrived).
 
@@ -236,7 +236,9 @@ class Receiver:
         still are then); else after it, as a separate wait. ``total``: ``n`` is every write
         of ``tag`` there will be, NVLink writes booked ahead on ``tallies[tag]`` (landed when
         booked: nothing to check). ``spin``: the destination QP whose receive CQ this warp
-        reads while it waits (per-dest-qp imm-counting: the count moves only as it does)."""
+        reads while it waits (per-dest-qp imm-counting: the count moves only as it does).
+        ``poll=False``: one of several words the warp's lanes poll at once (:meth:`wait_all`):
+        it ends when the value is there, the poll that sees it paid once for all of them."""
         led, tr = self.ctx.ledger, self.ctx.trace
         env = self.env
         t0 = env._now
@@ -259,6 +261,10 @@ class Receiver:
                 cq.spin_end()
         now = env._now
         led.waited(cat, now - t0)
+        if not poll:
+            if tr.enabled:
+                tr.span(f"rank{self.rank}", track, cat, t0, now - t0, tag=str(tag))
+            return
         poll = led.issue(cat, self.poll_ns())  # the poll that sees it: ``poll_wait`` on the path
         path = led.path
         if path is not None:
@@ -278,6 +284,21 @@ class Receiver:
             self.check(tag, n)
         if then is not None:
             yield self.ctx.busy(then[0], then[1])
+
+    def wait_all(self, words: list[tuple[Any, int]], track: str, cat: str = "poll_wait",
+                 flags: int = 0, spin: int = -1):
+        """A warp polls several words at once, a lane each (hw/ep's receive loops: lane ``s``
+        reads source ``s``'s count or flag; DeepEP LL gives each (source, expert) pair its own
+        warp group): it goes on when the last of them is there, one poll after it, then
+        consumes them all. ``words``: ``(tag, n)`` pairs, as :meth:`wait` takes one."""
+        if not words:
+            return
+        for tag, n in words[:-1]:
+            yield from self.wait(tag, n, track, cat, flags=flags, check=False, spin=spin, poll=False)
+        tag, n = words[-1]
+        yield from self.wait(tag, n, track, cat, flags=flags, spin=spin)
+        for tag, n in words[:-1]:
+            self.check(tag, n)
 
     def poll_ns(self) -> float:
         """The poll loop's granularity after the awaited value changed: it is seen at the next

@@ -584,6 +584,36 @@ def test_a_credit_check_reads_the_counter_once_plus_once_per_new_cqe():
 
 # -- the receiver ---------------------------------------------------------------------------
 
+def test_a_warp_polling_every_sources_count_at_once_pays_one_poll_after_the_last():
+    """Sixteen sources' counts land 1 us apart. A warp whose lanes poll them all at once goes
+    on one poll after the last has landed (the lanes' poll, paid once), and a late word in the
+    middle of the list holds it no longer than that; polled one after another each would cost
+    a poll (at least a device load each)."""
+    w = _world(_load({}))
+    rcv, g = w.receivers[0], w.platform.gpu
+    land = {s: 1000.0 * (s + 1) for s in range(16)}
+    land[5] = 30000.0  # the last to land is not the last in the list
+    out = {}
+
+    def bump(s: int):
+        yield w.env.timeout(land[s])
+        rcv.data[RankTag(s)].add(1)
+        rcv.known[RankTag(s)].add(1)
+
+    def warp():
+        yield from rcv.wait_all([(RankTag(s), 1) for s in range(16)], "rx")
+        out["t"] = w.env.now
+
+    for s in range(16):
+        w.env.process(bump(s))
+    w.env.process(warp())
+    w.env.run()
+    last = max(land.values())
+    assert last + g.device_load_ns <= out["t"] < last + g.device_load_ns + g.poll_interval_ns
+    assert w.ledger.events["poll_wait"] == 1  # one poll paid, not sixteen
+    assert w.ledger.counters.get("ordering_violations", 0) == 0
+
+
 def test_a_poller_sees_a_change_at_its_next_poll_plus_one_load():
     """A wait ends one poll phase (uniform over ``poll_interval_ns``) plus one dependent load
     after the awaited word changed."""

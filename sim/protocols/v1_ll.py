@@ -146,21 +146,19 @@ def _rank(w: World, r: int, items, counts, nbytes: int, dispatch: bool):
             yield from sport.finish()
         # receive phase, on every warp: each polls the counts of its experts (per-rank
         # combine flags: every warp polls every source's flag)
-        if per_rank:
-            rcv = w.receivers[r]
-            for s in range(R):
-                yield from rcv.wait(RankTag(s), counts.get((s, r, -1), 0), track, flags=1, spin=c)
+        if per_rank:  # every source's flag at once, a lane each (hw/ep)
+            yield from w.receivers[r].wait_all(
+                [(RankTag(s), counts.get((s, r, -1), 0)) for s in range(R)], track, flags=1, spin=c)
             return
         for e in rx_experts[c::C]:
             yield from expert_rx(e, track)
 
     def expert_rx(e: int, track: str):
-        rcv = w.receivers[r]
+        # every source's count of the expert at once, a lane each (hw/ep; DeepEP LL gives each
+        # (source, expert) pair a warp group): one poll after the last, not one per source
         srcs = range(R) if dispatch else [rt.rank_of(e)]
-        for s in srcs:
-            n = counts.get((s, r, e), 0)
-            yield from rcv.wait(ExpertTag(s, e), n, track, flags=0 if cached else 1,
-                                spin=e if dispatch else -1)
+        yield from w.receivers[r].wait_all([(ExpertTag(s, e), counts.get((s, r, e), 0)) for s in srcs],
+                                           track, flags=0 if cached else 1, spin=e if dispatch else -1)
 
     rx_experts = list(rt.experts_of(r)) if dispatch else list(range(rt.num_experts))
     yield env.all_of([env.process(warp(c)) for c in range(C)])

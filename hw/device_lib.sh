@@ -28,6 +28,15 @@ use_carried_wheels() {
   export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
 }
 
+# log_header: the commit the tree came from ($LEVER_GIT_REV) and the GPUs with their clocks,
+# at the head of $LOG.
+log_header() {
+  {
+    echo "git_rev ${LEVER_GIT_REV:-unset}"
+    nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv
+  } 2>&1 | tee -a "$LOG"
+}
+
 # step NAME TIMEOUT ARGS...: one bounded `lever hw ep ARGS...`, logged to $LOG with its exit
 # status and wall time; a failing smoke* step sets SMOKE_FAILED=1. $REC (the records folder)
 # is re-tarred into $OUT/records.tgz after every step, so what ran so far comes back even if

@@ -20,10 +20,7 @@ REC=/tmp/late_rec; mkdir -p "$REC" "$OUT"
 device_env
 use_carried_wheels
 LOG="$OUT/log.txt"
-{
-  echo "git_rev ${LEVER_GIT_REV:-unset}"
-  nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv
-} 2>&1 | tee -a "$LOG"
+log_header
 build_exts prim  # the EP extension and the primitives (warp_copy) side by side
 C="--ranks 2 --gpus 1 --iters 60 --out-dir $REC"
 step smoke 60 --ranks 2 --gpus 1 --iters 5 --warmup 1 --profile 0 --faults --out-dir "$REC/smoke" --id-prefix smoke-late --variants ";write-imm-counting"

@@ -18,10 +18,7 @@ REC=/tmp/noise_rec; mkdir -p "$REC" "$OUT"
 device_env
 use_carried_wheels
 LOG="$OUT/log.txt"
-{
-  echo "git_rev ${LEVER_GIT_REV:-unset}"
-  nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv
-} 2>&1 | tee -a "$LOG"
+log_header
 build_exts prim
 C="--ranks 2 --gpus 1 --iters 60 --out-dir $REC"
 LEVERS="lazy-completion-dispatch;lazy-completion-combine;batched-doorbells;qp-fanout-fix;write-imm-counting;put-many;deferred-doorbell-aggregation;provider-batched-tail;cached-dispatch;lazy-completion-dispatch,deferred-doorbell-aggregation"

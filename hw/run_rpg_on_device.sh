@@ -18,11 +18,11 @@ cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/rpg_out}
 REC=/tmp/rpg_rec; mkdir -p "$REC" "$OUT"
 ITERS=${ITERS:-60}
-. hw/device_lib.sh  # device_env, use_carried_wheels, step
+. hw/device_lib.sh  # device_env, use_carried_wheels, log_header, step
 device_env
 use_carried_wheels
 LOG="$OUT/log.txt"
-nvidia-smi --query-gpu=name,driver_version,clocks.sm --format=csv | tee -a "$LOG"
+log_header
 NGPU=$(nvidia-smi --list-gpus | wc -l)
 t0=$(date +%s)
 timeout 400 python3 -c 'from lever.hw.ep import load_ext; m = load_ext(); print("built", m.layout_sizes(), m.v2_layout_sizes())' 2>&1 | tail -20 | tee -a "$LOG"

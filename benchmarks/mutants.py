@@ -194,7 +194,7 @@ MUTANTS: tuple[Mutant, ...] = (
            "lazy completion is granted even when the SQ could overflow"),
     # -- receiver ---------------------------------------------------------------------------
     Mutant("lanes-poll-one-source-at-a-time", "sim/receiver.py",
-           "            yield from self.wait(tag, n, track, cat, flags=flags, check=False, spin=spin, poll=False)\n",
+           "            yield from self.wait(tag, n, track, cat, flags=flags, check=False, spin=spin, pay_poll=False)\n",
            "            yield from self.wait(tag, n, track, cat, flags=flags, check=False, spin=spin)\n",
            "a warp polling many sources' counts pays a poll for each, as if one after another"),
     Mutant("recv-completion-free", "sim/receiver.py",

@@ -226,7 +226,7 @@ class Receiver:
     # -- polling -------------------------------------------------------------------
     def wait(self, tag, n: int, track: str, cat: str = "poll_wait", flags: int = 0,
              check: bool = True, then: tuple[str, float] | None = None, total: bool = False,
-             spin: int = -1, poll: bool = True):
+             spin: int = -1, pay_poll: bool = True):
         """A warp polls until it may conclude ``n`` writes of ``tag`` landed
         (and, with ``flags``, until that many signals of ``tag`` arrived).
 
@@ -237,7 +237,7 @@ class Receiver:
         of ``tag`` there will be, NVLink writes booked ahead on ``tallies[tag]`` (landed when
         booked: nothing to check). ``spin``: the destination QP whose receive CQ this warp
         reads while it waits (per-dest-qp imm-counting: the count moves only as it does).
-        ``poll=False``: one of several words the warp's lanes poll at once (:meth:`wait_all`):
+        ``pay_poll=False``: one of several words the warp's lanes poll at once (:meth:`wait_all`):
         it ends when the value is there, the poll that sees it paid once for all of them."""
         led, tr = self.ctx.ledger, self.ctx.trace
         env = self.env
@@ -261,7 +261,7 @@ class Receiver:
                 cq.spin_end()
         now = env._now
         led.waited(cat, now - t0)
-        if not poll:
+        if not pay_poll:
             if tr.enabled:
                 tr.span(f"rank{self.rank}", track, cat, t0, now - t0, tag=str(tag))
             return
@@ -294,7 +294,7 @@ class Receiver:
         if not words:
             return
         for tag, n in words[:-1]:
-            yield from self.wait(tag, n, track, cat, flags=flags, check=False, spin=spin, poll=False)
+            yield from self.wait(tag, n, track, cat, flags=flags, check=False, spin=spin, pay_poll=False)
         tag, n = words[-1]
         yield from self.wait(tag, n, track, cat, flags=flags, spin=spin)
         for tag, n in words[:-1]:

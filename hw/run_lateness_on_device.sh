@@ -8,7 +8,8 @@
 #    deliver_lead_ns 900 / 3000 / 5000: lateness split into claim lag, scan, copies, fence;
 #  * the host engine pausing mirror_poll_gap_ns 0 / 2000 / 8000 ns after a pass that saw no
 #    new doorbell (its PCIe doorbell reads are what every issuer's system fence waits for):
-#    the baseline, the one-warp chain, and the levers that cut doorbells and turns;
+#    the baseline, the one-warp chain, the levers that cut doorbells and turns, and qp17
+#    ownership (16 issuing warps: the model predicts it faster, the testbed ran it slower);
 #  * the warp_copy primitives: one warp's copy of a token to its own rank (local_put's loop).
 # About 4 minutes with the build. $OUT/records.tgz and $OUT/log.txt come back.
 # LEVER_GIT_REV must name the clean 40-hex commit the tree came from.
@@ -31,7 +32,7 @@ for lead in 900 3000 5000; do
 done
 for gap in 0 2000 8000; do
   step gap$gap-chain 60 $C --num-sms 1 --set design.warps_per_sm=1 --emu-set mirror_poll_gap_ns=$gap --id-prefix emu-gap$gap-chain --variants ";"
-  step gap$gap-levers 150 $C --emu-set mirror_poll_gap_ns=$gap --id-prefix emu-gap$gap- --variants ";deferred-doorbell-aggregation;batched-doorbells;put-many;lazy-completion-dispatch"
+  step gap$gap-levers 150 $C --emu-set mirror_poll_gap_ns=$gap --id-prefix emu-gap$gap- --variants ";deferred-doorbell-aggregation;batched-doorbells;put-many;lazy-completion-dispatch;qp17-ownership"
 done
 step faults-gap2000 60 $C --faults --emu-set mirror_poll_gap_ns=2000 --id-prefix emu-gap2000-faults- --variants ";write-imm-counting"
 # what a warp pays to copy a token by itself (hw/ep local_put's loop; the model's

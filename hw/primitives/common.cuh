@@ -139,6 +139,15 @@ struct Event {
   ~Event() { if (e) cudaEventDestroy(e); }
 };
 
+// Makes `device` current and returns its SM count: what a family's loaded runs size their
+// warp counts by.
+inline int use_device(int device) {
+  PRIM_CHECK(cudaSetDevice(device));
+  int sms = 0;
+  PRIM_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+  return sms;
+}
+
 // Launch check + sync + device-reported status, one call.
 inline void finish(cudaStream_t s, const Status* st, const std::string& what) {
   PRIM_CHECK(cudaGetLastError());

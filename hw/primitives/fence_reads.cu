@@ -175,9 +175,7 @@ One one(int W, bool shared, bool same_sm, int reps, const std::string& what) {
 }  // namespace
 
 Result run_fence_reads(int device, int reps) {
-  PRIM_CHECK(cudaSetDevice(device));
-  int sms = 0;
-  PRIM_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+  const int sms = use_device(device);
   Result res;
   for (bool shared : {true, false}) {
     const std::string lines = shared ? "shared" : "private";

@@ -87,9 +87,7 @@ std::vector<double> one(int W, int lanes, bool shared, int reps, const std::stri
 }  // namespace
 
 Result run_host_read(int device, int reps) {
-  PRIM_CHECK(cudaSetDevice(device));
-  int sms = 0;
-  PRIM_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+  const int sms = use_device(device);
   Result res;
   for (int W : {1, 2, 4, 8, 16, 32, 64, 96, 128}) {
     if (W > sms) continue;

@@ -140,9 +140,7 @@ std::vector<double> one(int W, int mode, int posts, int launches, const std::str
 }  // namespace
 
 Result run_shared_queue(int device, int reps) {
-  PRIM_CHECK(cudaSetDevice(device));
-  int sms = 0;
-  PRIM_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+  const int sms = use_device(device);
   Result res;
   const int posts = 32;
   const int launches = std::max(3, reps / 20);

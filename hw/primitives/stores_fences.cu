@@ -121,9 +121,7 @@ double bulk(uint4* dst, size_t n, int pass, int sms, const std::string& what) {
 }  // namespace
 
 Result run_stores_fences(int device, int reps) {
-  PRIM_CHECK(cudaSetDevice(device));
-  int sms = 0;
-  PRIM_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+  const int sms = use_device(device);
   Result res;
   const int warmup = 10;
   HostBuf<uint64_t> hdst(64), hflag(16);

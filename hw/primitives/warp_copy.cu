@@ -95,9 +95,7 @@ std::vector<double> timed_copy(unsigned n, int mode, int blocks, int reps, const
 }  // namespace
 
 Result run_warp_copy(int device, int reps) {
-  PRIM_CHECK(cudaSetDevice(device));
-  int sms = 0;
-  PRIM_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+  const int sms = use_device(device);
   Result res;
   res.first["warp_copy_loop_7504_ns"] = timed_copy(7504, 0, 1, reps, "warp_copy_loop_7504");
   res.first["warp_copy_loop_14400_ns"] = timed_copy(14400, 0, 1, reps, "warp_copy_loop_14400");

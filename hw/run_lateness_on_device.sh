@@ -18,28 +18,32 @@ cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/late_out}
 REC=/tmp/late_rec; mkdir -p "$REC" "$OUT"
 . hw/device_lib.sh
+# LEADS, GAPS, FAULTS: the leads and gaps run, and whether the faulted run is (a shorter call
+# when device time is short: LEADS=900 GAPS="0 2000" FAULTS=)
+LEADS=${LEADS-"900 3000 5000"} GAPS=${GAPS-"0 2000 8000"} FAULTS=${FAULTS-1}
 device_env
 use_carried_wheels
 LOG="$OUT/log.txt"
 log_header
 build_exts prim  # the EP extension and the primitives (warp_copy) side by side
 C="--ranks 2 --gpus 1 --iters 60 --out-dir $REC"
-step smoke 60 --ranks 2 --gpus 1 --iters 5 --warmup 1 --profile 0 --faults --out-dir "$REC/smoke" --id-prefix smoke-late --variants ";write-imm-counting"
-if [[ $SMOKE_FAILED == 1 ]]; then echo "=== smoke failed: nothing else run" | tee -a "$LOG"; exit 1; fi
-step claim-scan 60 $C --id-prefix emu-late-scan- --variants ";"
-for lead in 900 3000 5000; do
-  step claim-mask-lead$lead 60 $C --emu-set nic_claim=mask --emu-set deliver_lead_ns=$lead --id-prefix emu-late-mask-lead$lead- --variants ";"
-done
-for gap in 0 2000 8000; do
-  step gap$gap-chain 60 $C --num-sms 1 --set design.warps_per_sm=1 --emu-set mirror_poll_gap_ns=$gap --id-prefix emu-gap$gap-chain --variants ";"
-  step gap$gap-levers 150 $C --emu-set mirror_poll_gap_ns=$gap --id-prefix emu-gap$gap- --variants ";deferred-doorbell-aggregation;batched-doorbells;put-many;lazy-completion-dispatch;qp17-ownership"
-done
-step faults-gap2000 60 $C --faults --emu-set mirror_poll_gap_ns=2000 --id-prefix emu-gap2000-faults- --variants ";write-imm-counting"
 # what a warp pays to copy a token by itself (hw/ep local_put's loop; the model's
 # nvlink.self_copy_loads_in_flight prices a step at gpu.device_load_ns)
 echo "=== primitives warp_copy" | tee -a "$LOG"
 timeout 120 python3 -m lever.hw.primitives --gpus 1 --reps 60 --only warp_copy \
   --out "$REC/h200-primitives-warp-copy.json" 2>&1 | tail -8 | tee -a "$LOG"
+tar czf "$OUT/records.tgz" -C /tmp late_rec
+step smoke 60 --ranks 2 --gpus 1 --iters 5 --warmup 1 --profile 0 --faults --out-dir "$REC/smoke" --id-prefix smoke-late --variants ";write-imm-counting"
+if [[ $SMOKE_FAILED == 1 ]]; then echo "=== smoke failed: nothing else run" | tee -a "$LOG"; exit 1; fi
+step claim-scan 60 $C --id-prefix emu-late-scan- --variants ";"
+for lead in $LEADS; do
+  step claim-mask-lead$lead 60 $C --emu-set nic_claim=mask --emu-set deliver_lead_ns=$lead --id-prefix emu-late-mask-lead$lead- --variants ";"
+done
+for gap in $GAPS; do
+  step gap$gap-chain 60 $C --num-sms 1 --set design.warps_per_sm=1 --emu-set mirror_poll_gap_ns=$gap --id-prefix emu-gap$gap-chain --variants ";"
+  step gap$gap-levers 150 $C --emu-set mirror_poll_gap_ns=$gap --id-prefix emu-gap$gap- --variants ";deferred-doorbell-aggregation;batched-doorbells;put-many;lazy-completion-dispatch;qp17-ownership"
+done
+[[ -n $FAULTS ]] && step faults-gap2000 60 $C --faults --emu-set mirror_poll_gap_ns=2000 --id-prefix emu-gap2000-faults- --variants ";write-imm-counting"
 python3 - "$REC" <<'PY' 2>&1 | tee -a "$LOG"
 import json, sys, pathlib
 d = pathlib.Path(sys.argv[1])

@@ -17,7 +17,7 @@ class Message:
     """A posted write (data, count/flag signal or tail signal).
 
     ``tag`` names the receiver-side thing it feeds (e.g. ``("tok", src, ch)``);
-    ``kind`` is data, signal, notify or a proxy stripe (whether a write carries an
+    ``kind`` is data, signal, notify, barrier or a proxy stripe (whether a write carries an
     immediate follows from the world's signalling mode, not from the message);
     ``on_complete`` runs at the sender when its CQE is written (all packets
     ACKed); ``on_visible`` at the target when every byte is visible to a poller.

@@ -470,6 +470,17 @@ class Design(Strict):
     lazy_completion_combine: bool = False
     credit_check_every: int = Field(1, ge=1, description="puts between two credit checks when not lazy")
     scaleout_update_interval: int = Field(6, ge=1, description="hybrid: tokens per tail signal")
+    start_barrier: bool = Field(
+        False, description="hybrid: both ops open with a barrier before any data moves, an "
+        "NVLink one among the node's ranks and, beside it, a scale-out one: a signal to every "
+        "rail peer (same local index, other nodes) on the notify QP, then a wait for all of "
+        "theirs (DeepEP V2 gpu_barrier at the start of hybrid_dispatch and hybrid_combine; "
+        "hw/ep's V2 kernels have none)")
+    notify_overlaps_data: bool = Field(
+        False, description="hybrid dispatch: the notify warps exchange the counts while the "
+        "scale-out warps send, which do not wait for them; the op ends when both are done "
+        "(DeepEP V2: the notify warps of SM 0 beside the scale-out warps). False: the data "
+        "waits for the exchange (hw/ep's V2 kernels)")
     provider_batched_tail: bool = Field(
         False, description="the provider/NIC batches the tail signal work instead of the kernel"
     )

@@ -119,8 +119,8 @@ class UcclTable:
         """Every byte of ``msg`` is visible at its target: the receive completion of the
         write-with-immediate reaches the CQ of the same-index thread there."""
         rcv = self.receivers[msg.dst]
-        if msg.kind == "notify":
-            rcv.on_visible(msg)  # a count exchange word: polled by the GPU itself
+        if msg.kind == "notify" or msg.kind == "barrier":
+            rcv.on_visible(msg)  # a count exchange or barrier word: polled by the GPU itself
             return
         if msg.kind == "data":
             rcv.data[msg.tag].add(1)  # the truth a consumer is checked against

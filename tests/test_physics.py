@@ -327,19 +327,40 @@ def test_loss_raises_the_tail_by_about_the_retransmit_timeout():
 X_NS = 20_000.0
 
 
-def test_visibility_is_on_the_critical_path_once_per_signal_hop():
-    """Hybrid dispatch waits for one signal chain per hop (the count exchange, then the tail
-    after the data), each paying ``visibility_ns``; cached dispatch skips the exchange."""
-    for cached, hops in ((True, 1), (False, 2)):
-        sets = {"design.cached": cached}
+@pytest.mark.parametrize("opening, hops", [
+    ({"design.start_barrier": False, "design.notify_overlaps_data": False}, {True: 1, False: 2}),
+    ({"design.start_barrier": True, "design.notify_overlaps_data": True}, {True: 2, False: 2}),
+    ({"design.start_barrier": True, "design.notify_overlaps_data": False}, {True: 2, False: 3}),
+], ids=["exchange-then-data", "barrier-exchange-beside-data", "barrier-then-exchange"])
+def test_visibility_is_on_the_critical_path_once_per_signal_hop(opening, hops):
+    """Hybrid dispatch waits for one signal chain per hop, each paying ``visibility_ns``: the
+    opening barrier's signals (DeepEP V2), the count exchange where the data waits for it
+    (hw/ep's V2; cached dispatch skips it), then the tail after the data. Where the exchange
+    runs beside the data (DeepEP V2's notify warps) it is off the path."""
+    for cached, n in hops.items():
+        sets = {"design.cached": cached, **opening}
         scn = _load(sets)
         base = _p50_ns(scn, "dispatch")
         vis = scn.platform.receiver.visibility_ns
         more = _p50_ns(_load({**sets, "platform.receiver.visibility_ns": vis + X_NS}), "dispatch")
-        assert more - base == pytest.approx(hops * X_NS, rel=0.05), cached
+        assert more - base == pytest.approx(n * X_NS, rel=0.05), cached
         # the critical path's what-if agrees: free visibility saves it on every hop
         free = _p50_ns(scn, "dispatch", scale={"visibility": 0.0})
-        assert base - free == pytest.approx(hops * vis, rel=0.05), cached
+        assert base - free == pytest.approx(n * vis, rel=0.05), cached
+
+
+def test_the_opening_barrier_puts_one_more_fabric_hop_before_the_combine():
+    """DeepEP V2's combine opens with a barrier across the rail peers (``design.start_barrier``):
+    its signals cross the fabric before any data moves, so one more one-way latency is on the
+    combine's path than without it; the data and finish hops after it are the same."""
+    def hops(sets: dict) -> float:
+        scn = _load(sets)
+        lat = scn.platform.fabric.base_latency_ns
+        more = _load({**sets, "platform.fabric.base_latency_ns": lat + X_NS})
+        return (_p50_ns(more, "combine") - _p50_ns(scn, "combine")) / X_NS
+    without = hops({"design.start_barrier": False})
+    with_barrier = hops({"design.start_barrier": True})
+    assert with_barrier - without == pytest.approx(1.0, abs=0.1)
 
 
 def test_send_completion_latency_is_on_the_critical_path_of_a_flush():

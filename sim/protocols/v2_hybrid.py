@@ -128,10 +128,16 @@ def _dispatch_rank(w: World, r: int, sh: _Shared):
     C, N = sh.C, sh.nodes
     nbytes = wl.dispatch_bytes_per_token
     counting = d.path == "native" and d.signal_mode in ("imm-counting", "hw-counter")
+    if d.start_barrier:
+        yield from _start_barrier(w, r, sh, "dispatch")
+    notify = None
     if not d.cached:
         peers = [sh.rank(m, loc) for m in range(N) if m != n] + [
             sh.rank(n, j) for j in range(sh.rpn) if j != loc]
-        yield from notify_exchange(w, r, peers)
+        if d.notify_overlaps_data:
+            notify = env.process(notify_exchange(w, r, peers))
+        else:
+            yield from notify_exchange(w, r, peers)
 
     rpn = sh.rpn
     mine = ForwardTag(r)
@@ -225,6 +231,8 @@ def _dispatch_rank(w: World, r: int, sh: _Shared):
     F = max(1, d.num_sms * d.forward_warps_per_sm)
     pairs = [(sh.rank(m, loc), c) for m in range(N) if m != n for c in range(C)]
     procs = [env.process(scaleout(c)) for c in range(C)]
+    if notify is not None:
+        procs.append(notify)
     if pairs:
         procs += [env.process(forward(j, pairs[j::F])) for j in range(min(F, len(pairs)))]
     # final buffer: every (token, this rank) pair from every source
@@ -240,6 +248,31 @@ def _dispatch_rank(w: World, r: int, sh: _Shared):
     yield env.all_of(procs)
     yield from _node_barrier(w, r, sh, "dispatch")
     return env.now
+
+
+def _start_barrier(w: World, r: int, sh: _Shared, what: str):
+    """The opening barrier of a DeepEP V2 hybrid op (``design.start_barrier``): a flag to every
+    other rank of the node over NVLink and a signal to every rail peer (the same local index
+    on every other node) on the notify QP, then a wait for all of theirs. In the kernel SM 0
+    runs the NVLink half and SM 1 the scale-out half at once, then the grid syncs: the rank's
+    warps start when both are done. Nothing was written before the signal, so no flush
+    precedes it in any signal mode; it lands as a small put the waiting SM polls, as a
+    count of the notify exchange does (its own message kind, ``barrier``, for the counters)."""
+    n, loc = divmod(r, sh.rpn)
+    d = w.design
+    near = [sh.rank(n, j) for j in range(sh.rpn) if j != loc]
+    far = [sh.rank(m, loc) for m in range(sh.nodes) if m != n]
+    for p in near:
+        nvlink_flag(w, r, p, BarrierTag(what + "-open", r), 1)
+    if far:
+        port = w.notify_port(r)
+        for p in far:
+            yield from port.post(w.message(r, p, d.notify_bytes, BarrierTag(what + "-open", r),
+                                           kind="barrier"))
+        yield from port.finish()
+    rcv = w.receivers[r]
+    for p in near + far:
+        yield from rcv.wait(BarrierTag(what + "-open", p), 1, "barrier", check=False)
 
 
 def _node_barrier(w: World, r: int, sh: _Shared, what: str):
@@ -289,7 +322,8 @@ def _expert_sides(w: World, r: int, sh: _Shared, held: list[tuple[int, int]], nb
     lists = [held[c::C] for c in range(C)]
     chain = [start] * C  # each warp's own last segment (critical path)
     # (instant, scheduling order, warp, next item, whether that item's reduction is done)
-    queue = [(0.0, c, c, 0, False) for c in range(C)]
+    t0 = env._now  # the op's start, or the end of its opening barrier
+    queue = [(t0, c, c, 0, False) for c in range(C)]
     order = C
     end_at = [0.0] * C
     rpn = sh.rpn
@@ -352,6 +386,8 @@ def _combine_rank(w: World, r: int, sh: _Shared):
     rcv = w.receivers[r]
     kib = nbytes / 1024
 
+    if d.start_barrier:
+        yield from _start_barrier(w, r, sh, "combine")
     # 1. partial rows over NVLink to the forwarder of each token's source (same local index)
     held = sh.held[r]
 

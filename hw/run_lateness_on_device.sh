@@ -18,9 +18,11 @@ cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/late_out}
 REC=/tmp/late_rec; mkdir -p "$REC" "$OUT"
 . hw/device_lib.sh
-# LEADS, GAPS, FAULTS: the leads and gaps run, and whether the faulted run is (a shorter call
-# when device time is short: LEADS=900 GAPS="0 2000" FAULTS=)
+# LEADS, GAPS, LEVERS, FAULTS: the leads and gaps run, the levers run at each gap, and whether
+# the faulted run is (a shorter call when device time is short: LEADS=900 GAPS="0 2000" LEVERS=
+# FAULTS=, about 3 minutes with the build)
 LEADS=${LEADS-"900 3000 5000"} GAPS=${GAPS-"0 2000 8000"} FAULTS=${FAULTS-1}
+LEVERS=${LEVERS-"deferred-doorbell-aggregation;batched-doorbells;put-many;lazy-completion-dispatch;qp17-ownership"}
 device_env
 use_carried_wheels
 LOG="$OUT/log.txt"
@@ -41,7 +43,7 @@ for lead in $LEADS; do
 done
 for gap in $GAPS; do
   step gap$gap-chain 60 $C --num-sms 1 --set design.warps_per_sm=1 --emu-set mirror_poll_gap_ns=$gap --id-prefix emu-gap$gap-chain --variants ";"
-  step gap$gap-levers 150 $C --emu-set mirror_poll_gap_ns=$gap --id-prefix emu-gap$gap- --variants ";deferred-doorbell-aggregation;batched-doorbells;put-many;lazy-completion-dispatch;qp17-ownership"
+  [[ -n $LEVERS ]] && step gap$gap-levers 150 $C --emu-set mirror_poll_gap_ns=$gap --id-prefix emu-gap$gap- --variants ";$LEVERS"
 done
 [[ -n $FAULTS ]] && step faults-gap2000 60 $C --faults --emu-set mirror_poll_gap_ns=2000 --id-prefix emu-gap2000-faults- --variants ";write-imm-counting"
 python3 - "$REC" <<'PY' 2>&1 | tee -a "$LOG"

@@ -508,8 +508,7 @@ def fit(records: list[RunRecord], platform: Platform, base_sets: Mapping[str, An
     eps = 1e-10 * max(float(np.trace(jtj)), 1e-30)
     cov = np.linalg.inv(jtj + eps * np.eye(n)) * s2
     se = np.sqrt(np.maximum(np.diag(cov), 0.0))
-    d = np.where(se > 0, se, 1.0)
-    corr = cov / np.outer(d, d)
+    corr = correlation(cov)
     unid = []
     for i, nm in enumerate(names):
         # a prior alone pins a parameter to its prior width: that is not identification
@@ -553,6 +552,14 @@ def git_rev() -> str:
                               cwd=Path(__file__).resolve().parent).stdout.strip()
     except (OSError, subprocess.SubprocessError):
         return ""
+
+
+def correlation(cov: np.ndarray) -> np.ndarray:
+    """The correlation matrix of a covariance; a parameter with no variance correlates with
+    nothing (its row is its covariances, zero)."""
+    se = np.sqrt(np.maximum(np.diag(cov), 0.0))
+    d = np.where(se > 0, se, 1.0)
+    return cov / np.outer(d, d)
 
 
 def calibrated_platform(platform: Platform, result: FitResult, records: list[RunRecord],

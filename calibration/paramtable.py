@@ -25,7 +25,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from lever.calibration.fit import UNIDENTIFIABLE_CORR
+import numpy as np
+from lever.calibration.fit import UNIDENTIFIABLE_CORR, correlation
 from lever.sim import scenario as scn_mod
 from lever.sim.params import FreeParam, Platform, parameter_value
 
@@ -121,15 +122,11 @@ def _partner(plat: Platform, path: str,
     if cal is None or path not in cal.names:
         return None
     i = cal.names.index(path)
+    row = correlation(np.asarray(cal.log_cov, dtype=float))[i]
     best: tuple[str, float] | None = None
     for j, other in enumerate(cal.names):
-        if j == i:
-            continue
-        den = math.sqrt(max(cal.log_cov[i][i], 0.0) * max(cal.log_cov[j][j], 0.0))
-        if den <= 0:
-            continue
-        c = cal.log_cov[i][j] / den
-        if abs(c) > threshold and (best is None or abs(c) > abs(best[1])):
+        c = float(row[j])
+        if j != i and abs(c) > threshold and (best is None or abs(c) > abs(best[1])):
             best = (other, c)
     return best
 

@@ -13,6 +13,10 @@ if TYPE_CHECKING:
     from lever.sim.receiver import Receiver
 
 
+# Kinds of write the target GPU polls itself, whatever the path or signalling mode: a count of
+# the notify exchange, a barrier signal. They are visible when they land (no CQE, no proxy).
+POLLED_KINDS = ("notify", "barrier")
+
 class Message:
     """A posted write (data, count/flag signal or tail signal).
 

@@ -46,6 +46,7 @@ from collections import defaultdict, deque
 from typing import TYPE_CHECKING
 
 from lever.sim.issuer import WarpPort
+from lever.sim.message import POLLED_KINDS
 from lever.sim.nic import QueuePair
 from lever.sim.proxy import CompletionThread
 from lever.sim.tags import ExpertTag
@@ -119,7 +120,7 @@ class UcclTable:
         """Every byte of ``msg`` is visible at its target: the receive completion of the
         write-with-immediate reaches the CQ of the same-index thread there."""
         rcv = self.receivers[msg.dst]
-        if msg.kind == "notify" or msg.kind == "barrier":
+        if msg.kind in POLLED_KINDS:
             rcv.on_visible(msg)  # a count exchange or barrier word: polled by the GPU itself
             return
         if msg.kind == "data":

@@ -30,6 +30,7 @@ from collections import defaultdict
 from typing import TYPE_CHECKING, Any
 
 from lever.sim.engine import ROOT, Counter, Rec, Tally, call_at, hold, hold_at
+from lever.sim.message import POLLED_KINDS
 from lever.sim.recv_cq import RecvCq
 
 if TYPE_CHECKING:
@@ -83,7 +84,7 @@ class Receiver:
         ctx = self.ctx
         led = ctx.ledger
         tag = msg.tag
-        if msg.kind == "notify" or msg.kind == "barrier":  # a word the GPU polls itself
+        if msg.kind in POLLED_KINDS:  # a word the GPU polls itself
             self.data[tag].add(1)
             self.known[tag].add(1)
             return

@@ -259,20 +259,20 @@ def _start_barrier(w: World, r: int, sh: _Shared, what: str):
     precedes it in any signal mode; it lands as a small put the waiting SM polls, as a
     count of the notify exchange does (its own message kind, ``barrier``, for the counters)."""
     n, loc = divmod(r, sh.rpn)
-    d = w.design
+    key = what + "-open"
+    mine = BarrierTag(key, r)
     near = [sh.rank(n, j) for j in range(sh.rpn) if j != loc]
     far = [sh.rank(m, loc) for m in range(sh.nodes) if m != n]
     for p in near:
-        nvlink_flag(w, r, p, BarrierTag(what + "-open", r), 1)
+        nvlink_flag(w, r, p, mine, 1)
     if far:
         port = w.notify_port(r)
         for p in far:
-            yield from port.post(w.message(r, p, d.notify_bytes, BarrierTag(what + "-open", r),
-                                           kind="barrier"))
+            yield from port.post(w.message(r, p, w.design.notify_bytes, mine, kind="barrier"))
         yield from port.finish()
     rcv = w.receivers[r]
     for p in near + far:
-        yield from rcv.wait(BarrierTag(what + "-open", p), 1, "barrier", check=False)
+        yield from rcv.wait(BarrierTag(key, p), 1, "barrier", check=False)
 
 
 def _node_barrier(w: World, r: int, sh: _Shared, what: str):

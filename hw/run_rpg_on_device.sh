@@ -18,15 +18,14 @@ cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/rpg_out}
 REC=/tmp/rpg_rec; mkdir -p "$REC" "$OUT"
 ITERS=${ITERS:-60}
-. hw/device_lib.sh  # device_env, use_carried_wheels, log_header, step
+. hw/device_lib.sh  # device_env, use_carried_wheels, log_header, build_exts, step
 device_env
 use_carried_wheels
 LOG="$OUT/log.txt"
 log_header
 NGPU=$(nvidia-smi --list-gpus | wc -l)
-t0=$(date +%s)
-timeout 400 python3 -c 'from lever.hw.ep import load_ext; m = load_ext(); print("built", m.layout_sizes(), m.v2_layout_sizes())' 2>&1 | tail -20 | tee -a "$LOG"
-echo "=== build wall=$(( $(date +%s) - t0 ))s, $NGPU GPU(s)" | tee -a "$LOG"
+echo "=== $NGPU GPU(s)" | tee -a "$LOG"
+build_exts  # the EP extension (V1 and V2 kernels): its log in $OUT/build_ep.log
 V2="--protocol v2-hybrid --out-dir $REC --iters $ITERS --variants ;"
 step v2-n2x1-g1 90 $V2 --ranks 2 --ranks-per-node 1 --gpus 1 --id-prefix emu-rpg-v2-n2x1-g1
 step v2-n2x2-g1 90 $V2 --ranks 4 --ranks-per-node 2 --gpus 1 --id-prefix emu-rpg-v2-n2x2-g1

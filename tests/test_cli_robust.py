@@ -124,6 +124,30 @@ def test_tables_keep_names_whole_at_80_columns():
     assert "delta = lever - baseline" in text
 
 
+def test_a_table_wider_than_80_columns_folds_instead_of_losing_its_right_edge():
+    # a 32-character first column once made rich crop the table's right side at 80 columns
+    buf = io.StringIO()
+    con = Console(file=buf, width=80)
+    t = Table(title="params")
+    for c in ("parameter", "value", "unit", "± 1σ", "kind"):
+        t.add_column(c)
+    t.add_row("nvlink.self_copy_loads_in_flight", "41934.4", "ns/KiB", "48%", "fitted, shared (hopper)")
+    show(t, con)
+    rows = [ln for ln in buf.getvalue().splitlines() if ln.startswith(("│", "┃"))]
+    assert rows and all(ln.rstrip().endswith(("│", "┃")) for ln in rows)
+    assert "nvlink.self_copy_loads_in_flight" in buf.getvalue()
+    assert "(hopper)" in buf.getvalue()
+
+
+def test_params_at_80_columns_lists_each_source_under_the_table(capsys, monkeypatch):
+    monkeypatch.setenv("COLUMNS", "80")
+    assert main(["params", "ib-cx7-calibrated", "--no-compare"]) == 0
+    out = capsys.readouterr().out
+    assert "sources:" in out
+    assert max(len(ln) for ln in out.splitlines()) <= 80
+    assert "  gpu.pcie_read_ns: " in out
+
+
 def test_sensitivity_ranges_stay_inside_the_free_bounds():
     from lever.calibration.sensitivity import parameter_space
     from lever.sim.params import Calibrated, FreeParam

@@ -56,6 +56,12 @@ class RingTable:
         self._threads: dict[int, list[ProxyThread]] = {}
         self._per_rank: dict[int, int] = {}
 
+    def close(self) -> None:
+        """End of run: each ring and its thread point at each other (``World.close``)."""
+        for threads in self._threads.values():
+            for t in threads:
+                t.rings = []
+
     def get(self, rank: int, qp_ctx: int, peer: int) -> Ring:
         key = (rank, qp_ctx, peer)
         ring = self._rings.get(key)

@@ -94,6 +94,14 @@ class UcclTable:
         self.per = ctx.platform.nic.nics_per_gpu
         self._threads: dict[int, list[UcclThread]] = {}
 
+    def close(self) -> None:
+        """End of run: threads, their FIFOs and this table point at each other
+        (``World.close``)."""
+        for ts in self._threads.values():
+            for t in ts:
+                t.fifos = []
+        self._threads = {}
+
     def threads(self, rank: int) -> list[UcclThread]:
         ts = self._threads.get(rank)
         if ts is None:

@@ -27,6 +27,7 @@ next poll (uniform phase over ``poll_interval_ns``) plus one load.
 from __future__ import annotations
 
 from collections import defaultdict
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
 from lever.sim.engine import ROOT, Counter, Rec, Tally, call_at, hold, hold_at
@@ -54,11 +55,13 @@ class Receiver:
         self.mode = mode
         self.proxy = ctx.design.path == "proxy"
         self.polls = polls
-        self.data: dict[Tag, Counter] = defaultdict(lambda: Counter(self.env))  # visible (truth)
-        self.known: dict[Tag, Counter] = defaultdict(lambda: Counter(self.env))  # a poller may conclude
-        self.flags: dict[Tag, Counter] = defaultdict(lambda: Counter(self.env))  # signal arrivals
+        # partial, not a lambda over self: no cycle through the receiver (World.close)
+        counter = partial(Counter, self.env)
+        self.data: dict[Tag, Counter] = defaultdict(counter)  # visible (truth)
+        self.known: dict[Tag, Counter] = defaultdict(counter)  # a poller may conclude
+        self.flags: dict[Tag, Counter] = defaultdict(counter)  # signal arrivals
         # NVLink writes counted to a total, booked ahead (engine.Tally): a wait with total=True
-        self.tallies: dict[Tag, Tally] = defaultdict(lambda: Tally(self.env))
+        self.tallies: dict[Tag, Tally] = defaultdict(partial(Tally, self.env))
         self._prefix: dict[Tag, set[int]] = defaultdict(set)  # unordered counting: visible seqs
         self._prefix_n: dict[Tag, int] = defaultdict(int)
         self._sig: dict[Tag, int] = defaultdict(int)  # unordered counting: SignalAdd total

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 from collections import defaultdict, deque
 from collections.abc import Hashable
+from functools import partial
 from typing import TYPE_CHECKING
 
 from lever.sim.engine import Counter
@@ -44,7 +45,7 @@ class FabricWorker(CompletionThread):
         self.qps = [QueuePair(ctx.env, i, rank, nic) for i, nic in enumerate(nics)]
         self.requests: deque[list[Message]] = deque()
         self.sendq: deque[Message] = deque()
-        self.imm: dict[Hashable, Counter] = defaultdict(lambda: Counter(self.env))
+        self.imm: dict[Hashable, Counter] = defaultdict(partial(Counter, self.env))  # no cycle
         self.tx = Counter(ctx.env)  # send completions seen (the transfers' tx counter)
         ctx.env.process(self._loop())
 

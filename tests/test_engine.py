@@ -437,3 +437,46 @@ def test_a_tally_charges_its_waiter_to_the_last_landing() -> None:
     env.run()
     assert ends[0][0] == 50.0 and ends[0][1] is late
     assert walk(ends[0][1])[0] == {"forward": 50.0}
+
+
+@pytest.mark.parametrize("platform,design", [
+    ("efa-p5-calibrated", "v2-hybrid-native"),
+    ("efa-p5-calibrated", "v2-hybrid-proxy"),
+    ("efa-p5-calibrated", "deepep-v2-direct-gin-gda"),
+    ("ib-cx7-calibrated", "v1-ll-ib"),
+    ("efa-p5-calibrated", "uccl-ep"),
+    ("efa-p5-calibrated", "pplx-garden"),
+])
+@pytest.mark.parametrize("critical_path", [False, True])
+def test_a_finished_run_leaves_nothing_for_the_cyclic_collector(platform, design, critical_path):
+    """World.close breaks every reference cycle a run leaves (the environment's bound
+    methods, a waiting proxy loop and its event, the NIC peer table, the rings and their
+    threads): the run, its critical-path segments included, is freed by reference counting
+    as soon as its result is read. A new cycle makes the collector traverse and free the
+    whole run later (a fifth of a recorded EP128 dispatch, and the run's memory held until
+    then): break it in ``World.close``."""
+    import gc
+
+    from lever.sim.model import simulate_op
+    from lever.sim.scenario import compose
+
+    scn = compose(platform, design, "decode-ep8", ep=8)
+    gc.collect()
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        for op in ("dispatch", "combine"):
+            res = simulate_op(scn, op, 0, critical_path=critical_path)
+            assert res.latency_us
+            del res
+            gc.set_debug(gc.DEBUG_SAVEALL)
+            try:
+                found = gc.collect()
+                kinds = sorted({type(o).__name__ for o in gc.garbage})[:8]
+            finally:
+                gc.set_debug(0)
+                gc.garbage.clear()
+            assert found == 0, f"{op}: {found} objects in reference cycles ({', '.join(kinds)})"
+    finally:
+        if was:
+            gc.enable()

@@ -211,30 +211,25 @@ class ModelEnvironment(simpy.Environment):
         self._edge = (self._bucket + 1) * self._width  # where the next bucket starts
         self._nfar = 0
         self.push = self._push_entry  # a bound method kept once: helpers look it up per entry
-        self._procs: list[Process] = []  # every process started, for close()
-
-    def process(self, generator) -> Process:  # type: ignore[override]
-        p = Process(self, generator)
-        self._procs.append(p)
-        return p
+        self.daemons: list[Process] = []  # the pieces' endless loops (start_daemon), for close()
 
     def close(self) -> None:
         """The run is over: break the reference cycles it would leave, so that reference
         counting frees it at once.
 
-        The methods bound above point back at the environment, and a process still waiting
-        (a proxy thread's loop, a poller never released) and the event it waits on point at
-        each other, its frame holding the pieces it works with: each such cycle made the
-        whole finished run, its critical-path segments included, garbage that only the
-        cyclic collector frees, a traversal of every object the run left (a fifth of a
-        recorded EP128 dispatch). Closing a waiting process's generator runs no model code
-        (the processes have no ``finally``); the environment is unusable afterwards.
+        The methods bound above point back at the environment, and a daemon still waiting
+        (a proxy thread's loop) and the event it waits on point at each other, its frame
+        holding the pieces it works with: each such cycle made the whole finished run, its
+        critical-path segments included, garbage that only the cyclic collector frees, a
+        traversal of every object the run left (7 s after a recorded EP256 dispatch).
+        Closing a daemon's generator runs no model code (the loops have no ``finally``);
+        the environment is unusable afterwards.
         """
-        for p in self._procs:
+        for p in self.daemons:
             if not p.triggered:
                 p._generator.close()
                 p._target = None
-        self._procs = []
+        self.daemons = []
         for name, value in list(vars(self).items()):
             if getattr(value, "__self__", None) is self or name == "path":
                 delattr(self, name)
@@ -370,6 +365,17 @@ def hold_at(env: simpy.Environment, t: float) -> _Hold | _Resumes:
         return h
     push((t, NORMAL, next(env._eid), (proc._resume, _DONE_ARGS, None)))
     return _RESUMES
+
+
+def start_daemon(env: simpy.Environment, generator) -> Process:
+    """Start a piece's endless loop (a proxy thread, a fabric worker): a process that is
+    still waiting when the op ends, which ``ModelEnvironment.close`` stops so the run is
+    freed at once."""
+    p = env.process(generator)
+    daemons = getattr(env, "daemons", None)  # a bare SimPy environment (a test's) keeps none
+    if daemons is not None:
+        daemons.append(p)
+    return p
 
 
 def event_at(env: simpy.Environment, t: float, rec: Rec | None = None) -> Event:
@@ -731,9 +737,7 @@ class PathEnvironment(ModelEnvironment):
         self.path = CriticalPath(self)
 
     def process(self, generator) -> Process:  # type: ignore[override]
-        p = _PathProcess(self, generator)
-        self._procs.append(p)
-        return p
+        return _PathProcess(self, generator)
 
     def all_of(self, events) -> AllOf:  # type: ignore[override]
         cond = AllOf(self, events)

@@ -18,7 +18,7 @@ from collections import deque
 from typing import TYPE_CHECKING
 
 import simpy
-from lever.sim.engine import Counter
+from lever.sim.engine import Counter, start_daemon
 from lever.sim.issuer import WarpPort
 
 if TYPE_CHECKING:
@@ -138,7 +138,7 @@ class ProxyThread(HostThread):
         self.messages = messages
         self.rings: list[Ring] = []
         self.cq: deque[Message] = deque()
-        ctx.env.process(self._loop())
+        start_daemon(ctx.env, self._loop())
 
     def cq_append(self, msg: Message) -> None:
         """The NIC wrote a CQE for one of this thread's posts."""

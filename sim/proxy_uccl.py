@@ -45,6 +45,7 @@ from __future__ import annotations
 from collections import defaultdict, deque
 from typing import TYPE_CHECKING
 
+from lever.sim.engine import start_daemon
 from lever.sim.issuer import WarpPort
 from lever.sim.message import POLLED_KINDS
 from lever.sim.nic import QueuePair
@@ -156,7 +157,7 @@ class UcclThread(CompletionThread):
         self.completed: dict = defaultdict(int)  # send side: ... and completed
         self.postponed: list[Message] = []  # sender barrier: counts waiting for completions
         self.mode = ctx.design.signal_mode
-        ctx.env.process(self._loop())
+        start_daemon(ctx.env, self._loop())
 
     # -- the loop --------------------------------------------------------------------------
     def _loop(self):

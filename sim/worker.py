@@ -26,7 +26,7 @@ from collections.abc import Hashable
 from functools import partial
 from typing import TYPE_CHECKING
 
-from lever.sim.engine import Counter
+from lever.sim.engine import Counter, start_daemon
 from lever.sim.nic import QueuePair
 from lever.sim.proxy import CompletionThread
 
@@ -47,7 +47,7 @@ class FabricWorker(CompletionThread):
         self.sendq: deque[Message] = deque()
         self.imm: dict[Hashable, Counter] = defaultdict(partial(Counter, self.env))  # no cycle
         self.tx = Counter(ctx.env)  # send completions seen (the transfers' tx counter)
-        ctx.env.process(self._loop())
+        start_daemon(ctx.env, self._loop())
 
     # -- what the control thread and the NICs do ----------------------------------------
     def submit(self, writes: list[Message]) -> None:

@@ -286,6 +286,14 @@ def simulate_op(scn: Scenario, op: str, seed: int, scale: dict[str, float] | Non
     every timed segment was (``sim/engine.py``, :class:`CriticalPath`), and walks each
     rank's chain back from its end; the run itself is the same bit for bit.
     """
+    # the collector stays off until the world is freed: re-enabled while it is alive, its
+    # first pass would traverse everything the run allocated (5% of a recorded EP128 dispatch)
+    with _gc_paused():
+        return _simulate_op(scn, op, seed, scale, trace, depth, critical_path)
+
+
+def _simulate_op(scn: Scenario, op: str, seed: int, scale: dict[str, float] | None,
+                 trace: bool, depth: bool, critical_path: bool) -> OpResult:
     ledger = Ledger(scale=dict(scale or {}))
     tr = Trace(enabled=trace)
     routing = Routing.for_scenario(scn, seed)

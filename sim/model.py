@@ -144,9 +144,10 @@ class World:
 
     def close(self) -> None:
         """The op has run and its results are read: break the world's reference cycles
-        (the environment's, a waiting process's with its event, the NICs' peer table) so
+        (the environment's and its waiting daemons', ``ModelEnvironment.close``; the NICs'
+        peer table; the proxy rings and their threads; the UCCL threads and their FIFOs) so
         that reference counting frees it at once instead of the cyclic collector
-        (``ModelEnvironment.close``); the world is unusable afterwards."""
+        (``tests/test_engine.py`` checks every design); the world is unusable afterwards."""
         close = getattr(self.env, "close", None)  # a bare SimPy environment (a test's) has none
         if close is not None:
             close()
@@ -327,9 +328,9 @@ def _simulate_op(scn: Scenario, op: str, seed: int, scale: dict[str, float] | No
 def _gc_paused():
     """The cyclic garbage collector off for an event loop, restored after.
 
-    The model makes few reference cycles (peak RSS unchanged at EP128), yet
-    generation scans over the live processes and events cost 10% (EP16) to
-    22% (EP128) of the time.
+    A finished run leaves no reference cycles (``World.close``), yet during the run
+    generation scans over the live processes and events cost 10% (EP16) to 22% (EP128)
+    of the time.
     """
     was_enabled = gc.isenabled()
     gc.disable()

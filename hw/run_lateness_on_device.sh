@@ -29,11 +29,11 @@ LOG="$OUT/log.txt"
 log_header
 build_exts prim  # the EP extension and the primitives (warp_copy) side by side
 C="--ranks 2 --gpus 1 --iters 60 --out-dir $REC"
-# what a warp pays to copy a token by itself (hw/ep local_put's loop; the model's
-# nvlink.self_copy_loads_in_flight prices a step at gpu.device_load_ns)
+# what a warp pays to copy a token by itself (hw/ep local_put's loop: the emulated platform's
+# nvlink.self_copy_step_ns); the record's id names the GPU it ran on
 echo "=== primitives warp_copy" | tee -a "$LOG"
 timeout 120 python3 -m lever.hw.primitives --gpus 1 --reps 60 --only warp_copy \
-  --out "$REC/h200-primitives-warp-copy.json" 2>&1 | tail -8 | tee -a "$LOG"
+  --out "$REC/primitives-warp-copy.json" 2>&1 | tail -8 | tee -a "$LOG"
 tar czf "$OUT/records.tgz" -C /tmp late_rec
 step smoke 60 --ranks 2 --gpus 1 --iters 5 --warmup 1 --profile 0 --faults --out-dir "$REC/smoke" --id-prefix smoke-late --variants ";write-imm-counting"
 if [[ $SMOKE_FAILED == 1 ]]; then echo "=== smoke failed: nothing else run" | tee -a "$LOG"; exit 1; fi

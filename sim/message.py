@@ -17,6 +17,7 @@ if TYPE_CHECKING:
 # the notify exchange, a barrier signal. They are visible when they land (no CQE, no proxy).
 POLLED_KINDS = ("notify", "barrier")
 
+
 class Message:
     """A posted write (data, count/flag signal or tail signal).
 

@@ -77,8 +77,9 @@ STAT_NAMES = ["stamp_bad_dispatch", "stamp_bad_combine", "packets", "retransmits
               "doorbells", "fences", "cqes", "rx_cqes", "locks", "credit_polls", "reordered", "turn_waits",
               "descriptors", "ring_polls", "nic_late_ns", "drops", "duplicates", "error_cqes",
               "nic_early_ns", "local_puts", "mirrored_wqes", "nic_claim_lag_ns", "nic_deliver_ns",
-              "nic_scan_ns", "nic_copy_ns", "nic_fence_ns"]
-ST_WORDS = 27  # hw/ep/efa_emu.cuh ST_NUM
+              "nic_scan_ns", "nic_copy_ns", "nic_fence_ns", "host_passes", "host_qp_copies",
+              "host_read_ns", "host_copy_ns", "host_cqe_ns", "host_idle_ns"]
+ST_WORDS = 33  # hw/ep/efa_emu.cuh ST_NUM
 
 
 def cqe_status_name(st: int) -> str:
@@ -865,6 +866,22 @@ def _run_variant(runner: Runner, scn, args, levers: list[str], sets: Mapping[str
         # and the delivery's parts: the claim scan, the batch's copies, the fence after them
         for part in ("scan", "copy", "fence"):
             metrics[f"nic_{part}_per_packet_ns"] = {"median": round(st[f"nic_{part}_ns"] / st["packets"], 1)}
+    if st["host_passes"]:
+        # the NIC's host-facing engine: how many QP mirror copies a pass makes and a WQE needs
+        # (several WQEs of one QP rung between two passes share one copy), and what its time
+        # costs: a doorbell-read pass, a QP's copy, a CQE pass that wrote (per CQE it wrote)
+        metrics["host_passes_per_iteration_count"] = {"median": round(st["host_passes"] / n_it, 3)}
+        metrics["host_qp_copies_per_iteration_count"] = {"median": round(st["host_qp_copies"] / n_it, 3)}
+        metrics["host_read_per_pass_ns"] = {"median": round(st["host_read_ns"] / st["host_passes"], 1)}
+        if st["host_qp_copies"]:
+            metrics["host_copy_per_qp_copy_ns"] = {
+                "median": round(st["host_copy_ns"] / st["host_qp_copies"], 1)}
+        host_cqes = st["cqes"] + st["rx_cqes"]
+        if host_cqes:
+            metrics["host_cqe_pass_per_cqe_ns"] = {"median": round(st["host_cqe_ns"] / host_cqes, 1)}
+        busy = st["host_read_ns"] + st["host_copy_ns"] + st["host_cqe_ns"] + st["host_idle_ns"]
+        for part in ("read", "copy", "cqe", "idle"):
+            metrics[f"host_{part}_share_ratio"] = {"median": round(st[f"host_{part}_ns"] / max(1, busy), 4)}
     if args.path == "proxy":
         pst = dict(runner.ext.proxy_stats())
         if pst.get("descriptors"):

@@ -339,7 +339,10 @@ def test_the_harness_reads_every_stat_word_the_kernels_write(tmp_path):
     checks = [f"static_assert(emu::ST_NUM == {ST_WORDS}, \"ST_NUM\");"]
     for name, enum in (("nic_deliver_ns", "ST_NIC_DELIVER_NS"), ("nic_scan_ns", "ST_NIC_SCAN_NS"),
                        ("nic_copy_ns", "ST_NIC_COPY_NS"), ("nic_fence_ns", "ST_NIC_FENCE_NS"),
-                       ("packets", "ST_PACKETS"), ("nic_late_ns", "ST_NIC_LATE_NS")):
+                       ("packets", "ST_PACKETS"), ("nic_late_ns", "ST_NIC_LATE_NS"),
+                       ("host_passes", "ST_HOST_PASSES"), ("host_qp_copies", "ST_HOST_QP_COPIES"),
+                       ("host_read_ns", "ST_HOST_READ_NS"), ("host_copy_ns", "ST_HOST_COPY_NS"),
+                       ("host_cqe_ns", "ST_HOST_CQE_NS"), ("host_idle_ns", "ST_HOST_IDLE_NS")):
         checks.append(f"static_assert(emu::{enum} == {STAT_NAMES.index(name)}, \"{enum}\");")
     src = tmp_path / "stats_check.cu"
     src.write_text(f'#include "{EP / "efa_emu.cuh"}"\n' + "\n".join(checks) + "\n")

@@ -125,7 +125,17 @@ enum Stat : int {
   ST_NIC_SCAN_NS = 24,
   ST_NIC_COPY_NS = 25,
   ST_NIC_FENCE_NS = 26,
-  ST_NUM = 27,
+  // the NIC's host-facing engine (a NIC block's warp 0 when a queue is in host memory): its
+  // doorbell-read passes, the QPs those passes found moved (one mirror copy each, whatever
+  // the WQEs it carries), and its time: reading the doorbells, copying the moved QPs' WQEs,
+  // passes that wrote CQEs (claim + writes), passes that found nothing to write
+  ST_HOST_PASSES = 27,
+  ST_HOST_QP_COPIES = 28,
+  ST_HOST_READ_NS = 29,
+  ST_HOST_COPY_NS = 30,
+  ST_HOST_CQE_NS = 31,
+  ST_HOST_IDLE_NS = 32,
+  ST_NUM = 33,
 };
 
 // Send CQE status the emulated NIC writes when a packet's retries run out (rdma-core

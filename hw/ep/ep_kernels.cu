@@ -1215,6 +1215,10 @@ struct NicCtx {
   unsigned long long n_pkt, n_retx, n_cqe, n_rx, n_reord, n_wqe, n_late;
   unsigned long long n_drop, n_dup, n_err, n_early, n_mirror, n_claim_lag, n_deliver;
   unsigned long long n_scan, n_copy, n_fence;
+  // the host-facing engine's own time (lane 0 only; 0 on every other warp): doorbell-read
+  // passes, the QPs they found moved (one mirror copy each, however many WQEs it carries),
+  // and where its time went: the doorbell reads, the copies, CQE passes that wrote, empty ones
+  unsigned long long n_hpass, n_hcopy, n_hread_ns, n_hcopy_ns, n_hcqe_ns, n_hidle_ns;
 };
 
 __device__ __forceinline__ Rng pkt_rng(const NicCtx& c, int q, unsigned wi, unsigned p) {
@@ -1535,10 +1539,17 @@ __device__ __forceinline__ void entry_requeue(NicShared& S, int e, unsigned kind
 __device__ bool nic_mirror(const World& w, NicCtx& c, unsigned& my_mdb) {
   const int lane = lane_id();
   const int my_q = c.nic + lane * c.nics;
+  const unsigned long long t_pass = gtime();
   unsigned my_hdb = my_mdb;
   if (my_q < c.nq) my_hdb = ld_acq32(reinterpret_cast<const unsigned*>(c.lay[my_q].sq_doorbell_dev));
   unsigned todo = __ballot_sync(0xffffffffu, my_q < c.nq && ((my_hdb - my_mdb) & 0xffffu) != 0u);
   const bool moved = todo != 0u;
+  const unsigned long long t_read = gtime();
+  if (lane == 0) {
+    ++c.n_hpass;
+    c.n_hread_ns += t_read - t_pass;
+    c.n_hcopy += (unsigned long long)__popc(todo);
+  }
   while (todo) {
     const int jq = __ffs(todo) - 1;
     todo &= todo - 1;
@@ -1569,6 +1580,7 @@ __device__ bool nic_mirror(const World& w, NicCtx& c, unsigned& my_mdb) {
     }
     if (lane == jq) my_mdb = to;
   }
+  if (lane == 0 && moved) c.n_hcopy_ns += gtime() - t_read;
   return moved;
 }
 
@@ -1831,8 +1843,10 @@ __device__ bool nic_deliver(const World& w, NicCtx& c, NicShared& S, bool host_e
       }
     }
     __syncwarp();
+    if (is_host && lane == 0) c.n_hcqe_ns += gtime() - now;
     return true;
   }
+  if (is_host && lane == 0) c.n_hidle_ns += gtime() - now;
   return false;
 }
 
@@ -1856,6 +1870,7 @@ __device__ void nic_warp(const World& w, const EpFlags& f, int lr, int nic, int 
   c.n_pkt = c.n_retx = c.n_cqe = c.n_rx = c.n_reord = c.n_wqe = c.n_late = 0;
   c.n_drop = c.n_dup = c.n_err = c.n_early = c.n_mirror = c.n_claim_lag = c.n_deliver = 0;
   c.n_scan = c.n_copy = c.n_fence = 0;
+  c.n_hpass = c.n_hcopy = c.n_hread_ns = c.n_hcopy_ns = c.n_hcqe_ns = c.n_hidle_ns = 0;
   // warp 0 faces the host when a queue is there: it mirrors host SQs and writes host CQEs
   // (send and receive), so no data warp waits on PCIe (its fences would wait for posted
   // host writes)
@@ -1915,15 +1930,18 @@ __device__ void nic_warp(const World& w, const EpFlags& f, int lr, int nic, int 
       __nanosleep((unsigned)fb.mirror_poll_gap_ns);
   }
   // per-lane counters (each lane handled its own entries): warp sums
-  unsigned long long* cs[16] = {&c.n_pkt, &c.n_retx, &c.n_cqe, &c.n_rx, &c.n_reord, &c.n_late,
+  unsigned long long* cs[22] = {&c.n_pkt, &c.n_retx, &c.n_cqe, &c.n_rx, &c.n_reord, &c.n_late,
                                 &c.n_drop, &c.n_dup, &c.n_err, &c.n_early, &c.n_mirror,
-                                &c.n_claim_lag, &c.n_deliver, &c.n_scan, &c.n_copy, &c.n_fence};
-  const int st_idx[16] = {ST_PACKETS, ST_RETRANSMITS, ST_CQES, ST_RX_CQES, ST_REORDERED, ST_NIC_LATE_NS,
+                                &c.n_claim_lag, &c.n_deliver, &c.n_scan, &c.n_copy, &c.n_fence,
+                                &c.n_hpass, &c.n_hcopy, &c.n_hread_ns, &c.n_hcopy_ns, &c.n_hcqe_ns,
+                                &c.n_hidle_ns};
+  const int st_idx[22] = {ST_PACKETS, ST_RETRANSMITS, ST_CQES, ST_RX_CQES, ST_REORDERED, ST_NIC_LATE_NS,
                           ST_DROPS, ST_DUPS, ST_ERR_CQES, ST_NIC_EARLY_NS, ST_MIRRORED,
                           ST_NIC_CLAIM_LAG_NS, ST_NIC_DELIVER_NS, ST_NIC_SCAN_NS, ST_NIC_COPY_NS,
-                          ST_NIC_FENCE_NS};
+                          ST_NIC_FENCE_NS, ST_HOST_PASSES, ST_HOST_QP_COPIES, ST_HOST_READ_NS,
+                          ST_HOST_COPY_NS, ST_HOST_CQE_NS, ST_HOST_IDLE_NS};
 #pragma unroll
-  for (int i = 0; i < 16; ++i) {
+  for (int i = 0; i < 22; ++i) {
     unsigned long long v = *cs[i];
     for (int o = 16; o; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
     if (lane == 0 && v) atomicAdd(&w.stats[st_idx[i]], v);

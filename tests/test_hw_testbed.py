@@ -440,3 +440,55 @@ def test_a_warp_copies_a_token_to_its_own_rank_in_steps_of_about_185_ns_loaded_o
         assert 150.0 < (total - fence) / steps < 230.0
     assert busy / alone < 1.05  # 95 other warps copying at once do not slow it
     assert m["warp_copy_unroll8_7504_ns"]["median"] < alone / 3  # 8 loads in flight
+
+
+HOST = BED / "h100-d354afd"
+HOST_REV = "d354afdac3ef323a375379c7564d8d7384f2b4e0"
+
+
+def _host(name: str):
+    return load_record(HOST / f"emu-host-{name}.json")
+
+
+def test_the_host_engine_call_passed_its_gate_from_one_clean_build():
+    """hw/run_host_engine_on_device.sh at d354afd (an H100): the baseline, seven V1 levers and
+    the one-warp chain, every run gated, one clean commit, one kernel build."""
+    recs = {p.stem: load_record(p) for p in HOST.glob("emu-*.json")}
+    assert len(recs) == 9
+    for rid, r in recs.items():
+        assert r.gate.passed is True, rid
+        assert r.provenance.git_rev == HOST_REV and not r.provenance.dirty, rid
+        assert "H100" in r.what.platform.gpu, rid
+        assert r.metrics["host_passes_per_iteration_count"].median > 0, rid
+    assert len({r.provenance.kernel_sha256 for r in recs.values()}) == 1
+
+
+def test_the_host_engine_copies_once_per_moved_qp_a_pass_so_owned_qps_cost_it_more_copies():
+    """The emulated NIC's host engine reads every host doorbell in a pass, then copies the new
+    WQEs of each QP whose doorbell moved: WQEs rung on one QP between two passes share a copy.
+    The one-warp chain rings one WQE at a time (a copy each); the baseline's 96 warps ring 8
+    QPs together (about four WQEs a copy); qp17's 16 owned QPs ring apart (3x the copies of
+    the same WQEs), and the extra copies' engine time matches its extra latency."""
+    def m(name, key):
+        return _host(name).metrics[key].median
+
+    copies = "host_qp_copies_per_iteration_count"
+    wqes = "mirrored_wqes_per_iteration_count"
+    assert m("chain2-native-baseline", copies) == pytest.approx(m("chain2-native-baseline", wqes), rel=0.01)
+    base_per_wqe = m("2-native-baseline", copies) / m("2-native-baseline", wqes)
+    qp17_per_wqe = m("2-native-qp17-ownership", copies) / m("2-native-qp17-ownership", wqes)
+    assert base_per_wqe < 0.35
+    assert qp17_per_wqe > 2.5 * base_per_wqe
+    # the doorbell levers ring fewer, fuller doorbells: fewer copies still
+    for lever in ("batched-doorbells", "put-many"):
+        assert m(f"2-native-{lever}", copies) < 0.5 * m("2-native-baseline", copies), lever
+    # a pass reads the doorbells in about one PCIe round trip; a copy costs several
+    for name in ("2-native-baseline", "2-native-qp17-ownership", "chain2-native-baseline"):
+        assert 1000.0 < m(name, "host_read_per_pass_ns") < 2000.0, name
+        assert 3000.0 < m(name, "host_copy_per_qp_copy_ns") < 10000.0, name
+    # qp17's extra copies, spread over the 8 NIC blocks, against its extra latency per iteration
+    base, qp17 = _host("2-native-baseline"), _host("2-native-qp17-ownership")
+    per_nic_us = [(r.metrics[copies].median * r.metrics["host_copy_per_qp_copy_ns"].median) / 8e3
+                  for r in (base, qp17)]
+    extra_latency = sum(qp17.latency_us[op].median - base.latency_us[op].median for op in ("dispatch", "combine"))
+    assert per_nic_us[1] - per_nic_us[0] == pytest.approx(extra_latency, rel=0.3)

@@ -90,6 +90,8 @@ class World:
                 n.send_cqe_engine_ns = pl.nic.host_cqe_write_ns
             if not pl.recv_cq_in_device_memory:
                 n.recv_cqe_engine_ns = pl.nic.host_cqe_write_ns
+            if pl.nic.host_passes:
+                n.make_host_engine(pl.nic.host_cqes_per_pass)
         d = self.design
         self.qps = [
             [QueuePair(self.env, q, r, self.nics[r * per + q % per]) for q in range(d.qps_allocated)]
@@ -153,6 +155,8 @@ class World:
             close()
         for n in self.nics:
             n.peers = []
+            if n.host is not None:  # its queued WQEs and CQEs point back at it
+                n.host.close()
         self.rings.close()
         if self.uccl is not None:
             self.uccl.close()

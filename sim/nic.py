@@ -30,6 +30,7 @@ from lever.sim.params import NicParams, ReceiverParams
 if TYPE_CHECKING:
     from lever.sim.fabric import Draws, Fabric
     from lever.sim.message import Message
+    from lever.sim.nic_host_engine import HostEngine
 
 
 class QueuePair:
@@ -108,6 +109,9 @@ class Nic:
         self.recv_cqe_engine_ns = 0.0
         self.host_free = 0.0  # the host engine that writes them: its own serial timeline
         self.host_rec: Rec = ROOT
+        # the emulated NIC's host engine as a loop of passes (nic.host_passes): doorbells and
+        # host CQE writes queue for it (set by the model: make_host_engine)
+        self.host: HostEngine | None = None
 
     # -- egress -----------------------------------------------------------
     def doorbell(self, msgs: list[Message]) -> None:
@@ -115,11 +119,14 @@ class Nic:
         led = self.ledger
         path = led.path
         now = self.env._now
-        wqe_ns = self._wqe_cost
-        rec = None
         qp = msgs[0].qp if msgs else None
         if qp is not None:  # one doorbell rings one QP's WQEs
             qp.rung += len(msgs)
+            if self.host is not None:
+                # the host engine's next pass reads this doorbell and copies the QP's new WQEs
+                # (once for every doorbell rung on it since its last read): parsed after that
+                self.host.doorbell(qp, msgs)
+                return
         if self.p.doorbell_process_ns and self.p.host_engine:
             # the host engine reads the doorbell and mirrors the new WQEs; the WQE engine parses
             # each once it is mirrored (and once it is free)
@@ -135,6 +142,21 @@ class Nic:
             if path is not None:
                 self.engine_rec = (start, self.engine_free, "nic",
                                    self.engine_rec if busy else path.cur)
+        self.parse(msgs)
+
+    def make_host_engine(self, claim: int) -> None:
+        """Give this NIC its host engine as a loop of passes (``nic.host_passes``)."""
+        from lever.sim.nic_host_engine import HostEngine
+
+        self.host = HostEngine(self, claim)
+
+    def parse(self, msgs: list[Message]) -> None:
+        """The WQE engine parses ``msgs`` one after another from now (or once it is free) and
+        sends each."""
+        path = self.ledger.path
+        now = self.env._now
+        wqe_ns = self._wqe_cost
+        rec = None
         traced = self.trace.enabled
         for msg in msgs:
             free = self.engine_free
@@ -297,6 +319,10 @@ class Nic:
         led = self.ledger
         now = self.env.now
         path = led.path
+        if self.host is not None:  # the engine's loop writes it on a later turn
+            led.counters["nic_host_cqe_writes"] += 1
+            self.host.cqe(ns, then, args)
+            return
         if self.p.host_engine:
             end, rec = self._on_host_engine(ns)
         else:

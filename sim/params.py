@@ -103,6 +103,21 @@ class NicParams(Strict):
         "WQEs from a host-memory SQ: doorbell_process_ns; writing CQEs into host-memory CQs: "
         "host_cqe_write_ns) runs on an engine of its own, apart from the one parsing WQEs "
         "(the emulated NIC: a host-engine warp per NIC block, ep_kernels.cu nic_warp)")
+    host_doorbell_read_ns: float = Field(
+        0.0, ge=0, description="a pass of the host engine (nic.host_engine) over the doorbells it "
+        "serves: one read of each host-memory doorbell, all at once (the emulated NIC's lanes, one "
+        "PCIe round trip). A pass copies the new WQEs of every QP whose doorbell moved since the "
+        "last: doorbells rung on one QP before the pass reads them share its copy. With this or "
+        "host_mirror_copy_ns above 0 the host engine works in passes and doorbell_process_ns "
+        "must be 0")
+    host_mirror_copy_ns: float = Field(
+        0.0, ge=0, description="the host engine copying the new WQEs of one QP whose doorbell a "
+        "pass found moved into its device mirror (PCIe reads of the WQEs, a fence, the mirror's "
+        "doorbell): once per moved QP per pass, however many WQEs were rung on it")
+    host_cqes_per_pass: int = Field(
+        2, ge=1, description="CQEs the host engine writes per turn of its loop at most, between "
+        "two doorbell passes (the emulated NIC's claim batch, hw/emulated_nic.toml "
+        "deliver_batch_count); only where it works in passes")
     host_cqe_write_ns: float = Field(
         0.0, ge=0, description="engine time per CQE the NIC writes into a CQ in host memory, "
         "send and receive alike, on its host engine (nic.host_engine), else on the serial engine "
@@ -126,6 +141,22 @@ class NicParams(Strict):
     header_bytes: int = Field(
         64, ge=0, description="per-packet wire overhead (SRD/transport headers and framing), "
         "serialised with the payload at egress and ingress")
+
+    @property
+    def host_passes(self) -> bool:
+        """Whether the host engine reads doorbells in passes (host_doorbell_read_ns,
+        host_mirror_copy_ns) instead of paying doorbell_process_ns per doorbell."""
+        return self.host_engine and (self.host_doorbell_read_ns > 0 or self.host_mirror_copy_ns > 0)
+
+    @model_validator(mode="after")
+    def _one_doorbell_price(self) -> NicParams:
+        if (self.host_doorbell_read_ns > 0 or self.host_mirror_copy_ns > 0) and not self.host_engine:
+            raise ValueError("host_doorbell_read_ns and host_mirror_copy_ns price the host engine's "
+                             "passes: they need host_engine = true")
+        if self.host_passes and self.doorbell_process_ns > 0:
+            raise ValueError("doorbell_process_ns must be 0 where the host engine reads doorbells "
+                             "in passes (host_doorbell_read_ns, host_mirror_copy_ns price them)")
+        return self
 
 
 class JitterParams(Strict):

@@ -565,6 +565,10 @@ def test_a_cqe_written_mid_spin_is_seen_by_the_next_read_of_the_spin():
     assert seen == [pytest.approx(2 * rt + per)]
 
 
+# the host engine paying doorbell_process_ns per doorbell instead of working in passes
+PER_DOORBELL = {"platform.nic.host_doorbell_read_ns": 0.0, "platform.nic.host_mirror_copy_ns": 0.0}
+
+
 def _write_imm(sets: dict):
     """V1 EP2 write-with-immediate on the emulated testbed's shape (hw/ep): a receive CQ per
     destination QP, one CQE per read."""
@@ -628,7 +632,7 @@ def test_cqe_writes_on_a_host_engine_of_their_own_leave_the_wqe_engine_free():
     lat, writes = {}, {}
     for apart in (False, True):
         scn = _write_imm({"platform.nic.host_cqe_write_ns": 3000.0, "platform.nic.host_engine": apart,
-                          "platform.nic.doorbell_process_ns": 0.0})
+                          "platform.nic.doorbell_process_ns": 0.0, **PER_DOORBELL})
         res = simulate_op(scn, "dispatch", 0)
         lat[apart], writes[apart] = max(res.latency_us), res.ledger.counters["nic_host_cqe_writes"]
     assert writes[True] == writes[False] > 0
@@ -644,7 +648,8 @@ def test_a_host_engine_mirrors_the_doorbells_wqes_before_they_are_parsed():
     from lever.sim.message import Message
     from lever.sim.nic import Nic
 
-    scn = _write_imm({"platform.nic.host_engine": True, "platform.nic.doorbell_process_ns": 5000.0})
+    scn = _write_imm({"platform.nic.host_engine": True, "platform.nic.doorbell_process_ns": 5000.0,
+                      **PER_DOORBELL})
     env = simpy.Environment()
     led = Ledger()
     fab = Fabric(env, scn.platform.fabric, np.random.default_rng(0), led)
@@ -654,3 +659,96 @@ def test_a_host_engine_mirrors_the_doorbells_wqes_before_they_are_parsed():
     nic.doorbell([Message(0, 1, 64, RankTag(0))])
     assert sent == [pytest.approx(5000.0 + nic.wqe_ns)]
     assert nic.host_free == pytest.approx(5000.0)
+
+
+def _pass_nic(read: float, copy: float):
+    """A lone emulated NIC whose host engine works in passes; what it parses, when."""
+    from lever.sim.fabric import Fabric
+    from lever.sim.nic import Nic, QueuePair
+
+    scn = _write_imm({"platform.nic.host_engine": True, "platform.nic.doorbell_process_ns": 0.0,
+                      "platform.nic.host_doorbell_read_ns": read, "platform.nic.host_mirror_copy_ns": copy})
+    env = simpy.Environment()
+    led = Ledger()
+    fab = Fabric(env, scn.platform.fabric, np.random.default_rng(0), led)
+    nic = Nic(env, 0, 0, scn.platform.nic, scn.platform.receiver, fab, led, Trace())
+    nic.make_host_engine(2)
+    sent: list[tuple[int, float]] = []
+    nic._transmit = lambda msg, t0, rec=None: sent.append((msg.qp.index, t0))
+    qps = [QueuePair(env, i, 0, nic) for i in range(2)]
+    return env, nic, qps, sent, led
+
+
+def _rung(qp, n: int = 1):
+    from lever.sim.message import Message
+
+    msgs = [Message(0, 1, 64, RankTag(0)) for _ in range(n)]
+    for m in msgs:
+        m.qp = qp
+    qp.nic.doorbell(msgs)
+
+
+def test_doorbells_rung_on_one_qp_before_the_host_engine_reads_share_one_copy():
+    """The emulated NIC's host engine (nic.host_doorbell_read_ns, nic.host_mirror_copy_ns) reads
+    every doorbell in one pass, then copies the new WQEs of each QP whose doorbell moved: two
+    doorbells of one QP rung before the read cost one copy, a second QP's doorbell a second
+    copy in the same pass, and a doorbell rung after the read waits for the next pass."""
+    read, copy = 1500.0, 6000.0
+    env, nic, (a, b), sent, led = _pass_nic(read, copy)
+    _rung(a)
+    _rung(a)
+    _rung(b)
+    env.run(until=read / 2)
+    _rung(a)  # the pass has started reading: the next one sees it
+    env.run()
+    wqe = nic.wqe_ns
+    first = read + copy
+    assert [q for q, _ in sent] == [0, 0, 1, 0]
+    assert [t for _, t in sent][:3] == [pytest.approx(first + wqe), pytest.approx(first + 2 * wqe),
+                                        pytest.approx(first + copy + wqe)]
+    assert sent[3][1] == pytest.approx(first + copy + read + copy + wqe)
+    assert led.counters["nic_host_passes"] == 2
+    assert led.counters["nic_host_qp_copies"] == 3
+
+
+def test_the_host_engine_writes_a_claims_worth_of_cqes_between_two_doorbell_passes():
+    """CQEs due on the host engine wait behind the copies of the pass before them and are
+    written at most nic.host_cqes_per_pass a turn: a doorbell rung behind five due CQEs is
+    copied after two of them, not after all five."""
+    read, copy, cqe = 1000.0, 4000.0, 500.0
+    env, nic, (a, _), sent, led = _pass_nic(read, copy)
+    written: list[float] = []
+    for _ in range(5):
+        nic.engine_write(cqe, lambda: written.append(env.now))
+    _rung(a)
+    env.run()
+    # turn 1: read, copy a, two CQEs; turn 2: read, two CQEs; turn 3: read, one CQE
+    assert sent == [(0, pytest.approx(read + copy + nic.wqe_ns))]
+    t1 = read + copy
+    assert written == [pytest.approx(t1 + cqe), pytest.approx(t1 + 2 * cqe),
+                       pytest.approx(t1 + 2 * cqe + read + cqe), pytest.approx(t1 + 2 * cqe + read + 2 * cqe),
+                       pytest.approx(t1 + 4 * cqe + 2 * read + cqe)]
+    assert led.counters["nic_host_passes"] == 3
+
+
+def test_owned_qps_ring_apart_and_cost_the_host_engine_more_copies_per_wqe():
+    """qp17-ownership on the testbed's shape: 16 QPs each rung by one warp ring apart, so the
+    host engine copies nearly every WQE on its own (3.2x the baseline's copies for the same
+    WQEs on the H100, testbed/h100-d354afd), where 8 QPs shared by 96 warps ring together.
+    Charging every doorbell its own copy (no coalescing) would make both one copy a WQE. The
+    issuers here post at a slow fence (3 us), as the testbed's do (7.8 us a WQE on an owned
+    QP); at the calibrated fence the model's owned QPs ring faster and coalesce more (README)."""
+    per_wqe = {}
+    for owned in (False, True):
+        sets = {"design.signal_mode": "flush", "workload.tokens_per_rank": 64, "design.num_sms": 24,
+                "platform.nic.host_doorbell_read_ns": 1500.0, "platform.nic.host_mirror_copy_ns": 6000.0,
+                "platform.nic.doorbell_process_ns": 0.0, "platform.gpu.fence_ns": 3000.0}
+        if owned:
+            sets.update({"design.qps_per_call": 17, "design.qps_allocated": 17,
+                         "design.notify_qp_reserved": True, "design.qp_ownership": "owned"})
+        res = simulate_op(_write_imm(sets), "dispatch", 0)
+        c = res.ledger.counters
+        assert c["nic_host_passes"] > 0
+        per_wqe[owned] = c["nic_host_qp_copies"] / c["doorbells"]
+    assert per_wqe[False] < 0.5
+    assert per_wqe[True] > 1.2 * per_wqe[False]

@@ -12,7 +12,11 @@ cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/host_out}
 REC=/tmp/host_rec; mkdir -p "$REC" "$OUT"
 . hw/device_lib.sh
+# LEVERS: the EP2 lever sets run beside the baseline (a set's levers joined by ","); EP4_LEVERS:
+# lever sets run at EP4 on the GPU (4 ranks, 12 SMs each) beside its baseline, none when empty;
+# CHAIN=: leave out the one-warp chain
 LEVERS=${LEVERS-"qp17-ownership;deferred-doorbell-aggregation;batched-doorbells;put-many;lazy-completion-dispatch;qp-fanout-fix;provider-batched-tail"}
+EP4_LEVERS=${EP4_LEVERS-} CHAIN=${CHAIN-1}
 device_env
 use_carried_wheels
 LOG="$OUT/log.txt"
@@ -21,8 +25,9 @@ build_exts
 C="--ranks 2 --gpus 1 --iters 40 --out-dir $REC"
 step smoke 60 --ranks 2 --gpus 1 --iters 5 --warmup 1 --profile 0 --faults --out-dir "$REC/smoke" --id-prefix smoke-host --variants ";qp17-ownership"
 if [[ $SMOKE_FAILED == 1 ]]; then echo "=== smoke failed: nothing else run" | tee -a "$LOG"; exit 1; fi
-step chain 60 $C --num-sms 1 --set design.warps_per_sm=1 --id-prefix emu-host-chain --variants ";"
+[[ -n $CHAIN ]] && step chain 60 $C --num-sms 1 --set design.warps_per_sm=1 --id-prefix emu-host-chain --variants ";"
 step levers 300 $C --id-prefix emu-host- --variants ";$LEVERS"
+[[ -n $EP4_LEVERS ]] && step ep4 200 --ranks 4 --gpus 1 --num-sms 12 --iters 40 --out-dir $REC --id-prefix emu-host-ep4-sms12- --variants ";$EP4_LEVERS"
 python3 - "$REC" <<'PY' 2>&1 | tee -a "$LOG"
 import json, sys, pathlib
 d = pathlib.Path(sys.argv[1])

@@ -492,3 +492,35 @@ def test_the_host_engine_copies_once_per_moved_qp_a_pass_so_owned_qps_cost_it_mo
                   for r in (base, qp17)]
     extra_latency = sum(qp17.latency_us[op].median - base.latency_us[op].median for op in ("dispatch", "combine"))
     assert per_nic_us[1] - per_nic_us[0] == pytest.approx(extra_latency, rel=0.3)
+
+
+SEALED = BED / "h100-1711bfa"
+PREDICTIONS = Path(__file__).resolve().parents[1] / "calibration" / "data" / "predictions"
+SEALED_RUNS = {  # preregistration -> (its baseline record, its lever record)
+    "put-many-on-qp17-emu-ep2": ("emu-host-2-native-qp17-ownership", "emu-host-2-native-qp17-ownership-put-many"),
+    "batched-doorbells-on-qp17-emu-ep2": ("emu-host-2-native-qp17-ownership",
+                                          "emu-host-2-native-qp17-ownership-batched-doorbells"),
+    "qp17-ownership-emu-ep4-sms12": ("emu-host-ep4-sms12-4-native-baseline",
+                                     "emu-host-ep4-sms12-4-native-qp17-ownership"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(SEALED_RUNS))
+def test_sealed_predictions_judged_against_the_runs_made_after_them(name):
+    """Three predictions sealed with `lever predict --out` at the emulated fit with the host
+    engine in passes (d677b65), then measured on an H100 (1711bfa): each preregistration is
+    intact, older than its records, and `lever compare` gives the verdicts the README reports
+    (every combine validated, every dispatch refuted with the right sign)."""
+    from lever.calibration.compare import check_prereg, compare
+
+    prereg = json.loads((PREDICTIONS / f"{name}.json").read_text())
+    check_prereg(prereg, None)
+    recs = [load_record(SEALED / f"{rid}.json") for rid in SEALED_RUNS[name]]
+    for r in recs:
+        assert r.gate.passed is True and not r.provenance.dirty, r.id
+        assert r.provenance.date > prereg["date"], r.id
+    got = compare(prereg, recs)
+    assert {op: o["verdict"] for op, o in got["ops"].items()} == {"dispatch": "refuted", "combine": "validated"}
+    assert not any(o["sign_flip"] for o in got["ops"].values())
+    shipped = json.loads((PREDICTIONS / f"{name}.compare.json").read_text())
+    assert got["ops"] == shipped["ops"]

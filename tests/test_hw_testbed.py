@@ -524,3 +524,26 @@ def test_sealed_predictions_judged_against_the_runs_made_after_them(name):
     assert not any(o["sign_flip"] for o in got["ops"].values())
     shipped = json.loads((PREDICTIONS / f"{name}.compare.json").read_text())
     assert got["ops"] == shipped["ops"]
+
+
+V2_HOST = BED / "h100-59a87e7"
+
+
+def test_v2_hybrid_copies_nearly_every_wqe_yet_leaves_its_host_engines_idle_a_third_of_the_time():
+    """DeepEP V2 hybrid on the testbed (2 nodes x 2 ranks on an H100, bash hw/run_v2_on_device.sh
+    smoke,hybrid,levers at 59a87e7): its QPs ring apart, so the host engines copy 0.8 of the WQEs
+    one by one (the V1 baseline: 0.25), but they are not what bounds V2: a third of their time
+    is idle and batched doorbells and put-many, which cut the copies to a third, buy 15-18% of
+    dispatch. Every run gated from one clean build."""
+    recs = {p.stem: load_record(p) for p in V2_HOST.glob("emu-v2-*.json")}
+    assert len(recs) == 11
+    assert len({r.provenance.kernel_sha256 for r in recs.values()}) == 1
+    for rid, r in recs.items():
+        assert r.gate.passed is True and not r.provenance.dirty, rid
+    base = recs["emu-v2-hybrid-n2x2-native-baseline"].metrics
+    per_wqe = base["host_qp_copies_per_iteration_count"].median / base["mirrored_wqes_per_iteration_count"].median
+    assert 0.7 < per_wqe <= 1.0
+    assert base["host_idle_share_ratio"].median > 0.2
+    for lever in ("batched-doorbells", "put-many"):
+        m = recs[f"emu-v2-hybrid-n2x2-native-{lever}"].metrics
+        assert m["host_qp_copies_per_iteration_count"].median < 0.4 * base["host_qp_copies_per_iteration_count"].median

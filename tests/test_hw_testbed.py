@@ -547,3 +547,25 @@ def test_v2_hybrid_copies_nearly_every_wqe_yet_leaves_its_host_engines_idle_a_th
     for lever in ("batched-doorbells", "put-many"):
         m = recs[f"emu-v2-hybrid-n2x2-native-{lever}"].metrics
         assert m["host_qp_copies_per_iteration_count"].median < 0.4 * base["host_qp_copies_per_iteration_count"].median
+
+
+LEADS = BED / "h100-acc0d60"
+
+
+def test_a_longer_lead_cuts_lateness_to_a_floor_above_one_microsecond():
+    """The due-mask claim delivering 6, 8 and 11 us ahead of each packet's due time (an H100 at
+    acc0d60, against the table walk at 0.9 us): lateness per packet falls from 7.3 to about
+    1.6 us and stops there, because the delivering warps, busy with early copies, claim later
+    (claim lag 1.4 -> 4.9 us): the 1 us target needs more delivery throughput, not more lead."""
+    def m(name, key):
+        return load_record(LEADS / f"emu-late-{name}-2-native-baseline.json").metrics[key].median
+
+    scan = m("scan", "nic_late_per_packet_ns")
+    late = {lead: m(f"mask-lead{lead}", "nic_late_per_packet_ns") for lead in (6000, 8000, 11000)}
+    lag = {lead: m(f"mask-lead{lead}", "nic_claim_lag_per_packet_ns") for lead in (6000, 8000, 11000)}
+    assert scan > 6000.0
+    assert all(1000.0 < v < 2500.0 for v in late.values())
+    assert late[11000] > 0.9 * late[8000]  # the floor: more lead buys nothing
+    assert lag[6000] < lag[8000] < lag[11000]
+    for lead in (6000, 8000, 11000):  # early packets now, but less early than late
+        assert 0.0 < m(f"mask-lead{lead}", "nic_early_per_packet_ns") < late[lead]

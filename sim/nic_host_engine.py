@@ -80,6 +80,12 @@ class HostEngine:
             path.seg("nic", ns)
         return hold(self.env, ns)
 
+    def _span(self, name: str, start: float) -> None:
+        """A Perfetto span on the NIC's "host engine" track (when the run is traced)."""
+        trace = self.nic.trace
+        if trace.enabled:
+            trace.span(f"nic{self.nic.index}", "host engine", name, start, self.env._now - start)
+
     def _loop(self):
         led = self.ledger
         counters = led.counters
@@ -94,12 +100,18 @@ class HostEngine:
             # QPs that moved since the last read are copied after it
             counters["nic_host_passes"] += 1
             moved, self.rung = self.rung, {}
+            t0 = self.env._now
             yield self._hold(led.cost("nic", self._read))
+            self._span("doorbell read", t0)
             for msgs in moved.values():
                 counters["nic_host_qp_copies"] += 1
+                t0 = self.env._now
                 yield self._hold(led.cost("nic", self._copy))
+                self._span(f"copy {len(msgs)} WQE", t0)
                 nic.parse(msgs)  # mirrored: the WQE engine takes them
             for _ in range(min(self._claim, len(self.cqes))):
                 ns, then, args = self.cqes.popleft()
+                t0 = self.env._now
                 yield self._hold(led.cost("nic", ns))
+                self._span("CQE", t0)
                 then(*args)

@@ -752,3 +752,23 @@ def test_owned_qps_ring_apart_and_cost_the_host_engine_more_copies_per_wqe():
         per_wqe[owned] = c["nic_host_qp_copies"] / c["doorbells"]
     assert per_wqe[False] < 0.5
     assert per_wqe[True] > 1.2 * per_wqe[False]
+
+
+def test_a_traced_run_shows_the_host_engines_passes_copies_and_cqes():
+    """`lever simulate --trace` on the emulated platform: each NIC's host engine has a track of
+    its own with its doorbell reads, its QP copies (how many WQEs each carried) and its CQE
+    writes, as many as the counters say."""
+    sets = {"platform.nic.host_doorbell_read_ns": 1500.0, "platform.nic.host_mirror_copy_ns": 6000.0,
+            "platform.nic.doorbell_process_ns": 0.0, "design.signal_mode": "flush"}
+    res = simulate_op(_write_imm(sets), "dispatch", 0, trace=True)
+    names: dict[str, int] = {}
+    tids = {e["tid"] for e in res.trace.events if e.get("ph") == "M" and e["args"].get("name") == "host engine"}
+    assert tids
+    for e in res.trace.events:
+        if e.get("ph") == "X" and e["tid"] in tids:
+            key = "copy" if e["name"].startswith("copy") else e["name"]
+            names[key] = names.get(key, 0) + 1
+    c = res.ledger.counters
+    assert names["doorbell read"] == c["nic_host_passes"]
+    assert names["copy"] == c["nic_host_qp_copies"]
+    assert names["CQE"] == c["nic_host_cqe_writes"]

@@ -569,3 +569,27 @@ def test_a_longer_lead_cuts_lateness_to_a_floor_above_one_microsecond():
     assert lag[6000] < lag[8000] < lag[11000]
     for lead in (6000, 8000, 11000):  # early packets now, but less early than late
         assert 0.0 < m(f"mask-lead{lead}", "nic_early_per_packet_ns") < late[lead]
+
+
+LEVERS_H100 = BED / "h100-1433adf"
+
+
+def test_the_other_v1_levers_on_an_h100_keep_the_h200_records_signs():
+    """The four V1 lever sets the d354afd call left out, re-measured on an H100 beside a fresh
+    baseline (1433adf): every run gated from one clean build, and the deltas the H200 records
+    show beyond the run noise keep their sign (cached dispatch -356 / H100 -451 us dispatch,
+    write-imm counting +173 / +116 dispatch and +240 / +252 combine, lazy completion with
+    aggregation -321 / -354 dispatch)."""
+    recs = {p.stem.removeprefix("emu-host-2-native-"): load_record(p) for p in LEVERS_H100.glob("emu-*.json")}
+    assert len(recs) == 5
+    assert len({r.provenance.kernel_sha256 for r in recs.values()}) == 1
+    for rid, r in recs.items():
+        assert r.gate.passed is True and not r.provenance.dirty, rid
+
+    def delta(lever, op):
+        return recs[lever].latency_us[op].median - recs["baseline"].latency_us[op].median
+
+    assert delta("cached-dispatch", "dispatch") < -300.0
+    assert delta("write-imm-counting", "dispatch") > 60.0 and delta("write-imm-counting", "combine") > 150.0
+    assert delta("lazy-completion-dispatch-deferred-doorbell-aggregation", "dispatch") < -250.0
+    assert delta("lazy-completion-combine", "combine") < -40.0

@@ -25,12 +25,12 @@ from lever.sim.engine import (
     Trace,
     call_at,
 )
+from lever.sim.nic_host_engine import HostEngine
 from lever.sim.params import NicParams, ReceiverParams
 
 if TYPE_CHECKING:
     from lever.sim.fabric import Draws, Fabric
     from lever.sim.message import Message
-    from lever.sim.nic_host_engine import HostEngine
 
 
 class QueuePair:
@@ -146,8 +146,6 @@ class Nic:
 
     def make_host_engine(self, claim: int) -> None:
         """Give this NIC its host engine as a loop of passes (``nic.host_passes``)."""
-        from lever.sim.nic_host_engine import HostEngine
-
         self.host = HostEngine(self, claim)
 
     def parse(self, msgs: list[Message]) -> None:

@@ -593,3 +593,26 @@ def test_the_other_v1_levers_on_an_h100_keep_the_h200_records_signs():
     assert delta("write-imm-counting", "dispatch") > 60.0 and delta("write-imm-counting", "combine") > 150.0
     assert delta("lazy-completion-dispatch-deferred-doorbell-aggregation", "dispatch") < -250.0
     assert delta("lazy-completion-combine", "combine") < -40.0
+
+
+GAPS_H200 = BED / "h200-7897d1c"
+
+
+def test_rarer_host_engine_polls_leave_the_one_warp_chain_far_from_the_primitives():
+    """The one-warp chain with the NIC's host engine pausing 0, 8 and 32 us after a pass that
+    found no doorbell moved (an H200 at 7897d1c): its passes fall sixfold, yet the B = 1 post
+    (WQE stores, fence, doorbell) only goes 3.3 -> 2.5 us against the primitive's 627 ns
+    (h200-primitives-testbed wqe_fence_doorbell_host_ns), and the credit read stays at about
+    2.1 us against a 1.08 us PCIe round trip: the engine's polling is not what the chain pays."""
+    def m(gap, key):
+        return load_record(GAPS_H200 / f"emu-gap{gap}-chain2-native-baseline.json").metrics[key].median
+
+    passes = {g: m(g, "host_passes_per_iteration_count") for g in (0, 8000, 32000)}
+    post = {g: m(g, "dispatch_post_chain_b1_ns") for g in (0, 8000, 32000)}
+    assert passes[32000] < passes[0] / 5
+    assert post[32000] < post[8000] < post[0]
+    assert post[32000] > 3.0 * 627.0  # still far from the primitive (1.5x is the target)
+    for g in (0, 8000, 32000):
+        assert 1800.0 < m(g, "dispatch_credit_read_ns") < 2400.0
+    copy = json.loads((GAPS_H200 / "h200-primitives-warp-copy.json").read_text())["metrics"]
+    assert abs(copy["warp_copy_loop_7504_ns"]["median"] - 3011.0) < 150.0  # the H100's, within 5%

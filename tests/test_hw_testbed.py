@@ -616,3 +616,20 @@ def test_rarer_host_engine_polls_leave_the_one_warp_chain_far_from_the_primitive
         assert 1800.0 < m(g, "dispatch_credit_read_ns") < 2400.0
     copy = json.loads((GAPS_H200 / "h200-primitives-warp-copy.json").read_text())["metrics"]
     assert abs(copy["warp_copy_loop_7504_ns"]["median"] - 3011.0) < 150.0  # the H100's, within 5%
+
+
+def test_the_lever_table_across_gpus_reads_every_committed_run():
+    """benchmarks/lever_deltas_across_gpus.py: every V1 lever set of the testbed, both ops, with
+    its H200 and H100 deltas and the fold's band (committed files only)."""
+    import importlib.util
+
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "lever_deltas_across_gpus.py"
+    spec = importlib.util.spec_from_file_location("lever_deltas_across_gpus", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    rows = mod.rows(path.parent / "validate_levers_2core.json")
+    assert len(rows) == 22
+    assert {r["lever"] for r in rows} >= {"qp17-ownership", "cached-dispatch", "write-imm-counting"}
+    for r in rows:
+        lo, hi = r["band_us"]
+        assert r["inside_band_h100"] == (lo <= r["h100_delta_us"] <= hi) or abs(r["h100_delta_us"] - lo) < 0.1

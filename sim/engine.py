@@ -378,6 +378,30 @@ def start_daemon(env: simpy.Environment, generator) -> Process:
     return p
 
 
+class Wakeup:
+    """An idle loop's wait for its next piece of work (a host progress thread's, the emulated
+    NIC's host engine): the loop yields :meth:`sleep` when a pass found nothing to do, and
+    whatever brings work calls :meth:`kick`, which wakes it carrying the waker's
+    critical-path segment, so the idle time is charged to the chain that ended it."""
+
+    def __init__(self, env: simpy.Environment, ledger: Ledger) -> None:
+        self.env = env
+        self.ledger = ledger
+        self._kick: Event | None = None
+
+    def kick(self) -> None:
+        if self._kick is not None and not self._kick.triggered:
+            path = self.ledger.path
+            if path is not None:
+                self._kick.rec = path.cur  # the idle loop is woken by this (CQE, descriptor...)
+            self._kick.succeed()
+
+    def sleep(self) -> Event:
+        """The event an idle pass yields: triggered by the next :meth:`kick`."""
+        self._kick = self.env.event()
+        return self._kick
+
+
 def event_at(env: simpy.Environment, t: float, rec: Rec | None = None) -> Event:
     """An event that fires at the absolute instant ``t`` (not before now), in the queue slot a
     timeout due at ``t`` would take: what a process ending at ``t`` is to those waiting for it

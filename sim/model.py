@@ -90,8 +90,6 @@ class World:
                 n.send_cqe_engine_ns = pl.nic.host_cqe_write_ns
             if not pl.recv_cq_in_device_memory:
                 n.recv_cqe_engine_ns = pl.nic.host_cqe_write_ns
-            if pl.nic.host_passes:
-                n.make_host_engine(pl.nic.host_cqes_per_pass)
         d = self.design
         self.qps = [
             [QueuePair(self.env, q, r, self.nics[r * per + q % per]) for q in range(d.qps_allocated)]
@@ -102,6 +100,9 @@ class World:
         self.v1_cached = d.protocol == "v1-ll" and d.cached and op == "dispatch"
         self.signal_mode = "imm-counting" if self.v1_cached else d.signal_mode
         self.ctx = Context(self.env, ledger, trace, self.platform, d)
+        if self.platform.nic.host_passes:  # the emulated NIC's host engine, a loop of its own
+            for n in self.nics:
+                n.make_host_engine(self.ctx, self.platform.nic.host_cqes_per_pass)
         self.receivers = [Receiver(self.ctx, r, self.signal_mode, self.poll_draws[r])
                           for r in range(R)]
         self.messages = Messages(ledger, self.receivers)

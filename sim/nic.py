@@ -29,6 +29,7 @@ from lever.sim.nic_host_engine import HostEngine
 from lever.sim.params import NicParams, ReceiverParams
 
 if TYPE_CHECKING:
+    from lever.sim.context import Context
     from lever.sim.fabric import Draws, Fabric
     from lever.sim.message import Message
 
@@ -144,9 +145,9 @@ class Nic:
                                    self.engine_rec if busy else path.cur)
         self.parse(msgs)
 
-    def make_host_engine(self, claim: int) -> None:
+    def make_host_engine(self, ctx: Context, claim: int) -> None:
         """Give this NIC its host engine as a loop of passes (``nic.host_passes``)."""
-        self.host = HostEngine(self, claim)
+        self.host = HostEngine(ctx, self, claim)
 
     def parse(self, msgs: list[Message]) -> None:
         """The WQE engine parses ``msgs`` one after another from now (or once it is free) and

@@ -20,27 +20,24 @@ from __future__ import annotations
 from collections import deque
 from typing import TYPE_CHECKING
 
-from lever.sim.engine import hold, start_daemon
+from lever.sim.engine import Wakeup, start_daemon
 
 if TYPE_CHECKING:
-    import simpy
+    from lever.sim.context import Context
     from lever.sim.message import Message
     from lever.sim.nic import Nic, QueuePair
 
 
-class HostEngine:
+class HostEngine(Wakeup):
     """One NIC's host-facing engine (``nic.host_passes``): its doorbells not yet read, its CQEs
-    not yet written, and the loop that serves both."""
+    not yet written, and the loop that serves both (asleep while it has neither)."""
 
-    __slots__ = ("nic", "env", "ledger", "rung", "cqes", "_kick", "_read", "_copy", "_claim")
-
-    def __init__(self, nic: Nic, claim: int) -> None:
+    def __init__(self, ctx: Context, nic: Nic, claim: int) -> None:
+        super().__init__(ctx.env, ctx.ledger)
+        self.ctx = ctx
         self.nic = nic
-        self.env: simpy.Environment = nic.env
-        self.ledger = nic.ledger
         self.rung: dict[QueuePair, list[Message]] = {}  # rung since the last read, in ring order
         self.cqes: deque[tuple[float, object, tuple]] = deque()  # (ns, then, args), due order
-        self._kick: simpy.Event | None = None
         p = nic.p
         self._read = p.host_doorbell_read_ns
         self._copy = p.host_mirror_copy_ns
@@ -54,31 +51,17 @@ class HostEngine:
             self.rung[qp] = list(msgs)
         else:
             got.extend(msgs)
-        self._wake()
+        self.kick()
 
     def cqe(self, ns: float, then, args: tuple) -> None:
         """A CQE is due: written on a later turn, ``ns`` of the engine's time, then ``then``."""
         self.cqes.append((ns, then, args))
-        self._wake()
+        self.kick()
 
     def close(self) -> None:
         """End of run: what is still queued points back at the NIC (``World.close``)."""
         self.rung = {}
         self.cqes.clear()
-
-    def _wake(self) -> None:
-        kick = self._kick
-        if kick is not None and not kick.triggered:
-            path = self.ledger.path
-            if path is not None:
-                kick.rec = path.cur  # the idle engine is woken by this doorbell or CQE
-            kick.succeed()
-
-    def _hold(self, ns: float):
-        path = self.ledger.path
-        if path is not None:
-            path.seg("nic", ns)
-        return hold(self.env, ns)
 
     def _span(self, name: str, start: float) -> None:
         """A Perfetto span on the NIC's "host engine" track (when the run is traced)."""
@@ -90,28 +73,27 @@ class HostEngine:
         led = self.ledger
         counters = led.counters
         nic = self.nic
+        hold = self.ctx.hold
         while True:
             if not self.rung and not self.cqes:
-                self._kick = self.env.event()
-                yield self._kick
-                self._kick = None
+                yield self.sleep()
                 continue
             # a pass: every doorbell read at once, as they stand when the read is issued; the
             # QPs that moved since the last read are copied after it
             counters["nic_host_passes"] += 1
             moved, self.rung = self.rung, {}
             t0 = self.env._now
-            yield self._hold(led.cost("nic", self._read))
+            yield hold("nic", led.cost("nic", self._read))
             self._span("doorbell read", t0)
             for msgs in moved.values():
                 counters["nic_host_qp_copies"] += 1
                 t0 = self.env._now
-                yield self._hold(led.cost("nic", self._copy))
+                yield hold("nic", led.cost("nic", self._copy))
                 self._span(f"copy {len(msgs)} WQE", t0)
                 nic.parse(msgs)  # mirrored: the WQE engine takes them
             for _ in range(min(self._claim, len(self.cqes))):
                 ns, then, args = self.cqes.popleft()
                 t0 = self.env._now
-                yield self._hold(led.cost("nic", ns))
+                yield hold("nic", led.cost("nic", ns))
                 self._span("CQE", t0)
                 then(*args)

@@ -17,8 +17,7 @@ from __future__ import annotations
 from collections import deque
 from typing import TYPE_CHECKING
 
-import simpy
-from lever.sim.engine import Counter, start_daemon
+from lever.sim.engine import Counter, Wakeup, start_daemon
 from lever.sim.issuer import WarpPort
 
 if TYPE_CHECKING:
@@ -81,30 +80,17 @@ class RingTable:
         return ring
 
 
-class HostThread:
+class HostThread(Wakeup):
     """A host progress thread of one rank (GIN's proxy, UCCL-EP's, fabric-lib's worker): it
     sleeps when a pass of its loop found nothing to do, and the next CQE or command wakes it
     (:meth:`kick`), carrying the critical-path segment that woke it."""
 
     def __init__(self, ctx: Context, rank: int, track: str) -> None:
+        super().__init__(ctx.env, ctx.ledger)
         self.ctx = ctx
-        self.env = ctx.env
         self.rank = rank
-        self._kick: simpy.Event | None = None
         self.track = track
         self.proc = f"rank{rank} host"
-
-    def kick(self) -> None:
-        if self._kick is not None and not self._kick.triggered:
-            path = self.ctx.ledger.path
-            if path is not None:
-                self._kick.rec = path.cur  # the idle thread is woken by this (CQE, descriptor)
-            self._kick.succeed()
-
-    def sleep(self) -> simpy.Event:
-        """The event an idle pass yields: triggered by the next :meth:`kick`."""
-        self._kick = self.env.event()
-        return self._kick
 
 
 class CompletionThread(HostThread):

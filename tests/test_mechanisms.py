@@ -672,7 +672,7 @@ def _pass_nic(read: float, copy: float):
     led = Ledger()
     fab = Fabric(env, scn.platform.fabric, np.random.default_rng(0), led)
     nic = Nic(env, 0, 0, scn.platform.nic, scn.platform.receiver, fab, led, Trace())
-    nic.make_host_engine(2)
+    nic.make_host_engine(Context(env, led, Trace(), scn.platform, scn.design), 2)
     sent: list[tuple[int, float]] = []
     nic._transmit = lambda msg, t0, rec=None: sent.append((msg.qp.index, t0))
     qps = [QueuePair(env, i, 0, nic) for i in range(2)]

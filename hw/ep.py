@@ -879,9 +879,9 @@ def _run_variant(runner: Runner, scn, args, levers: list[str], sets: Mapping[str
         host_cqes = st["cqes"] + st["rx_cqes"]
         if host_cqes:
             metrics["host_cqe_pass_per_cqe_ns"] = {"median": round(st["host_cqe_ns"] / host_cqes, 1)}
-        busy = st["host_read_ns"] + st["host_copy_ns"] + st["host_cqe_ns"] + st["host_idle_ns"]
+        total = st["host_read_ns"] + st["host_copy_ns"] + st["host_cqe_ns"] + st["host_idle_ns"]
         for part in ("read", "copy", "cqe", "idle"):
-            metrics[f"host_{part}_share_ratio"] = {"median": round(st[f"host_{part}_ns"] / max(1, busy), 4)}
+            metrics[f"host_{part}_share_ratio"] = {"median": round(st[f"host_{part}_ns"] / max(1, total), 4)}
     if args.path == "proxy":
         pst = dict(runner.ext.proxy_stats())
         if pst.get("descriptors"):

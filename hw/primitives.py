@@ -49,6 +49,7 @@ FAMILIES_1GPU = (
     "host_read",
     "fence_reads",
     "warp_copy",
+    "turn_handoff",
 )
 FAMILIES_2GPU = ("nvlink",)
 WARMUP = 10

@@ -31,6 +31,7 @@ FAMILIES = {
     "host_read",
     "fence_reads",
     "warp_copy",
+    "turn_handoff",
     "nvlink",
 }
 

@@ -167,8 +167,9 @@ def test_committed_records_are_real_and_complete(gpus):
     p = rec.what.platform
     assert "H200" in p.gpu and p.driver and p.cuda and p.torch
     assert rec.provenance.date and len(rec.provenance.git_rev) >= 7
-    # host_read, fence_reads and warp_copy came after these records: each has its own record
-    later = ("host_read", "fence_reads", "warp_copy")
+    # host_read, fence_reads, warp_copy and turn_handoff came after these records: each has
+    # its own record
+    later = ("host_read", "fence_reads", "warp_copy", "turn_handoff")
     fams = tuple(f for f in FAMILIES_1GPU if f not in later) if gpus == 1 else ("nvlink",)
     for fam in fams:
         assert any(c.startswith(f"PASS {fam}:") for c in rec.gate.checks), fam

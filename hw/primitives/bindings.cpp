@@ -20,6 +20,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("host_read", &prim::run_host_read, py::arg("device"), py::arg("reps"), g);
   m.def("fence_reads", &prim::run_fence_reads, py::arg("device"), py::arg("reps"), g);
   m.def("warp_copy", &prim::run_warp_copy, py::arg("device"), py::arg("reps"), g);
+  m.def("turn_handoff", &prim::run_turn_handoff, py::arg("device"), py::arg("reps"), g);
   m.def("nvlink", &prim::run_nvlink, py::arg("device0"), py::arg("device1"), py::arg("reps"), g);
   m.def("cuda_versions", &prim::cuda_versions);
 }

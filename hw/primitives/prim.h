@@ -27,6 +27,7 @@ Result run_shared_queue(int device, int reps);
 Result run_host_read(int device, int reps);
 Result run_fence_reads(int device, int reps);
 Result run_warp_copy(int device, int reps);
+Result run_turn_handoff(int device, int reps);
 Result run_nvlink(int device0, int device1, int reps);
 
 // {CUDA driver API version, CUDA runtime version, SM count of device 0}.

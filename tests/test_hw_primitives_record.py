@@ -203,3 +203,27 @@ def test_the_fence_record_says_fences_wait_for_every_sms_host_reads():
     assert m["fence_reads_step_shared_w16_ns"] > 2 * rtt  # the readers themselves queue
     assert m["fence_concurrent_host_w96_ns"] < 1.5 * m["fence_concurrent_host_w1_ns"]
     assert m["fence_concurrent_device_w128_ns"] < 1.5 * m["fence_concurrent_device_w1_ns"]
+
+
+def test_the_turn_record_says_a_released_turn_waits_for_the_host_reads_in_flight():
+    """h100-primitives-turn-handoff (hw/primitives/turn_handoff.cu, hw/run_turn_on_device.sh,
+    an H100 at 6d9061d): passing a shared QP's doorbell turn as hw/ep does (doorbell store to
+    host memory, st.release.sys of the turn word, the next warp's ld.acquire.sys spin). What
+    sim/issuer.py _release_tail stands on: alone a hand-off is the holder's release (0.75 us)
+    plus ~0.2 us for the next warp to see it, whatever the warps; beside warps reading host
+    memory the release grows with them, as a system fence does (HostReadPath.fence_ns), and
+    the hand-off with it; at GPU scope it is cheaper."""
+    rec = load_record(DATA_DIR / "testbed" / "h100-6d9061d" / "h100-primitives-turn-handoff.json")
+    assert rec.gate.passed and any(c.startswith("PASS turn_handoff:") for c in rec.gate.checks)
+    assert len(rec.provenance.git_rev) == 40 and not rec.provenance.dirty
+    assert "H100" in rec.what.platform.gpu
+    m = {k: v.median for k, v in rec.metrics.items()}
+    for body in ("bare", "post"):
+        for w in (2, 4, 12):
+            hand, rel = m[f"turn_handoff_sys_{body}_w{w}_r0_ns"], m[f"turn_release_sys_{body}_w{w}_r0_ns"]
+            assert 0 < hand - rel < 400 and 600 < rel < 1000
+            assert m[f"turn_handoff_gpu_{body}_w{w}_r0_ns"] < hand
+        rels = [m[f"turn_release_sys_{body}_w12_r{r}_ns"] for r in (0, 8, 32, 96)]
+        hands = [m[f"turn_handoff_sys_{body}_w12_r{r}_ns"] for r in (0, 8, 32, 96)]
+        assert rels == sorted(rels) and rels[-1] > 20 * rels[0]
+        assert all(0.7 * h < r < h for r, h in zip(rels, hands, strict=True))  # the release is most of it

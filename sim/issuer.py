@@ -266,8 +266,10 @@ class NativePort(WarpPort):
         spinners = ctx.design.recv_cq == "per-dest-qp"
         self.fence_host = (host if g.fence_waits_host_reads and (self.host is not None or spinners)
                            else None)
-        # the fence after a doorbell: the release of the turn (or lock) at system scope
+        # the fence after a doorbell: the release of the turn (or lock) at system scope, behind
+        # the host reads in flight where the platform says so
         self.release_ns = g.fence_ns if g.turn_release_ns is None else g.turn_release_ns
+        self.release_host = self.fence_host if g.release_waits_host_reads else None
         self.inline_bytes = nic.inline_bytes
         self.wqe_room = max(0, 64 - nic.wqe_meta_bytes)  # inline bytes beside the descriptor
         # fixed for the run: what post() would look up per put
@@ -306,12 +308,32 @@ class NativePort(WarpPort):
         if self._ticket < 0:
             self._ticket = self.turn.take()
 
-    def _release_tail(self, nf: int) -> list[tuple[str, float, int]]:
+    def _release_tail(self, nf: int, start: float) -> list[tuple[str, float, int]]:
         """The fences after a doorbell, before the slot turn (or the lock) passes: ``nf - 1``
         releases at system scope, ``gpu.turn_release_ns`` each; a warp handing an every-post
-        turn on without ringing pays them too. One place for ``_ring`` and ``_post_alone``
-        (the mutant ``fence-after-doorbell-free`` edits it)."""
-        return [("fence", self.release_ns * (nf - 1), nf - 1)] if nf > 1 else []
+        turn on without ringing pays them too. A release at system scope is a system fence:
+        where fences wait for the host reads in flight (``gpu.fence_waits_host_reads``) and
+        ``gpu.release_waits_host_reads``, the first one issued at ``start`` waits for them
+        too, inside the turn (measured:
+        turn_handoff primitives, the holder's st.release.sys 0.75 us alone, 2.7 / 9.3 / 33 us
+        beside 8 / 32 / 96 warps reading host memory). The reads it sees are those issued by
+        now (``start`` is at most the doorbell's stores later). One place for ``_ring`` and
+        ``_post_alone`` (the mutant ``fence-after-doorbell-free`` edits it)."""
+        if nf <= 1:
+            return []
+        rel = self.release_ns
+        t = rel * (nf - 1)
+        if self.release_host is not None:
+            t += self.release_host.fence_ns(start, rel) - rel
+        return [("fence", t, nf - 1)]
+
+    def _release_after(self, nf: int, costs: list[tuple[str, float, int]]) -> list[tuple[str, float, int]]:
+        """:meth:`_release_tail` for a release issued once ``costs``, paid from now, are paid
+        (as the ledger scales them; worked out only where the release waits for reads)."""
+        if self.release_host is None:
+            return self._release_tail(nf, 0.0)
+        cost = self.ctx.ledger.cost
+        return self._release_tail(nf, self.env._now + sum(cost(cat, ns) for cat, ns, _n in costs))
 
     def _post_alone(self, msg: Message) -> Steps:
         """:meth:`_post` then :meth:`_ring` for a write that is its own post group on a QP with
@@ -421,7 +443,7 @@ class NativePort(WarpPort):
                 total += t
         rung = path.cur if path is not None else None  # the segment the doorbell ends
         after = 0.0
-        tail = self._release_tail(self.ctx.design.fences_per_doorbell)
+        tail = self._release_tail(self.ctx.design.fences_per_doorbell, now + total)
         for cat, ns, n in tail:
             t = ns * scale.get(cat, 1.0)  # led.issue(cat, ns, n)
             busy[cat] += t
@@ -561,7 +583,7 @@ class NativePort(WarpPort):
                     # doorbell's scope all the same (hw/ep turn_pass: st.release.sys where the
                     # doorbell is host or BAR memory), and a release at system scope is a
                     # system fence before the store: the fence after a doorbell, paid per post
-                    costs.extend(self._release_tail(nf))
+                    costs.extend(self._release_after(nf, costs))
                     ev = self._hold_all(costs)
                     if ev is not None:
                         yield ev
@@ -573,7 +595,7 @@ class NativePort(WarpPort):
                     costs = yield from self._system_fence(costs)
             costs.append(("doorbell", g.doorbell_ns, 1))
             led.counters["doorbells"] += 1
-            tail = self._release_tail(nf)
+            tail = self._release_after(nf, costs)
             yield from self._pay_ringing(costs, tail, msgs)
             turn.passed(ticket)  # after the fence that orders the doorbell before the turn word
             return
@@ -596,7 +618,7 @@ class NativePort(WarpPort):
             costs.append(("lock", g.atomic_ns, 1))
         costs.append(("doorbell", g.doorbell_ns, 1))
         led.counters["doorbells"] += 1
-        yield from self._pay_ringing(costs, self._release_tail(nf), msgs)
+        yield from self._pay_ringing(costs, self._release_after(nf, costs), msgs)
         if locked:
             lock.release(req)
 

@@ -137,6 +137,10 @@ class World:
         self._host_reads: dict[int, HostReadPath] = {}
         for rcv in self.receivers:  # receive CQs polled through PCIe share the GPU's read path
             rcv.host = self.host_read(rcv.rank)
+        if self.platform.nic.host_reads_in_flight:  # so do the emulated NIC's host engines,
+            for n in self.nics:                     # warps of the same GPU
+                if n.host is not None:
+                    n.host.reads = self.host_read(n.gpu)
         self._cq_reads: dict[int, CqReadQueue] = {}
         self._turns: dict[int, SlotTurn] = {}
         for r in range(R):

@@ -80,6 +80,12 @@ class GpuParams(Strict):
         False, description="a system fence completes only once the host-memory reads this GPU "
         "has in flight when it issues are back (the fence's flush is ordered behind them), so "
         "fences slow down as credit polls of a host-memory CQ do")
+    release_waits_host_reads: bool = Field(
+        False, description="with fence_waits_host_reads: the release of a doorbell turn at "
+        "system scope (the fence after the doorbell, hw/ep turn_pass: st.release.sys) waits for "
+        "the host reads in flight too, inside the turn (measured: turn_handoff primitives, "
+        "calibration/data/testbed/h100-6d9061d); off on the shipped platforms, whose lever "
+        "validation it makes worse (README, Leave one lever out)")
 
 
 class NicParams(Strict):
@@ -114,6 +120,11 @@ class NicParams(Strict):
         0.0, ge=0, description="the host engine copying the new WQEs of one QP whose doorbell a "
         "pass found moved into its device mirror (PCIe reads of the WQEs, a fence, the mirror's "
         "doorbell): once per moved QP per pass, however many WQEs were rung on it")
+    host_reads_in_flight: bool = Field(
+        False, description="the host engine's doorbell reads and WQE copies are host reads in "
+        "flight of its GPU (it is warps of that GPU), so the GPU's system fences wait for them "
+        "(with gpu.fence_waits_host_reads); off on the shipped platforms (README, Leave one "
+        "lever out)")
     host_cqes_per_pass: int = Field(
         2, ge=1, description="CQEs the host engine writes per turn of its loop at most, between "
         "two doorbell passes (the emulated NIC's claim batch, hw/emulated_nic.toml "

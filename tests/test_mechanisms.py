@@ -772,3 +772,64 @@ def test_a_traced_run_shows_the_host_engines_passes_copies_and_cqes():
     assert names["doorbell read"] == c["nic_host_passes"]
     assert names["copy"] == c["nic_host_qp_copies"]
     assert names["CQE"] == c["nic_host_cqe_writes"]
+
+
+def test_the_release_of_a_doorbell_turn_waits_for_the_host_reads_in_flight():
+    """The fence after a doorbell is a release of the turn word at system scope (hw/ep
+    turn_pass: st.release.sys): with gpu.release_waits_host_reads it waits for the GPU's host
+    reads in flight, as a system fence does, inside the turn, so the next warp's doorbell waits
+    with it. Measured: the holder's release 0.75 us alone, 2.7 / 9.3 / 33 us beside 8 / 32 / 96
+    warps reading host memory (turn_handoff primitives, testbed/h100-6d9061d). Off, it costs
+    its own price whatever is in flight."""
+    on = {"workload.tokens_per_rank": 4, "platform.gpu.release_waits_host_reads": True}
+    port = _world(scenario.load("emu-ep2-native", on)).port(0, 0)
+    rel = port.release_ns
+    assert port.release_host is not None and rel > 0
+    assert port._release_tail(2, 0.0) == [("fence", pytest.approx(rel), 1)]
+    port.fence_host.read(0.0, 40.0, 10_000.0)  # a credit poll of a host CQ, back at 10 us
+    assert port._release_tail(2, 1000.0) == [("fence", pytest.approx(9000.0), 1)]
+    assert port._release_tail(2, 20_000.0) == [("fence", pytest.approx(rel), 1)]
+    assert port._release_tail(1, 1000.0) == []  # no fence after the doorbell: no release
+    for sets in ({**on, "platform.gpu.release_waits_host_reads": False},
+                 {**on, "platform.gpu.fence_waits_host_reads": False}):
+        p2 = _world(scenario.load("emu-ep2-native", sets)).port(0, 0)
+        assert p2.release_host is None
+        if p2.fence_host is not None:
+            p2.fence_host.read(0.0, 40.0, 10_000.0)
+        assert p2._release_tail(2, 1000.0) == [("fence", pytest.approx(rel), 1)]
+
+
+def test_released_turns_queue_behind_the_credit_polls_of_a_host_cq():
+    """On the testbed's shape (12 warps a shared QP, its CQ in host memory), the releases wait
+    for the credit polls in flight inside the turn: the dispatch's warps wait longer for their
+    turns and the dispatch is slower (the testbed: 41% of the put path waiting for the turn in
+    the baseline's dispatch, where without it the model had 7%)."""
+    base = {"workload.tokens_per_rank": 32}
+    off = simulate_op(scenario.load("emu-ep2-native", base), "dispatch", 0)
+    on = simulate_op(scenario.load("emu-ep2-native", {**base, "platform.gpu.release_waits_host_reads": True}),
+                     "dispatch", 0)
+    assert on.ledger.counters["doorbells"] == off.ledger.counters["doorbells"]
+    assert on.ledger.busy["lock"] > 1.5 * off.ledger.busy["lock"]
+    assert max(on.latency_us) > max(off.latency_us)
+
+
+def test_the_host_engines_reads_hold_up_the_fences_of_its_gpu():
+    """The emulated NIC's host engine is warps of the issuers' GPU: with
+    nic.host_reads_in_flight its doorbell reads and WQE copies are host reads in flight, and a
+    system fence or turn release issued meanwhile waits for them. Lazy completion makes no
+    credit polls, so the dispatch's other host reads are the receivers' polls; the engine's
+    reads make its fences dearer, and as the releases are in the turns the turns queue longer
+    and the dispatch is slower (the testbed's lazy dispatch: 2.1 us a release against
+    0.6-0.75 alone, 89% of its put path waiting for the turn)."""
+    sets = {"workload.tokens_per_rank": 32, "design.lazy_completion_dispatch": True,
+            "platform.gpu.release_waits_host_reads": True,
+            "platform.gpu.fence_ns": 1448.0}  # the primitive's fence (the shipped fit's is 12 us)
+    bare = simulate_op(scenario.load("emu-ep2-native", sets), "dispatch", 0)
+    res = simulate_op(scenario.load("emu-ep2-native", {**sets, "platform.nic.host_reads_in_flight": True}),
+                      "dispatch", 0)
+    led = res.ledger
+    assert led.counters["nic_host_passes"] > 0 and "credit_wait" not in led.busy
+    assert bare.ledger.counters["doorbells"] == led.counters["doorbells"]
+    assert led.busy["fence"] > 1.2 * bare.ledger.busy["fence"]
+    assert led.busy["lock"] > 1.5 * bare.ledger.busy["lock"]
+    assert max(res.latency_us) > 1.1 * max(bare.latency_us)

@@ -45,3 +45,24 @@ def test_rpg_probe_steps_are_lever_hw_ep_arguments():
         ns = p.parse_args(args)
         packings.add(ns.ranks // max(ns.gpus, 1))
     assert packings == {1, 2, 4}
+
+
+def test_chain_script_steps_are_lever_hw_ep_arguments_and_run_one_warp():
+    """hw/run_chain_on_device.sh: its smoke and chain steps (continuation lines joined) parse
+    with ``lever hw ep``'s parser; the chain runs one SM of one warp, and its primitives are
+    the families whose metrics its comparison reads."""
+    text = (ROOT / "hw" / "run_chain_on_device.sh").read_text().replace("\\\n", " ")
+    p = _ep_parser()
+    steps = [line.strip() for line in text.splitlines() if line.strip().startswith("step ")]
+    assert len(steps) == 2
+    chains = 0
+    for line in steps:
+        words = shlex.split(line.replace('"$REC/smoke"', "/tmp/rec").replace('"$REC"', "/tmp/rec")
+                            .replace("$gap", "0"))
+        ns = p.parse_args(words[3:])
+        if "chain" in words[1]:
+            chains += 1
+            assert ns.num_sms == 1 and "design.warps_per_sm=1" in ns.set
+    assert chains == 1
+    only = text.split("--only ", 1)[1].split()[0].split(",")
+    assert {"latency", "wqe_doorbell", "turn_handoff"} <= set(only)

@@ -634,3 +634,39 @@ def test_the_lever_table_across_gpus_reads_every_committed_run():
         lo, hi = r["band_us"]
         assert lo <= r["predicted_delta_us"] <= hi
         assert isinstance(r["inside_band_h100"], bool)
+
+
+CHAIN_H100 = BED / "h100-d2edc5a"
+
+
+def test_the_one_warp_chain_against_its_matching_primitives_on_one_h100():
+    """hw/run_chain_on_device.sh at d2edc5a (an H100): the one-warp chain and the primitives
+    that match it, on the same GPU. hw/ep's post on a QP with a slot turn is the WQE stores, a
+    system fence, the doorbell and the turn's st.release.sys (the profiler's doorbell segment);
+    the matching primitives (wqe_fence_doorbell_host_ns + turn_release_sys_bare_w2_r0_ns) add
+    up to ~1.5 us. The chain pays 2.2x that with the host engine polling back to back and 1.8x
+    with it pausing 32 us: its fence and its release each pay about one of the engine's host
+    reads in flight more than the primitives (the NIC's own PCIe reads, which a real EFA NIC
+    never makes), and its WQE stores 0.7 us of building the WQE. Not within 1.5x."""
+    prim = load_record(CHAIN_H100 / "h100-primitives-chain.json")
+    assert prim.gate.passed and "H100" in prim.what.platform.gpu and len(prim.provenance.git_rev) == 40
+    p = {k: v.median for k, v in prim.metrics.items()}
+    match = (p["wqe_fence_doorbell_host_ns"] + p["turn_release_sys_bare_w2_r0_ns"]
+             - (p["wqe_doorbell_nofence_host_ns"] - p["wqe_store_host_ns"]))
+    assert 1200.0 < match < 2000.0
+    ratio, seg = {}, {}
+    for gap in (0, 32000):
+        rec = load_record(CHAIN_H100 / f"emu-chain-gap{gap}2-native-baseline.json")
+        assert rec.gate.passed and rec.provenance.git_rev == prim.provenance.git_rev
+        m = {k: v.median for k, v in rec.metrics.items()}
+        ratio[gap] = m["dispatch_post_chain_b1_ns"] / match
+        chain = m["dispatch_post_chain_per_wqe_ns"]
+        r = {c: m[f"dispatch_putpath_{c}_ratio"] for c in ("wqe", "fence", "doorbell")}
+        seg[gap] = {c: chain * v / sum(r.values()) for c, v in r.items()}
+        assert 1.3 < m["dispatch_credit_read_ns"] / p["pcie_read_rtt_ns"] < 2.0
+    assert 1.5 < ratio[32000] < ratio[0] < 3.0  # not within 1.5x, closer with rarer polls
+    for gap in (0, 32000):
+        assert seg[gap]["fence"] > p["fence_system_after_host_store_ns"] + 300.0
+        assert seg[gap]["doorbell"] > p["turn_release_sys_bare_w2_r0_ns"] + 250.0
+        assert seg[gap]["wqe"] > 5 * p["wqe_store_host_ns"]
+    assert seg[32000]["fence"] < seg[0]["fence"] and seg[32000]["doorbell"] < seg[0]["doorbell"]

@@ -961,6 +961,15 @@ def post_chain_metrics(rows: list[dict]) -> dict[str, dict]:
         if polls:  # how the credit time splits: reads per WQE, and the time of one read
             out[f"{op}_credit_reads_per_wqe_count"] = {"median": round(polls / n, 3), "n": len(puts)}
             out[f"{op}_credit_read_ns"] = {"median": round(sum(credit) / polls, 1), "n": polls}
+        # the same split by QP: QP 0 (the notify QP where it is kept: every warp's count and flag
+        # writes) against the data QPs, so a queue of many warps on one CQ shows where it is
+        for tag, keep in (("qp0", lambda q: q == 0), ("dataqps", lambda q: q != 0)):
+            sel = [r for r in puts if keep(r.get("qp", 0))]
+            sp = sum(r.get("polls", 0) for r in sel)
+            if sp:
+                out[f"{op}_credit_read_{tag}_ns"] = {
+                    "median": round(sum(r["credit_wait"] for r in sel) / sp, 1), "n": sp}
+                out[f"{op}_wqes_{tag}_count"] = {"median": float(sum(r["n"] for r in sel)), "n": len(sel)}
     return out
 
 

@@ -19,7 +19,8 @@ is fixed by ``hw/ep/efa_emu.cuh`` (8 x u64):
 - PHASE row (kind 2): ``w1`` phase id, ``w2`` begin ns, ``w3`` end ns; every
   phase of every warp (weight 1).
 
-Header word ``w0`` = kind | op << 8 | rank << 16 | warp << 32 (op 0 dispatch, 1 combine).
+Header word ``w0`` = kind | op << 8 | rank << 16 | warp << 32 (op 0 dispatch, 1 combine); in a
+put row the warp word carries the QP the group was posted on in its bits 30:16.
 """
 
 from __future__ import annotations
@@ -54,7 +55,8 @@ def decode(rows: Iterable[Sequence[int]]) -> list[dict]:
             continue
         if kind in (PK_PUT, PK_PUT_PROXY):
             fields = PUT_FIELDS if kind == PK_PUT else PROXY_PUT_FIELDS
-            out.append({"kind": "put", "op": OPS[op], "rank": rank, "warp": warp, "fields": fields,
+            out.append({"kind": "put", "op": OPS[op], "rank": rank, "warp": warp & 0xFFFF,
+                        "qp": (warp >> 16) & 0x7FFF, "fields": fields,
                         **dict(zip(fields, w[1:6], strict=True)), "n": w[6] & 0xFFFFFFFF,
                         "polls": w[6] >> 32, "total": w[7]})
         elif kind == PK_PHASE and w[3] >= w[2]:

@@ -33,7 +33,9 @@ import json, sys, pathlib
 d = pathlib.Path(sys.argv[1])
 keys = ("mirrored_wqes_per_iteration_count", "host_passes_per_iteration_count", "host_qp_copies_per_iteration_count",
         "host_read_per_pass_ns", "host_copy_per_qp_copy_ns", "host_cqe_pass_per_cqe_ns", "host_read_share_ratio",
-        "host_copy_share_ratio", "host_cqe_share_ratio", "host_idle_share_ratio", "nic_late_per_packet_ns")
+        "host_copy_share_ratio", "host_cqe_share_ratio", "host_idle_share_ratio", "nic_late_per_packet_ns",
+        "dispatch_credit_read_qp0_ns", "dispatch_credit_read_dataqps_ns", "combine_credit_read_qp0_ns",
+        "combine_credit_read_dataqps_ns")
 print(f"{'record':44s} {'disp':>7s} {'comb':>7s} " + " ".join(f"{k.split('_')[0][:4]}_{k.split('_')[1][:5]:5s}" for k in keys))
 for p in sorted(d.glob("emu-*.json")):
     j = json.loads(p.read_text())

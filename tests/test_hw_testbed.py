@@ -231,6 +231,27 @@ def test_credit_time_splits_into_reads_from_the_count_word():
     assert m["dispatch_credit_check_per_wqe_ns"]["median"] == pytest.approx(12000 / 3, abs=0.1)
 
 
+def test_credit_reads_split_between_the_notify_qp_and_the_data_qps():
+    """A put row's warp word carries the QP in its bits 30:16: the credit reads of QP 0 (where
+    every warp's counts and flags go when the notify QP is kept) are reported apart from the
+    data QPs', so one slow shared CQ can not pass for all of them."""
+    from lever.hw.ep import post_chain_metrics
+    from lever.hw.profiler import decode
+
+    def hdr(warp, qp):
+        return 1 | (0 << 8) | (1 << 16) | (((qp << 16) | warp) << 32)
+
+    rows = decode([[hdr(5, 0), 10, 90000, 60, 500, 40, 1 | (1 << 32), 90610],
+                   [hdr(5, 3), 10, 3000, 60, 500, 40, 1 | (1 << 32), 3610],
+                   [hdr(6, 4), 10, 5000, 60, 500, 40, 1 | (1 << 32), 5610]])
+    assert [r["warp"] for r in rows] == [5, 5, 6] and [r["qp"] for r in rows] == [0, 3, 4]
+    m = post_chain_metrics(rows)
+    assert m["dispatch_credit_read_qp0_ns"]["median"] == pytest.approx(90000.0)
+    assert m["dispatch_credit_read_dataqps_ns"]["median"] == pytest.approx(4000.0)
+    assert m["dispatch_wqes_qp0_count"]["median"] == 1.0 and m["dispatch_wqes_dataqps_count"]["median"] == 2.0
+    assert m["dispatch_credit_read_ns"]["median"] == pytest.approx(98000 / 3, abs=0.1)
+
+
 def test_superseded_records_are_left_out_by_default(tmp_path):
     every = shipped_record_paths(include_superseded=True)
     default = shipped_record_paths()

@@ -233,6 +233,11 @@ __device__ __forceinline__ unsigned long long prof_hdr(unsigned kind, int op, in
   return (unsigned long long)kind | ((unsigned long long)op << 8) |
          ((unsigned long long)rank << 16) | ((unsigned long long)warp << 32);
 }
+// A put row's warp word: the warp (bits 15:0) and the QP it posted on (bits 30:16), so a
+// profile splits the credit reads of the data QPs from those of the notify QP.
+__device__ __forceinline__ int put_warp_qp(int warp, int qp) {
+  return (int)((((unsigned)qp & 0x7fffu) << 16) | ((unsigned)warp & 0xffffu));
+}
 struct PhaseTimer {
   unsigned long long t0;
   bool on;
@@ -472,7 +477,7 @@ __device__ bool post_proxy(const World& w, const RankLocal& L, const EpFlags& f,
   ++is.n_fence;
   if (sample && lane == 0) {
     unsigned long long t1 = gtime();
-    prof_row(w, L, prof_hdr(PK_PUT_PROXY, op, L.rank, warp_global), 0, acc_credit, acc_wqe, acc_fence,
+    prof_row(w, L, prof_hdr(PK_PUT_PROXY, op, L.rank, put_warp_qp(warp_global, is.qp)), 0, acc_credit, acc_wqe, acc_fence,
              acc_ring, prof_count(n, is.n_poll - polls0), t1 - t0);
   }
   is.npend = 0;
@@ -606,7 +611,7 @@ __device__ bool post_group(const World& w, const RankLocal& L, const EpFlags& f,
   __syncwarp();
   if (sample && lane == 0) {
     unsigned long long t1 = gtime();
-    prof_row(w, L, prof_hdr(PK_PUT, op, L.rank, warp_global), acc_lock, acc_credit, acc_wqe, acc_fence,
+    prof_row(w, L, prof_hdr(PK_PUT, op, L.rank, put_warp_qp(warp_global, is.qp)), acc_lock, acc_credit, acc_wqe, acc_fence,
              acc_db, prof_count(n, is.n_poll - polls0), t1 - t0);
   }
   is.npend = 0;

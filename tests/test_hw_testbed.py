@@ -691,3 +691,29 @@ def test_the_one_warp_chain_against_its_matching_primitives_on_one_h100():
         assert seg[gap]["doorbell"] > p["turn_release_sys_bare_w2_r0_ns"] + 250.0
         assert seg[gap]["wqe"] > 5 * p["wqe_store_host_ns"]
     assert seg[32000]["fence"] < seg[0]["fence"] and seg[32000]["doorbell"] < seg[0]["doorbell"]
+
+
+SPLIT_H100 = BED / "h100-713e7da"
+
+
+def test_the_slow_credit_reads_are_the_notify_qps_after_the_flush_barrier():
+    """hw/run_host_engine_on_device.sh at 713e7da (an H100), the credit reads split by QP: in
+    the baseline's dispatch the data QPs' reads (12 warps a CQ) take 4.8 us, but QP 0's, where
+    all 96 warps post their counts at once when the flush's rank barrier releases them, take
+    88 us, and they make the 34 us average every earlier record reported. Write-imm counting
+    posts the same counts on QP 0 with no barrier before them (the receiver counts the data's
+    completions): 3.4 us. Cached dispatch sends no counts: only the data QPs' 4.8 us."""
+    def m(name):
+        rec = load_record(SPLIT_H100 / f"emu-host-2-native-{name}.json")
+        assert rec.gate.passed and len(rec.provenance.git_rev) == 40
+        assert "H100" in rec.what.platform.gpu
+        return {k: v.median for k, v in rec.metrics.items()}
+
+    base, imm, cached = m("baseline"), m("write-imm-counting"), m("cached-dispatch")
+    for r in (base, imm, cached):
+        assert 3500.0 < r["dispatch_credit_read_dataqps_ns"] < 6500.0
+    assert base["dispatch_credit_read_qp0_ns"] > 10 * base["dispatch_credit_read_dataqps_ns"]
+    assert imm["dispatch_credit_read_qp0_ns"] < base["dispatch_credit_read_dataqps_ns"]
+    assert "dispatch_credit_read_qp0_ns" not in cached
+    assert base["dispatch_credit_read_ns"] > 5 * imm["dispatch_credit_read_ns"]
+    assert base["dispatch_wqes_qp0_count"] == imm["dispatch_wqes_qp0_count"]  # the same counts

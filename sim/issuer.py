@@ -178,7 +178,9 @@ class CqReadQueue:
     (h200-primitives-host-read host_read_shared_w*); on the testbed, whose CQ lines the GPU
     itself writes, a poll waits for the whole round trip of the one before (the credit read
     grows 3.4 -> 6.4 -> 20.4 us at 2.7 -> 5.3 -> 10.7 warps per CQ, independent of the warps
-    per GPU: calibration/data/testbed/credit-diag)."""
+    per GPU: calibration/data/testbed/credit-diag). Those averages include QP 0, where all 96
+    warps post their counts at once after the flush barrier: split by QP on an H100
+    (testbed/h100-713e7da) QP 0 reads in 88 us and the data QPs (12 warps a CQ) in 4.8 us."""
 
     __slots__ = ("free",)
 

@@ -231,6 +231,22 @@ __device__ __forceinline__ void ld_v2_relaxed_sys(const uint64_t* p, uint64_t& a
 __device__ __forceinline__ void st_relaxed_sys(uint64_t* p, uint64_t v) {
   asm volatile("st.relaxed.sys.global.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
 }
+__device__ __forceinline__ unsigned ld_acquire_sys32(const unsigned* p) {
+  unsigned v;
+  asm volatile("ld.acquire.sys.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+  return v;
+}
+__device__ __forceinline__ unsigned ld_acquire_gpu32(const unsigned* p) {
+  unsigned v;
+  asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+  return v;
+}
+__device__ __forceinline__ void st_release_sys32(unsigned* p, unsigned v) {
+  asm volatile("st.release.sys.global.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
+}
+__device__ __forceinline__ void st_release_gpu32(unsigned* p, unsigned v) {
+  asm volatile("st.release.gpu.global.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
+}
 __device__ __forceinline__ void st_release_sys(uint64_t* p, uint64_t v) {
   asm volatile("st.release.sys.global.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
 }
@@ -252,6 +268,31 @@ __device__ __forceinline__ bool spin_until(Status* s, int where, Pred pred) {
     }
   }
   return true;
+}
+
+// A reader warp chasing a cycle of `nlines` lines (`line_words` words apart) in host memory,
+// 32 lanes a step (one line each, ld.relaxed.sys): what a warp polling a CQ's lines puts on
+// the GPU's read path. Runs until *stop is set or the status fails (checked every 16 steps);
+// returns the steps taken and leaves the line it ended on in `idx` (the host walks the same
+// cycle to verify it).
+__device__ inline unsigned long long chase_lines(const uint64_t* lines, size_t nlines, int line_words,
+                                                 const volatile unsigned* stop, const Status* st,
+                                                 uint64_t& idx) {
+  const unsigned lane = threadIdx.x & 31u;
+  unsigned long long n = 0;
+  bool go = true;
+  idx = 0;
+  while (go) {
+    const uint64_t v = ld_relaxed_sys(lines + ((idx + lane) % nlines) * line_words);
+    idx = __shfl_sync(0xffffffffu, v, 0);
+    ++n;
+    if ((n & 15u) == 0) {
+      int s = 0;
+      if (lane == 0) s = (*stop != 0u) || status_code(st) != kOk;
+      go = !__shfl_sync(0xffffffffu, s, 0);
+    }
+  }
+  return n;
 }
 
 // Host side of the same bound.

@@ -70,18 +70,8 @@ __global__ void fence_reads_kernel(const uint64_t* base, int W, int shared, int 
     const unsigned r = blockIdx.x;
     const uint64_t* mine = base + (shared ? size_t(0) : size_t(r) * kLines * kLineWords);
     uint64_t idx = 0;
-    unsigned long long n = 0, t0 = gtimer();
-    bool go = true;
-    while (go) {
-      const uint64_t v = ld_relaxed_sys(mine + ((idx + lane) % kLines) * kLineWords);
-      idx = __shfl_sync(0xffffffffu, v, 0);
-      ++n;
-      if ((n & 15u) == 0) {
-        int s = 0;
-        if (lane == 0) s = (*stop != 0u) || status_code(st) != kOk;
-        go = !__shfl_sync(0xffffffffu, s, 0);
-      }
-    }
+    const unsigned long long t0 = gtimer();
+    const unsigned long long n = chase_lines(mine, kLines, kLineWords, stop, st, idx);
     const unsigned long long t1 = gtimer();
     if (lane == 0) {
       end_idx[r] = idx;

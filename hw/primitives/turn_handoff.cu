@@ -31,23 +31,6 @@ namespace {
 constexpr int kLineWords = 16;  // one index per 128-byte line
 constexpr size_t kLines = 256;  // lines per reader cycle (32 KiB of host memory)
 
-__device__ __forceinline__ unsigned ld_acq_sys32(const unsigned* p) {
-  unsigned v;
-  asm volatile("ld.acquire.sys.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
-  return v;
-}
-__device__ __forceinline__ unsigned ld_acq_gpu32(const unsigned* p) {
-  unsigned v;
-  asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
-  return v;
-}
-__device__ __forceinline__ void st_rel_sys32(unsigned* p, unsigned v) {
-  asm volatile("st.release.sys.global.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
-}
-__device__ __forceinline__ void st_rel_gpu32(unsigned* p, unsigned v) {
-  asm volatile("st.release.gpu.global.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
-}
-
 struct Args {
   uint64_t* ring;         // pinned host: W*P WQEs of 8 words
   uint32_t* db;           // pinned host: the doorbell word
@@ -78,18 +61,7 @@ __global__ void turn_kernel(Args a) {
   if (b >= a.W) {  // a reader: chase the shared cycle until the posters are done
     const int r = b - a.W;
     uint64_t idx = 0;
-    unsigned long long n = 0;
-    bool go = true;
-    while (go) {
-      const uint64_t v = ld_relaxed_sys(a.lines + ((idx + lane) % kLines) * kLineWords);
-      idx = __shfl_sync(0xffffffffu, v, 0);
-      ++n;
-      if ((n & 15u) == 0) {
-        int s = 0;
-        if (lane == 0) s = (*a.stop != 0u) || status_code(a.st) != kOk;
-        go = !__shfl_sync(0xffffffffu, s, 0);
-      }
-    }
+    const unsigned long long n = chase_lines(a.lines, kLines, kLineWords, a.stop, a.st, idx);
     if (lane == 0) {
       a.end_idx[r] = idx;
       a.steps[r] = n;
@@ -110,14 +82,14 @@ __global__ void turn_kernel(Args a) {
       for (int j = 0; j < 8; ++j) st_volatile(e + j, words[j]);
       __threadfence_system();
     }
-    bool ok = a.sys ? spin_until(a.st, 81, [&] { return ld_acq_sys32(a.turn) == slot; })
-                    : spin_until(a.st, 81, [&] { return ld_acq_gpu32(a.turn) == slot; });
+    bool ok = a.sys ? spin_until(a.st, 81, [&] { return ld_acquire_sys32(a.turn) == slot; })
+                    : spin_until(a.st, 81, [&] { return ld_acquire_gpu32(a.turn) == slot; });
     if (!ok) break;
     const unsigned long long t1 = gtimer();
     st_volatile32(a.db, slot + 1u);
     a.log[slot] = w + 1u;
-    if (a.sys) st_rel_sys32(a.turn, slot + 1u);
-    else st_rel_gpu32(a.turn, slot + 1u);
+    if (a.sys) st_release_sys32(a.turn, slot + 1u);
+    else st_release_gpu32(a.turn, slot + 1u);
     rel += gtimer() - t1;
   }
   const unsigned long long t2 = gtimer();

@@ -547,6 +547,38 @@ def test_sealed_predictions_judged_against_the_runs_made_after_them(name):
     assert got["ops"] == shipped["ops"]
 
 
+SEALED_EP4 = BED / "h100-7facac3"
+SEALED_EP4_VERDICTS = {  # preregistration -> verdicts (dispatch, combine), as the README reports
+    "lazy-completion-dispatch-emu-ep4-sms12": ("refuted", "refuted"),
+    "qp-fanout-fix-emu-ep4-sms12": ("validated", "refuted"),
+    "cached-dispatch-emu-ep4-sms12": ("refuted", "inconclusive"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(SEALED_EP4_VERDICTS))
+def test_sealed_ep4_predictions_judged_against_the_runs_made_after_them(name):
+    """Three more levers at EP4 (4 ranks on one GPU, 12 SMs each), sealed at the shipped fit
+    (76fcaa9, committed at 7facac3) and measured after on an H100 (7facac3, beside a fresh EP4
+    baseline): each preregistration is intact and older than its records, `lever compare` gives
+    the README's verdicts, and none has the wrong sign (lazy completion's dispatch 64% too
+    large, cached dispatch's 36% too small, the fan-out fix's dispatch validated)."""
+    from lever.calibration.compare import check_prereg, compare
+
+    prereg = json.loads((PREDICTIONS / f"{name}.json").read_text())
+    check_prereg(prereg, None)
+    assert prereg["git_rev"].startswith("76fcaa9")
+    lever = name.removesuffix("-emu-ep4-sms12")
+    recs = [load_record(SEALED_EP4 / f"emu-host-ep4-sms12-4-native-{v}.json") for v in ("baseline", lever)]
+    for r in recs:
+        assert r.gate.passed is True and not r.provenance.dirty and "H100" in r.what.platform.gpu, r.id
+        assert r.provenance.date > prereg["date"], r.id
+    got = compare(prereg, recs)
+    assert tuple(got["ops"][op]["verdict"] for op in ("dispatch", "combine")) == SEALED_EP4_VERDICTS[name]
+    assert not any(o["sign_flip"] for o in got["ops"].values())
+    shipped = json.loads((PREDICTIONS / f"{name}.compare.json").read_text())
+    assert got["ops"] == shipped["ops"]
+
+
 V2_HOST = BED / "h100-59a87e7"
 
 

@@ -749,3 +749,30 @@ def test_the_slow_credit_reads_are_the_notify_qps_after_the_flush_barrier():
     assert "dispatch_credit_read_qp0_ns" not in cached
     assert base["dispatch_credit_read_ns"] > 5 * imm["dispatch_credit_read_ns"]
     assert base["dispatch_wqes_qp0_count"] == imm["dispatch_wqes_qp0_count"]  # the same counts
+
+
+V2_PUT = BED / "h100-aac18cb"
+
+
+def test_v2_posts_cost_four_times_the_primitives_a_wqe_in_every_segment():
+    """V2 hybrid and direct on the testbed (an H100 at aac18cb, `ITERS=40 bash
+    hw/run_v2_on_device.sh smoke,hybrid,direct`), the put path per WQE from the profiler: about
+    13 us a WQE, spread over every segment (turn 1.8, credit read 3.4, WQE build 1.0-1.2, fence
+    3.0, doorbell and release 3.3 us), against a model post of about 3.5 us; QP 0 and the data
+    QPs read their CQs alike (2.2-2.6 us: V2 has no 96-warp count burst). Where the model's V2
+    is twice too fast, it is the posts."""
+    def seg(rec, op):
+        m = {k: v.median for k, v in rec.metrics.items()}
+        r = {c: m[f"{op}_putpath_{c}_ratio"] for c in ("lock", "credit_wait", "wqe", "fence", "doorbell")}
+        total = m[f"{op}_post_chain_per_wqe_ns"] / (r["wqe"] + r["fence"] + r["doorbell"])
+        return {c: v * total for c, v in r.items()}, m
+
+    for name in ("emu-v2-hybrid-n2x2-native-baseline", "emu-v2-direct-n2x2-native-baseline"):
+        rec = load_record(V2_PUT / f"{name}.json")
+        assert rec.gate.passed and not rec.provenance.dirty and "H100" in rec.what.platform.gpu
+        for op in ("dispatch", "combine"):
+            s, m = seg(rec, op)
+            assert 10_000 < sum(s.values()) < 16_000, (name, op)
+            assert s["wqe"] > 800 and s["fence"] > 2500 and s["doorbell"] > 2500 and s["credit_wait"] > 2500
+            qp0, data = m[f"{op}_credit_read_qp0_ns"], m[f"{op}_credit_read_dataqps_ns"]
+            assert 2000 < qp0 < 3000 and 2000 < data < 3000

@@ -391,7 +391,7 @@ class NativePort(WarpPort):
                 path.cur = (acc, acc + t, "wqe", path.cur)
                 acc += t
             total += t
-        t = g.wqe_store_ns * blocks * f_wqe
+        t = (g.wqe_build_ns + g.wqe_store_ns * blocks) * f_wqe
         busy["wqe"] += t
         counts["wqe"] += blocks
         if t > 0:
@@ -518,7 +518,7 @@ class NativePort(WarpPort):
             self._span_left = d.put_many_span
         self._span_left -= 1
         blocks = self.wqe_blocks(msg.nbytes)
-        costs.append(("wqe", g.wqe_store_ns * blocks, blocks))
+        costs.append(("wqe", g.wqe_build_ns + g.wqe_store_ns * blocks, blocks))
         qp.posted += 1
         self.posted += 1
         if self._agg > 1 and self.turn is None:

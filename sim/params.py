@@ -49,6 +49,10 @@ class GpuParams(Strict):
     """Costs paid by one issuing warp on the GPU (H200 microbenchmarks, campaign table)."""
 
     wqe_store_ns: float = Field(50.0, ge=0, description="64 B WQE as 8 posted MMIO stores")
+    wqe_build_ns: float = Field(
+        0.0, ge=0, description="building one WQE before its stores: the warp's dependent loads "
+        "of the peer's address handle, keys and addresses from GPU memory (0: the words are "
+        "already in registers, as in the store primitives)")
     fence_ns: float = Field(1400.0, ge=0, description="__threadfence_system after MMIO/host stores")
     doorbell_ns: float = Field(10.0, ge=0, description="one 32-bit posted MMIO store")
     pcie_read_ns: float = Field(1200.0, ge=0, description="dependent load from host memory / BAR")

@@ -776,3 +776,31 @@ def test_v2_posts_cost_four_times_the_primitives_a_wqe_in_every_segment():
             assert s["wqe"] > 800 and s["fence"] > 2500 and s["doorbell"] > 2500 and s["credit_wait"] > 2500
             qp0, data = m[f"{op}_credit_read_qp0_ns"], m[f"{op}_credit_read_dataqps_ns"]
             assert 2000 < qp0 < 3000 and 2000 < data < 3000
+
+
+def test_the_put_path_table_splits_a_post_per_wqe_as_the_testbed_and_the_model_do():
+    """benchmarks/put_path_table.py: the testbed's per-WQE put path comes back from a record's
+    shares and its stores + fence + doorbell time (the chain segments sum to the chain), and
+    the model's from its ledger; on the H200 baseline's dispatch the testbed waits for the turn
+    longer than the model does at the shipped fit, and the model's fence is the larger (the 12
+    us stand-in, README), while with the turn's release waiting for host reads the model's
+    turn wait grows."""
+    import importlib.util
+
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "put_path_table.py"
+    spec = importlib.util.spec_from_file_location("put_path_table", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    m = {"dispatch_post_chain_per_wqe_ns": 6000.0, "dispatch_putpath_lock_ratio": 0.4,
+         "dispatch_putpath_credit_wait_ratio": 0.3, "dispatch_putpath_wqe_ratio": 0.05,
+         "dispatch_putpath_fence_ratio": 0.15, "dispatch_putpath_doorbell_ratio": 0.1}
+    got = mod.measured_per_wqe(m, "dispatch")
+    assert got["wqe"] + got["fence"] + got["doorbell"] == pytest.approx(6000.0)
+    assert got["lock"] == pytest.approx(8000.0) and got["credit_wait"] == pytest.approx(6000.0)
+    assert mod.measured_per_wqe({}, "dispatch") is None
+    (rid, hw, model), = mod.rows("dispatch", "emu-bed-ep2-native-baseline", 1, {}, 1)[-1:]
+    assert rid == "emu-bed-ep2-native-baseline"
+    assert hw["lock"] > 3 * model["lock"] and model["fence"] > hw["fence"]
+    (_, _, on), = mod.rows("dispatch", rid, 1, {"platform.gpu.release_waits_host_reads": True}, 1)[-1:]
+    assert on["lock"] > 2 * model["lock"]
+    assert "| `emu-bed-ep2-native-baseline` |" in mod.table("dispatch", [(rid, hw, model)])

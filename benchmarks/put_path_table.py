@@ -1,0 +1,106 @@
+"""Where a post's time goes, model against testbed: per emulated EP record, the put path per
+WQE (us) of the model at the shipped emulated fit and of the testbed's profiler.
+
+    python benchmarks/put_path_table.py [--op dispatch|combine] [--match TEXT] [--seeds N]
+                                         [--set PATH=VALUE ...] [--workers N]
+
+Why: latencies can agree while the time inside a post does not (the shipped fit's 12 us
+fence stood for the testbed's doorbell turn: README, Leave one lever out). The testbed's
+profiler times, per sampled post group, the turn (`lock`), the credit reads, the WQE stores,
+the fence and the doorbell with the turn's release (`doorbell`); its record carries their
+shares and the stores + fence + doorbell time per WQE, from which the per-WQE time of each
+follows. The model's ledger gives the same categories (its turn release is in `fence`; its
+`doorbell` is the store alone). `--set` tries a model change (e.g.
+`platform.gpu.release_waits_host_reads=true`) without touching the platform files.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from concurrent.futures import ProcessPoolExecutor
+
+CATS = ("lock", "credit_wait", "wqe", "fence", "doorbell")
+
+
+def measured_per_wqe(metrics: dict, op: str) -> dict[str, float] | None:
+    """The testbed's put path per WQE (ns) of ``op`` from a record's metrics (name -> median),
+    or None when the record was not profiled."""
+    try:
+        chain = metrics[f"{op}_post_chain_per_wqe_ns"]
+        share = {c: metrics[f"{op}_putpath_{c}_ratio"] for c in CATS}
+    except KeyError:
+        return None
+    chain_share = share["wqe"] + share["fence"] + share["doorbell"]
+    if chain_share <= 0:
+        return None
+    total = chain / chain_share
+    return {c: share[c] * total for c in CATS}
+
+
+def model_per_wqe(args: tuple) -> dict[str, dict[str, float]]:
+    """The model's put path per WQE (ns) of both ops for one record's run configuration."""
+    rid, scenario, levers, base, sets, seeds = args
+    from lever.sim.levers import load_with_levers
+    from lever.sim.model import simulate_op
+
+    scn = load_with_levers(scenario, list(levers), dict(sets), base=dict(base), base_source=f"{rid} sim.set")
+    out: dict[str, dict[str, float]] = {}
+    for op in ("dispatch", "combine"):
+        acc = dict.fromkeys(CATS, 0.0)
+        wqes = 0
+        for seed in range(seeds):
+            led = simulate_op(scn, op, seed).ledger
+            for c in CATS:
+                acc[c] += led.busy.get(c, 0.0)
+            wqes += sum(v for k, v in led.counters.items() if k.startswith("messages_"))
+        out[op] = {c: v / max(wqes, 1) for c, v in acc.items()}
+    return out
+
+
+def rows(op: str, match: str, seeds: int, sets: dict, workers: int) -> list[tuple]:
+    from lever.calibration.records import load_record, shipped_record_paths
+
+    recs = [r for r in map(load_record, shipped_record_paths())
+            if r.nic == "emulated-srd" and r.sim is not None and match in r.id]
+    hws = {r.id: measured_per_wqe({k: v.median for k, v in r.metrics.items()}, op) for r in recs}
+    recs = [r for r in recs if hws[r.id] is not None]
+    jobs = [(r.id, "emu-ep2-native", tuple(r.sim.levers), tuple(r.sim.set.items()), tuple(sets.items()), seeds)
+            for r in recs]
+    if workers <= 1:  # in this process (also what a test that loads this file by path needs)
+        models = [model_per_wqe(j) for j in jobs]
+    else:
+        with ProcessPoolExecutor(workers) as ex:
+            models = list(ex.map(model_per_wqe, jobs))
+    return [(r.id, hws[r.id], m[op]) for r, m in zip(recs, models, strict=True)]
+
+
+def table(op: str, got: list[tuple]) -> str:
+    head = " | ".join(f"{c} hw / model" for c in CATS)
+    lines = [f"| record ({op}, us a WQE) | {head} |", "|---|" + "---|" * len(CATS)]
+    for rid, hw, model in got:
+        cells = " | ".join(f"{hw[c] / 1e3:.1f} / {model[c] / 1e3:.1f}" for c in CATS)
+        lines.append(f"| `{rid}` | {cells} |")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    from lever.sim.scenario import parse_sets
+
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--op", choices=("dispatch", "combine"), default="dispatch")
+    p.add_argument("--match", default="emu-bed-ep2-native", help="records whose id contains this")
+    p.add_argument("--seeds", type=int, default=1)
+    p.add_argument("--set", action="append", default=[], metavar="PATH=VALUE")
+    p.add_argument("--workers", type=int, default=2)
+    a = p.parse_args(sys.argv[1:] if argv is None else argv)
+    got = rows(a.op, a.match, a.seeds, parse_sets(a.set), a.workers)
+    if not got:
+        print(f"no profiled emulated record matches {a.match!r}", file=sys.stderr)
+        return 1
+    print(table(a.op, got))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

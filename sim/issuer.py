@@ -315,12 +315,12 @@ class NativePort(WarpPort):
         releases at system scope, ``gpu.turn_release_ns`` each; a warp handing an every-post
         turn on without ringing pays them too. A release at system scope is a system fence:
         where fences wait for the host reads in flight (``gpu.fence_waits_host_reads``) and
-        ``gpu.release_waits_host_reads``, the first one issued at ``start`` waits for them
-        too, inside the turn (measured:
-        turn_handoff primitives, the holder's st.release.sys 0.75 us alone, 2.7 / 9.3 / 33 us
-        beside 8 / 32 / 96 warps reading host memory). The reads it sees are those issued by
-        now (``start`` is at most the doorbell's stores later). One place for ``_ring`` and
-        ``_post_alone`` (the mutant ``fence-after-doorbell-free`` edits it)."""
+        ``gpu.release_waits_host_reads`` is on, the first one, issued at ``start``, waits for
+        them too, inside the turn (measured by the turn_handoff primitives: the holder's
+        st.release.sys 0.75 us alone, 2.7 / 9.3 / 33 us beside 8 / 32 / 96 warps reading host
+        memory). The reads it sees are those issued by now (``start`` is at most the
+        doorbell's stores later). One place for ``_ring`` and ``_post_alone`` (the mutant
+        ``fence-after-doorbell-free`` edits it)."""
         if nf <= 1:
             return []
         rel = self.release_ns

@@ -1,24 +1,29 @@
 """Where a post's time goes, model against testbed: per emulated EP record, the put path per
 WQE (us) of the model at the shipped emulated fit and of the testbed's profiler.
 
-    python benchmarks/put_path_table.py [--op dispatch|combine] [--match TEXT] [--seeds N]
-                                         [--set PATH=VALUE ...] [--workers N]
+    python benchmarks/put_path_table.py [--op dispatch|combine] [--match TEXT] [--dir DIR]
+                                         [--seeds N] [--set PATH=VALUE ...] [--workers N]
 
 Why: latencies can agree while the time inside a post does not (the shipped fit's 12 us
 fence stood for the testbed's doorbell turn: README, Leave one lever out). The testbed's
 profiler times, per sampled post group, the turn (`lock`), the credit reads, the WQE stores,
 the fence and the doorbell with the turn's release (`doorbell`); its record carries their
 shares and the stores + fence + doorbell time per WQE, from which the per-WQE time of each
-follows. The model's ledger gives the same categories (its turn release is in `fence`; its
-`doorbell` is the store alone). `--set` tries a model change (e.g.
-`platform.gpu.release_waits_host_reads=true`) without touching the platform files.
+follows. The model runs each record's own scenario and sets on the shipped calibrated
+emulated platform (as the joint fit runs a record), and its ledger gives the same categories
+(its turn release is in `fence`; its `doorbell` is the store alone). `--dir` reads the records
+of a testbed folder instead of the shipped ones (e.g. `calibration/data/testbed/h100-aac18cb`,
+V2); `--set` tries a model change (e.g. `platform.gpu.release_waits_host_reads=true`) without
+touching the platform files.
 """
 
 from __future__ import annotations
 
 import argparse
 import sys
+import tomllib
 from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
 
 CATS = ("lock", "credit_wait", "wqe", "fence", "doorbell")
 
@@ -39,7 +44,8 @@ def measured_per_wqe(metrics: dict, op: str) -> dict[str, float] | None:
 
 
 def model_per_wqe(args: tuple) -> dict[str, dict[str, float]]:
-    """The model's put path per WQE (ns) of both ops for one record's run configuration."""
+    """The model's put path per WQE (ns) of both ops for one record's run configuration:
+    ``base`` the calibrated platform and the record's sets, ``sets`` the change tried."""
     rid, scenario, levers, base, sets, seeds = args
     from lever.sim.levers import load_with_levers
     from lever.sim.model import simulate_op
@@ -58,15 +64,20 @@ def model_per_wqe(args: tuple) -> dict[str, dict[str, float]]:
     return out
 
 
-def rows(op: str, match: str, seeds: int, sets: dict, workers: int) -> list[tuple]:
+def rows(op: str, match: str, seeds: int, sets: dict, workers: int, folder: Path | None = None) -> list[tuple]:
+    from lever.calibration.fit import flatten_platform
     from lever.calibration.records import load_record, shipped_record_paths
+    from lever.sim.scenario import SCENARIO_DIR
 
-    recs = [r for r in map(load_record, shipped_record_paths())
+    paths = sorted(folder.glob("*.json")) if folder is not None else shipped_record_paths()
+    recs = [r for r in map(load_record, paths)
             if r.nic == "emulated-srd" and r.sim is not None and match in r.id]
     hws = {r.id: measured_per_wqe({k: v.median for k, v in r.metrics.items()}, op) for r in recs}
     recs = [r for r in recs if hws[r.id] is not None]
-    jobs = [(r.id, "emu-ep2-native", tuple(r.sim.levers), tuple(r.sim.set.items()), tuple(sets.items()), seeds)
-            for r in recs]
+    with open(SCENARIO_DIR / "platforms" / "emulated-nvlink-calibrated.toml", "rb") as f:
+        platform = flatten_platform(tomllib.load(f)["platform"])
+    jobs = [(r.id, r.sim.scenario, tuple(r.sim.levers), tuple({**platform, **r.sim.set}.items()),
+             tuple(sets.items()), seeds) for r in recs]
     if workers <= 1:  # in this process (also what a test that loads this file by path needs)
         models = [model_per_wqe(j) for j in jobs]
     else:
@@ -90,11 +101,12 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--op", choices=("dispatch", "combine"), default="dispatch")
     p.add_argument("--match", default="emu-bed-ep2-native", help="records whose id contains this")
+    p.add_argument("--dir", type=Path, default=None, help="a folder of records (default: the shipped ones)")
     p.add_argument("--seeds", type=int, default=1)
     p.add_argument("--set", action="append", default=[], metavar="PATH=VALUE")
     p.add_argument("--workers", type=int, default=2)
     a = p.parse_args(sys.argv[1:] if argv is None else argv)
-    got = rows(a.op, a.match, a.seeds, parse_sets(a.set), a.workers)
+    got = rows(a.op, a.match, a.seeds, parse_sets(a.set), a.workers, a.dir)
     if not got:
         print(f"no profiled emulated record matches {a.match!r}", file=sys.stderr)
         return 1

@@ -671,16 +671,21 @@ def test_rarer_host_engine_polls_leave_the_one_warp_chain_far_from_the_primitive
     assert abs(copy["warp_copy_loop_7504_ns"]["median"] - 3011.0) < 150.0  # the H100's, within 5%
 
 
+def _benchmark(name: str):
+    """A script of benchmarks/ loaded as a module (they are not a package)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(name, ROOT / "benchmarks" / f"{name}.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
 def test_the_lever_table_across_gpus_reads_every_committed_run():
     """benchmarks/lever_deltas_across_gpus.py: every V1 lever set of the testbed, both ops, with
     its H200 and H100 deltas and the fold's band (committed files only)."""
-    import importlib.util
-
-    path = Path(__file__).resolve().parents[1] / "benchmarks" / "lever_deltas_across_gpus.py"
-    spec = importlib.util.spec_from_file_location("lever_deltas_across_gpus", path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    rows = mod.rows(path.parent / "validate_levers_2core.json")
+    mod = _benchmark("lever_deltas_across_gpus")
+    rows = mod.rows(ROOT / "benchmarks" / "validate_levers_2core.json")
     assert len(rows) == 22
     assert {r["lever"] for r in rows} >= {"qp17-ownership", "cached-dispatch", "write-imm-counting"}
     for r in rows:
@@ -785,12 +790,7 @@ def test_the_put_path_table_splits_a_post_per_wqe_as_the_testbed_and_the_model_d
     longer than the model does at the shipped fit, and the model's fence is the larger (the 12
     us stand-in, README), while with the turn's release waiting for host reads the model's
     turn wait grows."""
-    import importlib.util
-
-    path = Path(__file__).resolve().parents[1] / "benchmarks" / "put_path_table.py"
-    spec = importlib.util.spec_from_file_location("put_path_table", path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
+    mod = _benchmark("put_path_table")
     m = {"dispatch_post_chain_per_wqe_ns": 6000.0, "dispatch_putpath_lock_ratio": 0.4,
          "dispatch_putpath_credit_wait_ratio": 0.3, "dispatch_putpath_wqe_ratio": 0.05,
          "dispatch_putpath_fence_ratio": 0.15, "dispatch_putpath_doorbell_ratio": 0.1}

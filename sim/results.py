@@ -197,6 +197,10 @@ class SimulationResult:
     per_rank_us: dict[str, list[float]]
     wall_s: float = 0.0
     traces: list[tuple[str, Trace]] = field(default_factory=list)
+    busy_ns: dict[str, dict[str, float]] = field(default_factory=dict)
+    """Per op the issuing warps' busy time per category (ns, summed over the seeds): what the
+    shares are shares of, for a comparison in time (the fit's per-WQE metrics). Not in
+    :meth:`to_json`."""
 
     def to_json(self) -> dict[str, Any]:
         """The ``lever simulate --json`` object (traces are written to their own file)."""
@@ -299,6 +303,7 @@ def simulate(scn: Scenario, seeds: int = 1, with_critical_path: bool = True, cp_
             base = stats([x for row in acc.lat[:kcp] for x in row])["p50_us"]
             wi = {c: cp_entry(base, v) for c, v in whatif.items()}
         out.attribution[op] = OpAttribution(_shares(acc.busy), _shares(acc.busy_put), chain, wi)
+        out.busy_ns[op] = dict(acc.busy)
         cnt = dict(acc.counters)
         cnt.update({f"events_{k}": v for k, v in acc.ledger_events.items()})
         out.counters[op] = cnt

@@ -204,3 +204,39 @@ def test_shipped_records_load():
     for r in training:
         assert r.provenance.source.startswith(("EFA campaign", "InfiniBand reference",
                                                "DeepEP README")) and r.sim
+
+
+def _native_emulated_record(path: str, cq_read_ns: float) -> object:
+    """The shipped emulated baseline's run configuration with one put-path metric, on the
+    ``path`` it names (the model runs the record's own sets either way)."""
+    d = json.loads((DATA_DIR / "emu-bed-ep2-native-baseline.json").read_text())
+    d["what"]["path"] = path
+    d["metrics"] = {"combine_credit_read_ns": {"median": cq_read_ns}}
+    d["attribution"] = {}
+    return parse_record(d, "metric-test")
+
+
+def test_a_native_records_credit_read_is_fitted_and_follows_the_cq_read_interval():
+    """The put-path metric is a row of the fit (so a fit can not trade the time of one credit
+    read for another cost of the same share), the model's side of it is its own credit read,
+    and the row moves with the mechanism that sets it: polls of one host CQ served one after
+    another, ``nic.cq_shared_read_ns`` apart."""
+    from lever.calibration.fit import METRIC_SIGMA
+
+    rec = _native_emulated_record("native", 3000.0)
+    rows = {}
+    for v in (1000.0, 3000.0):
+        got = [r for r in predict([rec], values={"nic.cq_shared_read_ns": v}, workers=1)
+               if r.quantity == "combine.credit_read_ns"]
+        assert len(got) == 1 and got[0].unit == "ns" and got[0].measured == 3000.0
+        rows[v] = got[0]
+    slow, fast = rows[3000.0], rows[1000.0]
+    assert slow.predicted > 1.5 * fast.predicted  # 12 warps a CQ queue for its lines
+    assert slow.residual == pytest.approx(np.log(slow.predicted / 3000.0) / METRIC_SIGMA)
+
+
+def test_a_proxy_records_put_path_metrics_are_not_fitted():
+    """On the proxy path hw/ep's post chain is its host thread's, which the model's warps'
+    ledger does not hold: no row."""
+    rec = _native_emulated_record("proxy", 3000.0)
+    assert not [r for r in predict([rec], workers=1) if r.unit == "ns"]

@@ -196,3 +196,35 @@ def test_v1_with_fewer_owned_qps_than_channels_issues_from_one_channel_per_qp():
     with pytest.raises(Exception, match="needs a data QP per channel"):
         simulate_op(scenario.load(EP16, {**sets, "design.protocol": "v2-direct",
                                          "design.qp_ownership": "owned"}), "dispatch", 0)
+
+
+@pytest.mark.parametrize("mode", ["flush", "imm-counting"])
+def test_v1_counts_wait_for_a_grid_sync_only_where_writes_are_flushed_before_them(mode):
+    """hw/ep's V1 dispatch meets at a rank barrier before its counts when it flushes (every
+    warp's writes completed first), and sends each warp's counts as soon as its own writes are
+    posted when the receiver counts write-with-immediate completions (no flush, no barrier:
+    ``dispatch_rank``). Without the sync a warp done early sends its counts while another
+    still writes tokens."""
+    from lever.sim.engine import Ledger, Trace
+    from lever.sim.model import World
+    from lever.sim.protocols import run_protocol
+
+    scn = scenario.load(EP16, {"design.protocol": "v1-ll", "workload.tokens_per_rank": 32,
+                               "design.signal_mode": mode})
+    w = World(scn, "dispatch", 0, Ledger(), Trace(), Routing.for_scenario(scn, 0))
+    made: dict[str, list[float]] = {"data": [], "signal": []}
+    orig = w.message
+
+    def spy(src, dst, nbytes, tag, kind="data", value=1, seq=0, **kw):
+        if src == 0 and kind in made:
+            made[kind].append(w.env.now)
+        return orig(src, dst, nbytes, tag, kind=kind, value=value, seq=seq, **kw)
+
+    w.message = spy
+    w.env.run(w.env.all_of(run_protocol(w)))
+    assert made["data"] and made["signal"]
+    first_count, last_write = min(made["signal"]), max(made["data"])
+    if mode == "flush":
+        assert first_count > last_write
+    else:
+        assert first_count < last_write

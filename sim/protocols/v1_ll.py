@@ -9,6 +9,14 @@ its data (SRD-safe). Then the same warps turn receivers (DeepEP LL's receive
 phase): each polls, for its local experts, every source's count and then knows
 (by the signalling strategy) that many tokens landed.
 
+Where the receiver counts write-with-immediate completions (``signal_mode =
+"imm-counting"``, and cached dispatch) there is no grid sync: nothing has to be flushed
+before a count, so each warp sends its counts as soon as its own writes are posted (hw/ep's
+``dispatch_rank`` skips both the flush and the rank barrier then; DeepEP LL waits only for
+the expert's own sends). With the sync, every warp's counts leave together, and on a shared
+QP 0 they queue for its CQ's reads at once (the testbed's 88 us credit reads on QP 0 after
+the barrier, 3.4 us without it: calibration/data/testbed/h100-713e7da).
+
 ``cached`` dispatch (as the hw kernels build it): the layout handle of the
 previous call gives every count, so no count messages are sent and no flush
 precedes them; the receiver counts write-with-immediate completions.
@@ -100,7 +108,8 @@ def _rank(w: World, r: int, items, counts, nbytes: int, dispatch: bool):
     by_ch: dict[int, list] = {}
     for it in items:
         by_ch.setdefault(it[0], []).append(it)
-    barrier = Barrier(w, C)
+    # the grid sync before the counts, unless nothing is flushed before them (module doc)
+    barrier = Barrier(w, C) if w.signal_mode != "imm-counting" else None
     # signals this rank sends: one per (expert, peer) pair it talks to, zero counts included
     per_rank = not dispatch and w.design.ll_combine_flags == "per-rank"
     if dispatch:
@@ -116,7 +125,8 @@ def _rank(w: World, r: int, items, counts, nbytes: int, dispatch: bool):
     def warp(c: int):
         if c >= Ci:  # a receiving-only channel (owned QPs fewer than channels): the grid sync
             track = warp_track(w.design.warps_per_sm, c)
-            yield from barrier.arrive()
+            if barrier is not None:
+                yield from barrier.arrive()
         else:
             port = w.port(r, c)
             track = port.track
@@ -134,7 +144,8 @@ def _rank(w: World, r: int, items, counts, nbytes: int, dispatch: bool):
                 yield from port.flush("signal")
             else:
                 yield from port.finish()
-            yield from barrier.arrive()
+            if barrier is not None:
+                yield from barrier.arrive()
             sport = w.signal_port(r, c)
             for e, p in ([] if cached else sig[c::Ci]):
                 n = counts.get((r, p, e), 0)

@@ -64,9 +64,11 @@ def test_issue_work_dominates_profiler_yet_cutting_it_leaves_latency_flat():
 
     cp = what_if_reruns(scn, "dispatch", p50(scn), 1, ("fence", "wire"))
     assert cp["wire"] > 10 * max(cp["fence"], 0.1), cp
-    # ...and with a fast wire the same cut is visible: the test can fail
+    # ...and with a fast wire the same cut is visible: the test can fail (three seeds: one
+    # seed's median rank sits on either side of a step as the calibrated NIC moves, 0.91 or
+    # 1.00 of the cut at seed 0 for a WQE parse of 377 or 392 ns, 0.92 and 0.96 over three)
     fast = scenario.load("decode-ep16-efa-native", {**sets, "platform.nic.line_rate_gbps": 400, "platform.fabric.base_latency_ns": 200})
-    assert p50(fast, scale={"fence": 0.0, "doorbell": 0.0}) < 0.97 * p50(fast)
+    assert p50(fast, seeds=3, scale={"fence": 0.0, "doorbell": 0.0}) < 0.97 * p50(fast, seeds=3)
 
 
 @pytest.mark.parametrize("protocol", ["v1-ll", "v2-hybrid"])

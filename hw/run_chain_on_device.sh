@@ -40,12 +40,19 @@ post, rel = m["wqe_fence_doorbell_host_ns"], m["turn_release_sys_bare_w2_r0_ns"]
 db = m["wqe_doorbell_nofence_host_ns"] - m["wqe_store_host_ns"]
 match = post + rel - db
 print(p["what"]["platform"]["gpu"], f"primitives: post {post:.0f} release {rel:.0f} doorbell {db:.0f} -> matching chain {match:.0f} ns")
+# the same post by one warp with hw/ep's WQE builder reading its layout and peer table (the
+# chain's "wqe" segment is that build and the stores)
+wpost = m.get("wqe_warp_build_fence_doorbell_host_ns")
+wmatch = wpost + rel - db if wpost else float("nan")
+if wpost:
+    print(f"warp post with the build {wpost:.0f} ns (build + stores {m['wqe_warp_build_store_host_ns']:.0f}, "
+          f"from registers {m['wqe_warp_regs_store_host_ns']:.0f}) -> matching chain with the build {wmatch:.0f} ns")
 for f in sorted(d.glob("emu-chain-*.json")):
     j = json.loads(f.read_text()); mm = j["metrics"]
     b1 = mm["dispatch_post_chain_b1_ns"]["median"]
     cr = mm.get("dispatch_credit_read_ns", {}).get("median", float("nan"))
-    print(f"{f.stem:48s} b1 post {b1:6.0f} ns = {b1 / post:.2f}x the bare post, {b1 / match:.2f}x post + release; "
-          f"credit read {cr:.0f} ns = {cr / m.get('pcie_read_rtt_ns', cr):.2f}x")
+    print(f"{f.stem:48s} b1 post {b1:6.0f} ns = {b1 / post:.2f}x the bare post, {b1 / match:.2f}x post + release, "
+          f"{b1 / wmatch:.2f}x the warp's built post + release; credit read {cr:.0f} ns = {cr / m.get('pcie_read_rtt_ns', cr):.2f}x")
 PY
 tar czf "$OUT/records.tgz" -C /tmp chain_rec
 echo "done" | tee -a "$LOG"

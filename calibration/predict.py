@@ -290,6 +290,16 @@ def predict(lever: str, seeds: int = 3, sets: Overrides | None = None, param_sam
     # sides are shared); the primary is the lever itself, already above
     others = [v for v, var in lev.variants.items() if var.runnable and v != lev.primary] \
         if lever_names is None else []
+    # a variant this baseline's platform can not run (hw-counter counting on a NIC without
+    # completion counters) is reported as refused with the reason, not run: the primary and
+    # the other variants are still predicted
+    refused: dict[str, str] = {}
+    for v in list(others):
+        try:
+            levers_mod.load_with_levers(base_name, names, {**common, **lever_only}, variants={lever: v})
+        except UserError as e:
+            refused[v] = str(e)
+            others.remove(v)
     first_var = len(jobs)
     for v in others:
         vmap = {lever: v}
@@ -331,6 +341,9 @@ def predict(lever: str, seeds: int = 3, sets: Overrides | None = None, param_sam
                                  "runnable": var.runnable}
         if not var.runnable:
             entry["needs"] = var.needs
+        elif name in refused:  # not on this platform: reported as a variant that can not run
+            entry["runnable"] = False
+            entry["needs"] = f"a platform that runs it (here: {refused[name]})"
         elif name == lev.primary:
             entry["ops"] = {op: {k: ops[op][k] for k in ("lever_p50_us", "delta_us", "band_us")}
                             for op in ops}

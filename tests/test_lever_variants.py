@@ -183,3 +183,16 @@ def test_compare_names_the_variant_the_measurement_supports():
     assert out["variants"]["b2"]["verdict"] == "validated" and out["variants"]["b8"]["verdict"] == "refuted"
     assert out["variants"]["by-bytes"]["verdict"] == "not-runnable"
     assert out["supported"] == ["b2"] and out["primary"] == "b8"
+
+
+def test_a_variant_the_baselines_platform_can_not_run_is_reported_not_fatal():
+    """write-imm-counting's hw-completion-counter variant needs a NIC with completion counters;
+    the emulated testbed's platform has none. Predicting the lever there still predicts the
+    primary, and the variant is sealed as not runnable with the platform's reason."""
+    res = pr.predict("write-imm-counting", seeds=1, baseline="emu-ep2-native",
+                     sets={"workload.tokens_per_rank": 16}, with_cp=False)
+    v = res["variants"]["hw-completion-counter"]
+    assert v["runnable"] is False and "completion counters" in v["needs"]
+    assert res["variants"][res["primary"]]["ops"]["dispatch"]["delta_us"] == res["ops"]["dispatch"]["delta_us"]
+    sealed = pr.preregistration(res)["variants"]["hw-completion-counter"]
+    assert sealed["runnable"] is False and "completion counters" in sealed["needs"]

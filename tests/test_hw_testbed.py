@@ -841,3 +841,20 @@ def test_the_put_path_table_splits_a_post_per_wqe_as_the_testbed_and_the_model_d
                                    BED / "h100-aac18cb")
     assert vid == "emu-v2-hybrid-n2x2-native-baseline" and 10_000 < sum(vhw.values()) < 16_000
     assert vmodel["fence"] > 10_000 and 10_000 < sum(vmodel.values()) < 20_000
+
+
+@pytest.mark.parametrize("lever", ["put-many", "write-imm-counting", "batched-doorbells"])
+def test_the_ep4_predictions_sealed_at_the_put_path_fit_are_intact_and_await_their_runs(lever):
+    """Sealed at ef53293 / 3147a05 and committed at 2a99e1b, before any EP4 run of these levers
+    (README, "Three more at EP4, sealed at the put-path fit"): each preregistration is intact,
+    names a clean 40-hex revision, and no record of its run exists yet. When the runs come,
+    this test becomes their compare test (as the one above for h100-7facac3)."""
+    from lever.calibration.compare import check_prereg
+
+    prereg = json.loads((PREDICTIONS / f"{lever}-emu-ep4-sms12.json").read_text())
+    check_prereg(prereg, None)
+    assert len(prereg["git_rev"]) == 40 and prereg["git_rev"][:7] in ("ef53293", "3147a05")
+    assert set(prereg["predictions"]) == {"dispatch", "combine"}
+    assert not list(BED.glob(f"*/emu-host-ep4-sms12-4-native-{lever}.json"))
+    if lever == "write-imm-counting":
+        assert prereg["variants"]["hw-completion-counter"]["runnable"] is False

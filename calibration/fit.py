@@ -53,8 +53,9 @@ REL_DELTA_SIGMA = 0.03
 SHARE_SIGMA = 0.05
 METRIC_SIGMA = 0.25
 """A put-path metric missed by a quarter (in log) is one typical miss: the testbed's own run to
-run spread of these is 5-15% (the -faults twins), and the model's post is a few costs, not the
-kernel's instructions."""
+run spread of these is 1-17% (each record against its -faults twin), and the model's post is a
+few costs, not the kernel's instructions. Set before any validation ran; the lever validation
+depends on it (README, Leave one lever out: 16 of 31 at 0.15, 23 at 0.25, 13 at 0.5)."""
 PUT_METRICS = ("credit_read_ns", "post_chain_per_wqe_ns")
 """The put-path metrics a native EP record carries per op (``{op}_{metric}``, hw/ep's profiler)
 and the model reports from its ledger (:func:`put_metrics`). Why they are fitted: the shares

@@ -28,6 +28,10 @@ use_carried_wheels() {
   export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
 }
 
+# $LEVER_GIT_REV must be set on the calling side's command line as the literal 40-hex commit
+# the copied tree came from: `git rev-parse HEAD` run on the device machine can answer an
+# older commit than the tree it was handed (it did once: the records of that call named the
+# session's first commit and were not kept, docs/testbed.md).
 # log_header: the commit the tree came from ($LEVER_GIT_REV) and the GPUs with their clocks,
 # at the head of $LOG.
 log_header() {

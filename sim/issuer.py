@@ -152,9 +152,15 @@ class HostReadPath:
         self.free = start + lines_ns
         end = self.free
         dt = round_trip_ns if now + round_trip_ns >= end else end - now
-        if now + dt > self.reads_until:
-            self.reads_until = now + dt
+        self.in_flight_until(now + dt)
         return dt
+
+    def in_flight_until(self, t: float) -> None:
+        """A host read of this GPU is out until ``t`` (one that does not queue on the line
+        path: a poll waiting for a shared CQ's lines, the emulated NIC engine's reads): the
+        fences issued before then wait for it (:meth:`fence_ns`)."""
+        if t > self.reads_until:
+            self.reads_until = t
 
     def fence_ns(self, start: float, fence_ns: float) -> float:
         """A system fence issued at ``start``: its own cost, or until every host read in
@@ -741,8 +747,8 @@ class NativePort(WarpPort):
             t = self.cq.start(t, self.cq_interval_ns) + self.counter_read_ns
         # reads waiting for the CQ's lines are in flight (fences wait for them) but do not
         # hold the GPU's line queue, whose ns per line is small against the CQ's turn
-        if self.host is not None and t > self.host.reads_until:
-            self.host.reads_until = t
+        if self.host is not None:
+            self.host.in_flight_until(t)
         return t - now
 
     def _room(self, need: int) -> bool:

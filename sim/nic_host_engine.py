@@ -61,9 +61,7 @@ class HostEngine(Wakeup):
         """A read of host memory by the engine, from now for ``ns``: in flight on the GPU."""
         r = self.reads
         if r is not None:
-            end = self.env._now + ns
-            if end > r.reads_until:
-                r.reads_until = end
+            r.in_flight_until(self.env._now + ns)
 
     def doorbell(self, qp: QueuePair, msgs: list[Message]) -> None:
         """A doorbell of ``qp`` moved: its WQEs wait for the next pass to read it."""

@@ -47,6 +47,7 @@ def model_per_wqe(args: tuple) -> dict[str, dict[str, float]]:
     """The model's put path per WQE (ns) of both ops for one record's run configuration:
     ``base`` the calibrated platform and the record's sets, ``sets`` the change tried."""
     rid, scenario, levers, base, sets, seeds = args
+    from lever.calibration.fit import wqes_written
     from lever.sim.levers import load_with_levers
     from lever.sim.model import simulate_op
 
@@ -59,7 +60,7 @@ def model_per_wqe(args: tuple) -> dict[str, dict[str, float]]:
             led = simulate_op(scn, op, seed).ledger
             for c in CATS:
                 acc[c] += led.busy.get(c, 0.0)
-            wqes += sum(v for k, v in led.counters.items() if k.startswith("messages_"))
+            wqes += wqes_written(led.counters)
         out[op] = {c: v / max(wqes, 1) for c, v in acc.items()}
     return out
 

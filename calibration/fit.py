@@ -185,6 +185,12 @@ def run_job(job: Job, base_sets: Mapping[str, Any], values: dict[str, float], se
     return out
 
 
+def wqes_written(counters: Mapping[str, int]) -> int:
+    """WQEs an op's issuers wrote, from its counters: one per RDMA message of any kind
+    (``messages_data``, ``messages_signal``...), as hw/ep's profiler counts its posts."""
+    return sum(v for k, v in counters.items() if k.startswith("messages_"))
+
+
 def put_metrics(busy: Mapping[str, float], counters: Mapping[str, int]) -> dict[str, float]:
     """The model's :data:`PUT_METRICS` of one op from its ledger (busy ns per category and the
     counters, summed over the same seeds), defined as hw/ep's profiler defines them: a credit
@@ -196,7 +202,7 @@ def put_metrics(busy: Mapping[str, float], counters: Mapping[str, int]) -> dict[
     reads = counters.get("events_credit_wait", 0)
     if reads:
         out["credit_read_ns"] = float(busy.get("credit_wait", 0.0) / reads)
-    wqes = sum(v for k, v in counters.items() if k.startswith("messages_"))
+    wqes = wqes_written(counters)
     if wqes:
         out["post_chain_per_wqe_ns"] = float(
             (busy.get("wqe", 0.0) + busy.get("fence", 0.0) + busy.get("doorbell", 0.0)) / wqes)

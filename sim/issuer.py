@@ -250,7 +250,10 @@ class NativePort(WarpPort):
                  turn: SlotTurn | None = None) -> None:
         super().__init__(ctx, rank, warp)
         self.qp = qp
-        self.shared = qp.owners > 1 and ctx.design.qp_ownership == "shared-lock"
+        # several warps posting on one QP take turns whatever the design's ownership: owned data
+        # QPs have one issuer each, but V1's counts on the notify QP come from every issuing
+        # channel (hw/ep post_signals on QP 0, every post_group in slot order)
+        self.shared = qp.owners > 1
         self.lazy = lazy
         self.pending: list[Message] = []
         self._since_check = 0

@@ -161,7 +161,9 @@ def test_v1_with_fewer_owned_qps_than_channels_issues_from_one_channel_per_qp():
     """hw/ep's V1 kernels with owned QPs fewer than their channels (``c_issue``): the first
     ndata channels post every write and count, one data QP each and alone on it (no lock
     turn), and every channel still receives. The same routing's writes and counts go out,
-    dealt over 4 channels instead of 16."""
+    dealt over 4 channels instead of 16. The counts all go on the notify QP (hw/ep
+    ``post_signals``), which the 4 issuing channels share: there they take turns in slot order,
+    as every ``post_group`` does, whatever the ownership of the data QPs."""
     from lever.sim.engine import Ledger, Trace
     from lever.sim.model import World
     from lever.sim.protocols import run_protocol
@@ -173,6 +175,7 @@ def test_v1_with_fewer_owned_qps_than_channels_issues_from_one_channel_per_qp():
     posters: dict[str, set] = {}
     busy: dict[str, dict] = {}
     sent: dict[str, int] = {}
+    locks: dict[str, int] = {}
     for name, scn in (("shared", shared), ("owned", owned)):
         w = World(scn, "dispatch", 0, Ledger(), Trace(), Routing.for_scenario(scn, 0))
         chans: set = set()
@@ -189,9 +192,16 @@ def test_v1_with_fewer_owned_qps_than_channels_issues_from_one_channel_per_qp():
         if name == "owned":
             assert w.issue_channels == 4 and w.channels == 16
             assert {w.qp_of(0, c).owners for c in range(4)} == {1}
+            assert w.qps[0][0].owners == 4
+            assert all(w._ports[(0, c)].turn is None for c in range(4))  # owned: no turn
+            assert all(w._ports[(0, c, "signal")].turn is not None for c in range(4))  # QP 0: turns
+            locks[name] = w.ledger.events.get("lock", 0)
+            counts = w.ledger.counters["messages_signal"]
     assert posters["shared"] == set(range(16)) and posters["owned"] == set(range(4))
     assert sent["owned"] == sent["shared"] > 0
-    assert busy["shared"].get("lock", 0.0) > 0.0 and busy["owned"].get("lock", 0.0) == 0.0
+    # every count post takes QP 0's turn (a slot atomic each), no data post does
+    assert busy["shared"].get("lock", 0.0) > busy["owned"].get("lock", 0.0) > 0.0
+    assert locks["owned"] == counts > 0
     # V2 issues from every channel: owned needs a data QP per channel there
     with pytest.raises(Exception, match="needs a data QP per channel"):
         simulate_op(scenario.load(EP16, {**sets, "design.protocol": "v2-direct",

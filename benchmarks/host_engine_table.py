@@ -40,7 +40,9 @@ def measured(metrics: dict) -> dict[str, float] | None:
         wqes = metrics["mirrored_wqes_per_iteration_count"]
         row = {"passes": metrics["host_passes_per_iteration_count"],
                "copies_per_wqe": metrics["host_qp_copies_per_iteration_count"] / wqes,
-               "cqes_per_pass": metrics["cqes_per_iteration_count"] / metrics["host_passes_per_iteration_count"]}
+               # send CQEs and, under write-with-immediate, receive CQEs: both the engine's writes
+               "cqes_per_pass": (metrics["cqes_per_iteration_count"] + metrics.get("rx_cqes_per_iteration_count", 0.0))
+               / metrics["host_passes_per_iteration_count"]}
         row.update({s: metrics[f"host_{s}_share_ratio"] for s in SHARES})
     except (KeyError, ZeroDivisionError):
         return None

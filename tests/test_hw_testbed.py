@@ -858,6 +858,7 @@ def test_the_host_engine_table_counts_the_engines_work_as_the_testbed_and_the_mo
          "host_idle_share_ratio": 0.2}
     got = mod.measured(m)
     assert got["copies_per_wqe"] == pytest.approx(0.25) and got["cqes_per_pass"] == pytest.approx(2.0)
+    assert mod.measured({**m, "rx_cqes_per_iteration_count": 200.0})["cqes_per_pass"] == pytest.approx(4.0)
     assert got["idle"] == 0.2 and mod.measured({"mirrored_wqes_per_iteration_count": 1.0}) is None
     got = {rid: (hw, model) for rid, hw, model, _, _ in mod.rows(mod.DEFAULT_DIR, "-2-native-", {}, 1)
            if rid.endswith(("baseline", "qp17-ownership"))}

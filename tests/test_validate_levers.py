@@ -212,3 +212,27 @@ def test_a_fixed_jacobian_refit_pays_one_simulation_batch_per_step():
     assert res.evaluations <= jobs * ((n + 1) + 5)  # the start's Jacobian once, then a batch per step
     full = fit(recs, plat, free=FREE, max_nfev=5, workers=1)
     assert full.evaluations > res.evaluations
+
+
+def test_the_committed_lever_validation_covers_every_shipped_lever_record_and_meets_its_target():
+    """``benchmarks/validate_levers_2core.json`` is the run the README's trust table and "Now"
+    quote (`lever validate --levers --json --workers 2`, a benchmark-sized run, not repeated
+    here). It must hold one row per (shipped lever record, op), so a lever record added without
+    a re-run fails here; its tally must be its rows'; and it must meet the target: at least 80%
+    of the emulated rows validated, no confidently wrong sign, and every EFA campaign lever
+    predicted with its measured sign."""
+    from pathlib import Path
+
+    from lever.calibration.records import shipped_record_paths
+
+    got = json.loads((Path(__file__).resolve().parents[1] / "benchmarks" / "validate_levers_2core.json").read_text())
+    cases = val.lever_cases([load_record(p) for p in shipped_record_paths()])
+    want = {(c.record.id, op) for c in cases for op in c.ops}
+    rows = got["levers"]
+    assert len(rows) == len(want) == got["total"] and {(r["record"], r["op"]) for r in rows} == want
+    assert got["validated"] == sum(r["verdict"] == "validated" for r in rows)
+    assert got["wrong_sign"] == sum(r["sign"] == "wrong" for r in rows) == 0
+    emu = [r for r in rows if r["record"].startswith("emu-")]
+    assert emu and sum(r["verdict"] == "validated" for r in emu) >= 0.8 * len(emu)
+    efa = [r for r in rows if r["record"].startswith("efa-")]
+    assert efa and all(r["predicted_delta_us"] * r["measured_delta_us"] > 0 for r in efa)

@@ -236,3 +236,34 @@ def test_the_committed_lever_validation_covers_every_shipped_lever_record_and_me
     assert emu and sum(r["verdict"] == "validated" for r in emu) >= 0.8 * len(emu)
     efa = [r for r in rows if r["record"].startswith("efa-")]
     assert efa and all(r["predicted_delta_us"] * r["measured_delta_us"] > 0 for r in efa)
+
+
+def test_the_lever_validation_diff_summarises_each_run_and_lists_the_rows_that_moved():
+    """benchmarks/lever_validation_diff.py: the emulated rows' validated count, confident right
+    signs (a band on the measured side of zero), median miss and band, and the rows whose
+    verdict changed; a refused row is left out of the summary, not counted as a miss."""
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "lever_validation_diff.py"
+    spec = importlib.util.spec_from_file_location("lever_validation_diff", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+
+    def row(rec, pred, band, meas, verdict):
+        return {"record": rec, "lever": "x", "op": "dispatch", "predicted_delta_us": pred, "band_us": band,
+                "measured_delta_us": meas, "verdict": verdict, "sign": "none"}
+
+    before = {"levers": [row("emu-a", -10.0, [-20.0, -5.0], -12.0, "validated"),
+                         row("emu-b", 5.0, [-5.0, 15.0], 40.0, "refuted"),
+                         row("emu-c", None, None, 3.0, "refused"), row("efa-d", -1.0, [-2.0, 0.5], -3.0, "inconclusive")],
+              "validated": 1, "total": 4, "wrong_sign": 0}
+    after = {**before, "levers": [before["levers"][0], row("emu-b", 30.0, [20.0, 45.0], 40.0, "validated"),
+                                  *before["levers"][2:]], "validated": 2}
+    s = mod.summary(before)
+    assert (s["emulated"], s["emulated_validated"], s["confident_right"]) == (2, 1, 1)
+    assert s["median_miss_us"] == pytest.approx((2.0 + 35.0) / 2) and s["median_band_us"] == pytest.approx(17.5)
+    assert mod.summary(after)["confident_right"] == 2
+    changed = mod.table(before, after).splitlines()[2:]
+    assert len(changed) == 1 and "`emu-b`" in changed[0] and "refuted" in changed[0] and "+30.0" in changed[0]
+    assert len(mod.table(before, after, every=True).splitlines()) == 2 + 4

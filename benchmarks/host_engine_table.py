@@ -23,9 +23,8 @@ idle passes: compare copies and CQEs, not passes.
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import sys
-import tomllib
-from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -80,26 +79,23 @@ def model_row(args: tuple) -> tuple[dict[str, float], dict[str, float]]:
     return row, lat
 
 
+def _put_path_table():
+    """benchmarks/put_path_table.py, whose record loading and runs this table shares (the
+    scripts are not a package: loaded by path)."""
+    spec = importlib.util.spec_from_file_location("put_path_table", Path(__file__).with_name("put_path_table.py"))
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
 def rows(folder: Path, match: str, sets: dict, workers: int) -> list[tuple]:
     """(record id, testbed row, model row, testbed latencies, model latencies) per record of
     ``folder`` that counted its host engine and whose id contains ``match``."""
-    from lever.calibration.fit import flatten_platform
-    from lever.calibration.records import load_record
-    from lever.sim.scenario import SCENARIO_DIR
-
-    recs = [r for r in map(load_record, sorted(folder.glob("*.json")))
-            if r.nic == "emulated-srd" and r.sim is not None and match in r.id]
+    ppt = _put_path_table()
+    recs = ppt.emulated_records(sorted(folder.glob("*.json")), match)
     hws = {r.id: measured({k: v.median for k, v in r.metrics.items()}) for r in recs}
     recs = [r for r in recs if hws[r.id] is not None]
-    with open(SCENARIO_DIR / "platforms" / "emulated-nvlink-calibrated.toml", "rb") as f:
-        platform = flatten_platform(tomllib.load(f)["platform"])
-    jobs = [(r.id, r.sim.scenario, tuple(r.sim.levers), tuple({**platform, **r.sim.set}.items()),
-             tuple(sets.items())) for r in recs]
-    if workers <= 1:
-        models = [model_row(j) for j in jobs]
-    else:
-        with ProcessPoolExecutor(workers) as ex:
-            models = list(ex.map(model_row, jobs))
+    models = ppt.run_on_calibrated(model_row, recs, sets, workers)
     return [(r.id, hws[r.id], m, {op: r.latency_us[op].median for op in ("dispatch", "combine")}, lat)
             for r, (m, lat) in zip(recs, models, strict=True)]
 

@@ -65,25 +65,39 @@ def model_per_wqe(args: tuple) -> dict[str, dict[str, float]]:
     return out
 
 
-def rows(op: str, match: str, seeds: int, sets: dict, workers: int, folder: Path | None = None) -> list[tuple]:
+def emulated_records(paths, match: str) -> list:
+    """The emulated-NIC records among ``paths`` the model can run, whose id contains ``match``."""
+    from lever.calibration.records import load_record
+
+    return [r for r in map(load_record, paths) if r.nic == "emulated-srd" and r.sim is not None and match in r.id]
+
+
+def run_on_calibrated(fn, recs: list, sets: dict, workers: int, *extra) -> list:
+    """``fn((id, scenario, levers, base, sets, *extra))`` for each record, in record order: its
+    own scenario, levers and sets on the shipped calibrated emulated platform (``base``, as the
+    joint fit runs a record), ``sets`` the change tried. In this process with ``workers <= 1``
+    (also what a test that loads this file by path needs), else in a process pool."""
     from lever.calibration.fit import flatten_platform
-    from lever.calibration.records import load_record, shipped_record_paths
     from lever.sim.scenario import SCENARIO_DIR
 
-    paths = sorted(folder.glob("*.json")) if folder is not None else shipped_record_paths()
-    recs = [r for r in map(load_record, paths)
-            if r.nic == "emulated-srd" and r.sim is not None and match in r.id]
-    hws = {r.id: measured_per_wqe({k: v.median for k, v in r.metrics.items()}, op) for r in recs}
-    recs = [r for r in recs if hws[r.id] is not None]
     with open(SCENARIO_DIR / "platforms" / "emulated-nvlink-calibrated.toml", "rb") as f:
         platform = flatten_platform(tomllib.load(f)["platform"])
     jobs = [(r.id, r.sim.scenario, tuple(r.sim.levers), tuple({**platform, **r.sim.set}.items()),
-             tuple(sets.items()), seeds) for r in recs]
-    if workers <= 1:  # in this process (also what a test that loads this file by path needs)
-        models = [model_per_wqe(j) for j in jobs]
-    else:
-        with ProcessPoolExecutor(workers) as ex:
-            models = list(ex.map(model_per_wqe, jobs))
+             tuple(sets.items()), *extra) for r in recs]
+    if workers <= 1:
+        return [fn(j) for j in jobs]
+    with ProcessPoolExecutor(workers) as ex:
+        return list(ex.map(fn, jobs))
+
+
+def rows(op: str, match: str, seeds: int, sets: dict, workers: int, folder: Path | None = None) -> list[tuple]:
+    from lever.calibration.records import shipped_record_paths
+
+    paths = sorted(folder.glob("*.json")) if folder is not None else shipped_record_paths()
+    recs = emulated_records(paths, match)
+    hws = {r.id: measured_per_wqe({k: v.median for k, v in r.metrics.items()}, op) for r in recs}
+    recs = [r for r in recs if hws[r.id] is not None]
+    models = run_on_calibrated(model_per_wqe, recs, sets, workers, seeds)
     return [(r.id, hws[r.id], m[op]) for r, m in zip(recs, models, strict=True)]
 
 

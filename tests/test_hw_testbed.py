@@ -21,6 +21,8 @@ from lever.calibration.records import DATA_DIR, load_record, parse_record, shipp
 from lever.hw import emulated_nic
 from lever.sim.errors import UserError
 
+from tests.benchmark_scripts import load_benchmark
+
 ROOT = Path(__file__).resolve().parents[1]
 BED = DATA_DIR / "testbed"
 CXX = shutil.which("g++") or shutil.which("c++")
@@ -671,20 +673,10 @@ def test_rarer_host_engine_polls_leave_the_one_warp_chain_far_from_the_primitive
     assert abs(copy["warp_copy_loop_7504_ns"]["median"] - 3011.0) < 150.0  # the H100's, within 5%
 
 
-def _benchmark(name: str):
-    """A script of benchmarks/ loaded as a module (they are not a package)."""
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location(name, ROOT / "benchmarks" / f"{name}.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
-
 def test_the_lever_table_across_gpus_reads_every_committed_run():
     """benchmarks/lever_deltas_across_gpus.py: every V1 lever set of the testbed, both ops, with
     its H200 and H100 deltas and the fold's band (committed files only)."""
-    mod = _benchmark("lever_deltas_across_gpus")
+    mod = load_benchmark("lever_deltas_across_gpus")
     rows = mod.rows(ROOT / "benchmarks" / "validate_levers_2core.json")
     assert len(rows) == 22
     assert {r["lever"] for r in rows} >= {"qp17-ownership", "cached-dispatch", "write-imm-counting"}
@@ -822,7 +814,7 @@ def test_the_put_path_table_splits_a_post_per_wqe_as_the_testbed_and_the_model_d
     longer than the model does at the shipped fit, and the model's fence is the larger (the 12
     us stand-in, README), while with the turn's release waiting for host reads the model's
     turn wait grows."""
-    mod = _benchmark("put_path_table")
+    mod = load_benchmark("put_path_table")
     m = {"dispatch_post_chain_per_wqe_ns": 6000.0, "dispatch_putpath_lock_ratio": 0.4,
          "dispatch_putpath_credit_wait_ratio": 0.3, "dispatch_putpath_wqe_ratio": 0.05,
          "dispatch_putpath_fence_ratio": 0.15, "dispatch_putpath_doorbell_ratio": 0.1}
@@ -851,7 +843,7 @@ def test_the_host_engine_table_counts_the_engines_work_as_the_testbed_and_the_mo
     model's shares of its engines' time sum to one. What the table showed when it was written:
     the shipped fit prices a copy at 0.55x and a CQE at 1.9x what the testbed measured, so the
     model's engine writes CQEs at its cap of two a pass where the testbed's writes 0.84."""
-    mod = _benchmark("host_engine_table")
+    mod = load_benchmark("host_engine_table")
     m = {"mirrored_wqes_per_iteration_count": 200.0, "host_passes_per_iteration_count": 100.0,
          "host_qp_copies_per_iteration_count": 50.0, "cqes_per_iteration_count": 200.0,
          "host_read_share_ratio": 0.3, "host_copy_share_ratio": 0.3, "host_cqe_share_ratio": 0.2,

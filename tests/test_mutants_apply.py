@@ -4,24 +4,11 @@ run (about 30 min, not part of CI) stops at that mutant."""
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
-
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+from tests.benchmark_scripts import ROOT, load_benchmark
 
-
-def _mutants():
-    spec = importlib.util.spec_from_file_location("lever_mutants", ROOT / "benchmarks" / "mutants.py")
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules["lever_mutants"] = mod
-    spec.loader.exec_module(mod)
-    return mod.MUTANTS
-
-
-MUTANTS = _mutants()
+MUTANTS = load_benchmark("mutants").MUTANTS
 
 
 @pytest.mark.parametrize("m", MUTANTS, ids=[m.name for m in MUTANTS])

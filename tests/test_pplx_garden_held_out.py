@@ -4,19 +4,13 @@ ConnectX-7 as the publication does. The model runs themselves are the benchmark'
 
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
-
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+from tests.benchmark_scripts import load_benchmark
 
 
 def _bench():
-    spec = importlib.util.spec_from_file_location("pplx_held_out", ROOT / "benchmarks" / "pplx_garden_held_out.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_benchmark("pplx_garden_held_out")
 
 
 def _row(nic: str, ep: int, model: tuple[float, float], published: tuple[float, float]) -> dict:

@@ -14,6 +14,7 @@ from lever.sim.levers import load_with_levers
 from lever.sim.params import FreeParam
 
 from lever.cli import main as lever_main
+from tests.benchmark_scripts import ROOT, load_benchmark
 
 SCN = "decode-ep16-efa-native"
 TINY = {"workload.ep_ranks": 2, "workload.gpus_per_node": 1, "workload.num_experts": 8, "workload.top_k": 2,
@@ -221,11 +222,9 @@ def test_the_committed_lever_validation_covers_every_shipped_lever_record_and_me
     a re-run fails here; its tally must be its rows'; and it must meet the target: at least 80%
     of the emulated rows validated, no confidently wrong sign, and every EFA campaign lever
     predicted with its measured sign."""
-    from pathlib import Path
-
     from lever.calibration.records import shipped_record_paths
 
-    got = json.loads((Path(__file__).resolve().parents[1] / "benchmarks" / "validate_levers_2core.json").read_text())
+    got = json.loads((ROOT / "benchmarks" / "validate_levers_2core.json").read_text())
     cases = val.lever_cases([load_record(p) for p in shipped_record_paths()])
     want = {(c.record.id, op) for c in cases for op in c.ops}
     rows = got["levers"]
@@ -242,13 +241,7 @@ def test_the_lever_validation_diff_summarises_each_run_and_lists_the_rows_that_m
     """benchmarks/lever_validation_diff.py: the emulated rows' validated count, confident right
     signs (a band on the measured side of zero), median miss and band, and the rows whose
     verdict changed; a refused row is left out of the summary, not counted as a miss."""
-    import importlib.util
-    from pathlib import Path
-
-    path = Path(__file__).resolve().parents[1] / "benchmarks" / "lever_validation_diff.py"
-    spec = importlib.util.spec_from_file_location("lever_validation_diff", path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
+    mod = load_benchmark("lever_validation_diff")
 
     def row(rec, pred, band, meas, verdict):
         return {"record": rec, "lever": "x", "op": "dispatch", "predicted_delta_us": pred, "band_us": band,

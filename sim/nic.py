@@ -25,6 +25,7 @@ from lever.sim.engine import (
     Trace,
     call_at,
 )
+from lever.sim.nic_delivery import DeliveryPool
 from lever.sim.nic_host_engine import HostEngine
 from lever.sim.params import NicParams, ReceiverParams
 
@@ -113,6 +114,9 @@ class Nic:
         # the emulated NIC's host engine as a loop of passes (nic.host_passes): doorbells and
         # host CQE writes queue for it (set by the model: make_host_engine)
         self.host: HostEngine | None = None
+        # the emulated NIC's delivering warps (nic.deliver_warps): the packets this NIC sends
+        # land when one of them has copied and fenced them
+        self.delivery = DeliveryPool(p, self._f_nic) if p.deliver_warps else None
 
     # -- egress -----------------------------------------------------------
     def doorbell(self, msgs: list[Message]) -> None:
@@ -257,6 +261,11 @@ class Nic:
         start = rx_free if busy else now  # max(rx_free, now)
         rx_free = self.rx_free = start + (size + self._hdr) * self.ns_per_byte * self._f_wire
         t_land = rx_free + self._land
+        pool = msg.qp.nic.delivery
+        if pool is not None:  # the sender's delivering warps copy it, due at its arrival
+            t_vis = pool.land(now, size) + self._land
+            if t_vis > t_land:
+                t_land = t_vis
         cnt = self._counters
         cnt["bytes_landed"] += size
         cnt["packets_landed"] += 1

@@ -139,6 +139,24 @@ class NicParams(Strict):
         "that parses its WQEs (the emulated NIC's host-engine warp: a system-scope atomic on the "
         "CQ tail and a 16-byte store over PCIe); 0: CQE writes are DMA off the engine's path (a "
         "real NIC)")
+    deliver_warps: int = Field(
+        0, ge=0, description="warps of the sending NIC that land its packets, each claiming, "
+        "copying and fencing a batch of due packets at a time (the emulated NIC: the NIC "
+        "block's warps other than its host engine and WQE fetcher, sim/nic_delivery.py); 0: "
+        "packets land by DMA as they arrive (a real NIC)")
+    deliver_batch_count: int = Field(
+        2, ge=1, description="due packets a delivering warp claims at once (nic.deliver_warps)")
+    deliver_lead_ns: float = Field(
+        0.0, ge=0, description="a delivering warp claims a packet this long before it is due")
+    deliver_claim_ns: float = Field(
+        0.0, ge=0, description="a delivering warp's claim of a batch: its walk of the packet table")
+    deliver_copy_round_ns: float = Field(
+        0.0, ge=0, description="a delivering warp's copy: one round of loads and stores of "
+        "deliver_copy_round_bytes (a packet takes at least one)")
+    deliver_copy_round_bytes: int = Field(
+        8192, ge=16, description="bytes a delivering warp has in flight per round of its copy")
+    deliver_fence_ns: float = Field(
+        0.0, ge=0, description="the fence after a batch's copies, before its packets count as landed")
     inline_bytes: int = Field(32, ge=0, description="largest payload written inline into the WQE")
     wqe_meta_bytes: int = Field(
         32, ge=0, description="WQE descriptor before any inline data (EFA: efa_io_tx_meta_desc); "
@@ -461,6 +479,11 @@ class ProxyDesign(Strict):
         1, ge=1, description="uccl: command FIFOs (channels) each proxy thread polls")
     inflight_per_channel: int = Field(
         32, ge=1, description="uccl: commands of one FIFO posted but not yet completed, at most")
+    drain_rings: bool = Field(
+        False, description="gin-ofi: a host thread's pass takes every visible descriptor of a "
+        "ring, writes their WQEs and rings each QP's doorbell once for them (the testbed's proxy "
+        "thread, hw/ep/proxy_host.h post(); 1.8-2.4 descriptors a doorbell measured); False: one "
+        "descriptor per ring per pass, a doorbell each (NCCL GIN's proxy progress)")
 
 
 class Design(Strict):

@@ -851,3 +851,82 @@ def test_every_wqe_is_built_before_its_stores(batch):
     assert b.busy["wqe"] - a.busy["wqe"] == pytest.approx(700.0 * wqes)
     # one warp a rank posts every WQE of its rank, one after another
     assert max(res[700.0].latency_us) - max(res[0.0].latency_us) > 0.9 * 0.7 * wqes / 2
+
+
+# -- the emulated NIC's delivering warps -------------------------------------------------------
+
+def _pool(warps: int, batch: int, lead: float = 900.0):
+    from lever.sim.nic_delivery import DeliveryPool
+    from lever.sim.params import NicParams
+
+    p = NicParams(deliver_warps=warps, deliver_batch_count=batch, deliver_lead_ns=lead,
+                  deliver_claim_ns=1700.0, deliver_copy_round_ns=1400.0, deliver_fence_ns=1900.0)
+    return DeliveryPool(p, 1.0)
+
+
+def test_a_delivering_warp_claims_copies_and_fences_a_packet_from_its_lead():
+    """An idle pool: a packet due at t is claimed at t - lead, copied a round per 8 KiB (at least
+    one) and fenced: visible at t - 900 + 1700 + copy + 1900, whatever warp takes it."""
+    pool = _pool(6, 2)
+    assert pool.land(10_000.0, 7504) == pytest.approx(10_000.0 - 900 + 1700 + 1400 + 1900)
+    assert pool.land(50_000.0, 8928) == pytest.approx(50_000.0 - 900 + 1700 + 2 * 1400 + 1900)
+    assert pool.land(90_000.0, 8) == pytest.approx(90_000.0 - 900 + 1700 + 1400 + 1900)
+
+
+def test_due_packets_share_a_batch_and_queue_for_busy_warps():
+    """One warp, batch of two: a packet due within the lead of the batch's claim joins it (one
+    more copy, no second claim or fence); a third waits for the warp: the claim lag the testbed
+    measures (nic_claim_lag_per_packet_ns), which a constant landing time cannot show. With
+    six warps the third is claimed at its own lead."""
+    one = _pool(1, 2)
+    first = one.land(10_000.0, 7504)
+    second = one.land(10_000.0, 7504)  # claimable at the first's claim (9.1 us): joins it
+    assert second == pytest.approx(first + 1400)
+    third = one.land(10_000.0, 7504)  # the batch is full: the warp takes it after its fence
+    assert third == pytest.approx(second + 1700 + 1400 + 1900)
+    late = one.land(10_500.0, 7504)  # not yet claimable at 9.1 us: waits for the next claim
+    assert late == pytest.approx(third + 1400)  # it is: the third's batch, claimed at 15.5 us
+    six = _pool(6, 2)
+    for _ in range(2):
+        six.land(10_000.0, 7504)
+    assert six.land(10_000.0, 7504) == pytest.approx(10_000.0 - 900 + 1700 + 1400 + 1900)
+    assert six.land(10_500.0, 7504) == pytest.approx(10_500.0 - 900 + 1700 + 1400 + 1900)
+    alone = _pool(1, 1)  # batches of one: the second packet waits for the first's fence
+    a = alone.land(10_000.0, 7504)
+    assert alone.land(10_000.0, 7504) == pytest.approx(a + 1700 + 1400 + 1900)
+
+
+def test_the_emulated_nics_delivering_warps_slow_a_loaded_op():
+    """On the emulated platform the packets land through their sending NIC's delivering warps:
+    with one warp a NIC instead of six the combine's packets queue for it and the op ends
+    later; a real NIC (deliver_warps = 0) lands them by DMA as they arrive."""
+    sets = {"workload.ep_ranks": 2, "workload.gpus_per_node": 1, "platform.nic.line_rate_gbps": 100.0,
+            "platform.nic.deliver_claim_ns": 1700.0, "platform.nic.deliver_copy_round_ns": 1400.0,
+            "platform.nic.deliver_fence_ns": 1900.0, "platform.nic.deliver_lead_ns": 900.0,
+            "platform.receiver.land_ns": 0.0}
+    lat = {}
+    for warps in (6, 1):
+        scn = scenario.load("emu-ep2-native", {**sets, "platform.nic.deliver_warps": warps})
+        assert scn.platform.nic.deliver_warps == warps
+        lat[warps] = max(simulate_op(scn, "combine", 0).latency_us)
+    assert lat[1] > lat[6] + 20.0, lat
+    assert scenario.load(NATIVE, {}).platform.nic.deliver_warps == 0
+
+
+def test_a_draining_proxy_thread_rings_one_doorbell_for_a_rings_visible_descriptors():
+    """The testbed's proxy thread (hw/ep/proxy_host.h post()) takes every visible descriptor of
+    a ring in a pass and rings the QP's doorbell once for them (1.8-2.4 descriptors a doorbell
+    measured, proxy_descriptors_per_batch_count); GIN's takes one a pass, a doorbell each.
+    The same WQEs reach the NIC either way."""
+    sets = {"workload.ep_ranks": 2, "workload.gpus_per_node": 1, "design.path": "proxy",
+            "platform.proxy.threads": 1, "design.signal_mode": "flush", "design.forward_warps_per_sm": 0,
+            "design.ll_combine_flags": "per-rank"}
+    got = {}
+    for drain in (False, True):
+        res = simulate_op(scenario.load("emu-ep2-native", {**sets, "design.proxy.drain_rings": drain}),
+                          "dispatch", 0)
+        c = res.ledger.counters
+        got[drain] = (c["proxy_doorbells"], c["messages_data"] + c["messages_signal"])
+    assert got[False][0] == got[False][1]  # a doorbell per WQE
+    assert got[True][1] == got[False][1]
+    assert got[True][0] < 0.8 * got[True][1], got

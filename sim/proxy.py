@@ -124,6 +124,7 @@ class ProxyThread(HostThread):
         self.messages = messages
         self.rings: list[Ring] = []
         self.cq: deque[Message] = deque()
+        self.drain = ctx.design.proxy.drain_rings
         start_daemon(ctx.env, self._loop())
 
     def cq_append(self, msg: Message) -> None:
@@ -149,15 +150,28 @@ class ProxyThread(HostThread):
                 did = True
             for ring in self.rings:
                 if ring.visible:
-                    msg = ring.visible.popleft()
-                    ring.inflight.append(msg)
-                    for i, stripe in enumerate(self._stripes(msg)):
-                        t0 = env.now
-                        post = pp.host_post_ns if i == 0 else pp.stripe_post_ns
-                        yield w.hold("proxy_post", led.cost("proxy_post", post))
-                        w.trace.span(self.proc, self.track, "post", t0, env.now - t0)
-                        stripe.qp.posted += 1
-                        stripe.qp.nic.doorbell([stripe])
+                    # one descriptor a pass, or every visible one (design.proxy.drain_rings),
+                    # whose WQEs then share a doorbell per QP
+                    rung: dict[QueuePair, list[Message]] = {}
+                    while ring.visible:
+                        msg = ring.visible.popleft()
+                        ring.inflight.append(msg)
+                        for i, stripe in enumerate(self._stripes(msg)):
+                            t0 = env.now
+                            post = pp.host_post_ns if i == 0 else pp.stripe_post_ns
+                            yield w.hold("proxy_post", led.cost("proxy_post", post))
+                            w.trace.span(self.proc, self.track, "post", t0, env.now - t0)
+                            stripe.qp.posted += 1
+                            if not self.drain:
+                                led.counters["proxy_doorbells"] += 1
+                                stripe.qp.nic.doorbell([stripe])
+                            else:
+                                rung.setdefault(stripe.qp, []).append(stripe)
+                        if not self.drain:
+                            break
+                    for qp, msgs in rung.items():
+                        led.counters["proxy_doorbells"] += 1
+                        qp.nic.doorbell(msgs)
                     did = True
             if did:
                 poll = led.cost("proxy_post", pp.host_poll_ns * len(self.rings))

@@ -183,9 +183,6 @@ def scenario_overrides(ranks: int, faults: bool, extra: Mapping[str, Any],
         "design.credit_read_lines": 32}
     if path == "proxy":
         ov["design.path"] = "proxy"
-        # the host thread takes every visible descriptor of a ring per pass and rings the
-        # QP's doorbell once for them (proxy_host.h post())
-        ov["design.proxy.drain_rings"] = True
     if faults:
         ov["platform.fabric.loss_prob"] = loss_prob
     return {**ov, **extra}

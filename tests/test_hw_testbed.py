@@ -902,3 +902,24 @@ def test_the_ep4_predictions_sealed_at_the_put_path_fit_judged_against_their_run
     assert got["ops"] == shipped["ops"]
     if lever == "write-imm-counting":
         assert prereg["variants"]["hw-completion-counter"]["runnable"] is False
+
+
+@pytest.mark.parametrize("lever", ["deferred-doorbell-aggregation", "lazy-completion-combine",
+                                   "provider-batched-tail"])
+def test_the_ep4_predictions_sealed_at_the_shipped_fit_are_intact_and_await_their_runs(lever):
+    """Sealed at a4fe1c3 and committed at 839c0c7, before any EP4 run of these levers (README,
+    "Three more at EP4, sealed at the shipped fit, not yet measured"): each preregistration is
+    intact, names a clean 40-hex revision, and no record of its run exists yet; where the
+    testbed builds a variant other than the primary, that variant was predicted too. When the
+    runs come, this test becomes their compare test (as the one above for h100-9990e89)."""
+    from lever.calibration.compare import check_prereg
+    from lever.hw.ep import HW_VARIANTS
+
+    prereg = json.loads((PREDICTIONS / f"{lever}-emu-ep4-sms12.json").read_text())
+    check_prereg(prereg, None)
+    assert len(prereg["git_rev"]) == 40 and prereg["git_rev"].startswith("a4fe1c3")
+    assert set(prereg["predictions"]) == {"dispatch", "combine"}
+    assert not list(BED.glob(f"*/emu-host-ep4-sms12-4-native-{lever}.json"))
+    if lever in HW_VARIANTS:
+        built = prereg["variants"][HW_VARIANTS[lever]]
+        assert built["runnable"] is True and set(built["predictions"]) == {"dispatch", "combine"}

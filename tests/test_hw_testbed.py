@@ -549,36 +549,50 @@ def test_sealed_predictions_judged_against_the_runs_made_after_them(name):
     assert got["ops"] == shipped["ops"]
 
 
-SEALED_EP4 = BED / "h100-7facac3"
-SEALED_EP4_VERDICTS = {  # preregistration -> verdicts (dispatch, combine), as the README reports
-    "lazy-completion-dispatch-emu-ep4-sms12": ("refuted", "refuted"),
-    "qp-fanout-fix-emu-ep4-sms12": ("validated", "refuted"),
-    "cached-dispatch-emu-ep4-sms12": ("refuted", "inconclusive"),
+SEALED_EP4 = {  # preregistration -> (records, sealed at, verdicts (dispatch, combine)), as the README reports
+    # sealed at the shipped fit (76fcaa9, committed at 7facac3), measured on an H100 at 7facac3
+    "lazy-completion-dispatch-emu-ep4-sms12": ("h100-7facac3", ("76fcaa9",), ("refuted", "refuted")),
+    "qp-fanout-fix-emu-ep4-sms12": ("h100-7facac3", ("76fcaa9",), ("validated", "refuted")),
+    "cached-dispatch-emu-ep4-sms12": ("h100-7facac3", ("76fcaa9",), ("refuted", "inconclusive")),
+    # sealed at the put-path fit (ef53293 / 3147a05, committed at 2a99e1b), measured on an H100 at 9990e89
+    "put-many-emu-ep4-sms12": ("h100-9990e89", ("ef53293", "3147a05"), ("refuted", "refuted")),
+    "write-imm-counting-emu-ep4-sms12": ("h100-9990e89", ("ef53293", "3147a05"), ("refuted", "refuted")),
+    "batched-doorbells-emu-ep4-sms12": ("h100-9990e89", ("ef53293", "3147a05"), ("inconclusive", "refuted")),
 }
 
 
-@pytest.mark.parametrize("name", sorted(SEALED_EP4_VERDICTS))
+@pytest.mark.parametrize("name", sorted(SEALED_EP4))
 def test_sealed_ep4_predictions_judged_against_the_runs_made_after_them(name):
-    """Three more levers at EP4 (4 ranks on one GPU, 12 SMs each), sealed at the shipped fit
-    (76fcaa9, committed at 7facac3) and measured after on an H100 (7facac3, beside a fresh EP4
-    baseline): each preregistration is intact and older than its records, `lever compare` gives
-    the README's verdicts, and none has the wrong sign (lazy completion's dispatch 64% too
-    large, cached dispatch's 36% too small, the fan-out fix's dispatch validated)."""
+    """Levers at EP4 (4 ranks on one GPU, 12 SMs each), each sealed before any run of it and
+    measured after on an H100 beside a fresh EP4 baseline (README, "Three more at EP4"): each
+    preregistration is intact and older than its records, every record gate-passed from a
+    clean tree, `lever compare`'s verdicts are the README's, and no band that claims a sign
+    claims the wrong one. At 7facac3 lazy completion's dispatch was 64% too large, cached
+    dispatch's 36% too small, the fan-out fix's dispatch validated; at 9990e89 put-many's
+    dispatch missed its band by 1.5 us, write-imm counting was twice too slow on dispatch and
+    batched doorbells' combine measured -169 us where the model put +12 with a band across
+    zero. Write-imm counting's hardware-counter variant was sealed as not runnable here."""
     from lever.calibration.compare import check_prereg, compare
 
+    folder, revs, verdicts = SEALED_EP4[name]
     prereg = json.loads((PREDICTIONS / f"{name}.json").read_text())
     check_prereg(prereg, None)
-    assert prereg["git_rev"].startswith("76fcaa9")
+    assert len(prereg["git_rev"]) == 40 and prereg["git_rev"][:7] in revs
     lever = name.removesuffix("-emu-ep4-sms12")
-    recs = [load_record(SEALED_EP4 / f"emu-host-ep4-sms12-4-native-{v}.json") for v in ("baseline", lever)]
+    recs = [load_record(BED / folder / f"emu-host-ep4-sms12-4-native-{v}.json") for v in ("baseline", lever)]
     for r in recs:
         assert r.gate.passed is True and not r.provenance.dirty and "H100" in r.what.platform.gpu, r.id
-        assert r.provenance.date > prereg["date"], r.id
+        assert r.provenance.date > prereg["date"] and r.provenance.git_rev.startswith(folder[-7:]), r.id
     got = compare(prereg, recs)
-    assert tuple(got["ops"][op]["verdict"] for op in ("dispatch", "combine")) == SEALED_EP4_VERDICTS[name]
-    assert not any(o["sign_flip"] for o in got["ops"].values())
+    assert tuple(got["ops"][op]["verdict"] for op in ("dispatch", "combine")) == verdicts
+    for op, o in got["ops"].items():
+        lo, hi = o["predicted_band_us"]
+        if lo > 0 or hi < 0:
+            assert o["predicted_delta_us"] * o["measured_delta_us"] > 0, (name, op)
     shipped = json.loads((PREDICTIONS / f"{name}.compare.json").read_text())
     assert got["ops"] == shipped["ops"]
+    if lever == "write-imm-counting":
+        assert prereg["variants"]["hw-completion-counter"]["runnable"] is False
 
 
 V2_HOST = BED / "h100-59a87e7"
@@ -864,44 +878,6 @@ def test_the_host_engine_table_counts_the_engines_work_as_the_testbed_and_the_mo
                                                              {"dispatch": 1.0, "combine": 1.0})])
 
 
-SEALED_EP4_PUT_PATH = BED / "h100-9990e89"
-SEALED_EP4_PUT_PATH_VERDICTS = {  # lever -> verdicts (dispatch, combine), as the README reports
-    "put-many": ("refuted", "refuted"),
-    "write-imm-counting": ("refuted", "refuted"),
-    "batched-doorbells": ("inconclusive", "refuted"),
-}
-
-
-@pytest.mark.parametrize("lever", sorted(SEALED_EP4_PUT_PATH_VERDICTS))
-def test_the_ep4_predictions_sealed_at_the_put_path_fit_judged_against_their_runs(lever):
-    """Sealed at ef53293 / 3147a05 and committed at 2a99e1b, before any EP4 run of these levers,
-    then measured on an H100 at 9990e89 beside a fresh EP4 baseline (README, "Three more at
-    EP4, sealed at the put-path fit"): each preregistration is intact and older than its
-    records, every record gate-passed from a clean tree, and `lever compare`'s verdicts are
-    the README's. put-many's dispatch misses its band by 1.5 us (-585 against -557 [-584,
-    -516]); write-imm counting is twice too slow on dispatch; batched doorbells' combine is a
-    measured -169 us where the model put +12 with a band across zero (no sign claimed). Its
-    hardware-counter variant was sealed as not runnable on this NIC."""
-    from lever.calibration.compare import check_prereg, compare
-
-    prereg = json.loads((PREDICTIONS / f"{lever}-emu-ep4-sms12.json").read_text())
-    check_prereg(prereg, None)
-    assert len(prereg["git_rev"]) == 40 and prereg["git_rev"][:7] in ("ef53293", "3147a05")
-    recs = [load_record(SEALED_EP4_PUT_PATH / f"emu-host-ep4-sms12-4-native-{v}.json") for v in ("baseline", lever)]
-    for r in recs:
-        assert r.gate.passed is True and not r.provenance.dirty and "H100" in r.what.platform.gpu, r.id
-        assert r.provenance.date > prereg["date"], r.id
-        assert r.provenance.git_rev.startswith("9990e89")
-    got = compare(prereg, recs)
-    assert tuple(got["ops"][op]["verdict"] for op in ("dispatch", "combine")) == SEALED_EP4_PUT_PATH_VERDICTS[lever]
-    for op, o in got["ops"].items():  # right sign wherever the band claims one
-        lo, hi = o["predicted_band_us"]
-        if lo > 0 or hi < 0:
-            assert o["predicted_delta_us"] * o["measured_delta_us"] > 0, (lever, op)
-    shipped = json.loads((PREDICTIONS / f"{lever}-emu-ep4-sms12.compare.json").read_text())
-    assert got["ops"] == shipped["ops"]
-    if lever == "write-imm-counting":
-        assert prereg["variants"]["hw-completion-counter"]["runnable"] is False
 
 
 @pytest.mark.parametrize("lever", ["deferred-doorbell-aggregation", "lazy-completion-combine",

@@ -124,6 +124,9 @@ class NicParams(Strict):
         0.0, ge=0, description="the host engine copying the new WQEs of one QP whose doorbell a "
         "pass found moved into its device mirror (PCIe reads of the WQEs, a fence, the mirror's "
         "doorbell): once per moved QP per pass, however many WQEs were rung on it")
+    host_mirror_copy_per_wqe_ns: float = Field(
+        0.0, ge=0, description="a host-engine copy's further cost for each WQE it carries (its "
+        "PCIe reads of the WQE): a copy of k WQEs costs host_mirror_copy_ns + k x this")
     host_reads_in_flight: bool = Field(
         False, description="the host engine's doorbell reads and WQE copies are host reads in "
         "flight of its GPU (it is warps of that GPU), so the GPU's system fences wait for them "

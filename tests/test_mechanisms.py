@@ -661,13 +661,14 @@ def test_a_host_engine_mirrors_the_doorbells_wqes_before_they_are_parsed():
     assert nic.host_free == pytest.approx(5000.0)
 
 
-def _pass_nic(read: float, copy: float):
+def _pass_nic(read: float, copy: float, per_wqe: float = 0.0):
     """A lone emulated NIC whose host engine works in passes; what it parses, when."""
     from lever.sim.fabric import Fabric
     from lever.sim.nic import Nic, QueuePair
 
     scn = _write_imm({"platform.nic.host_engine": True, "platform.nic.doorbell_process_ns": 0.0,
-                      "platform.nic.host_doorbell_read_ns": read, "platform.nic.host_mirror_copy_ns": copy})
+                      "platform.nic.host_doorbell_read_ns": read, "platform.nic.host_mirror_copy_ns": copy,
+                      "platform.nic.host_mirror_copy_per_wqe_ns": per_wqe})
     env = simpy.Environment()
     led = Ledger()
     fab = Fabric(env, scn.platform.fabric, np.random.default_rng(0), led)
@@ -709,6 +710,24 @@ def test_doorbells_rung_on_one_qp_before_the_host_engine_reads_share_one_copy():
     assert sent[3][1] == pytest.approx(first + copy + read + copy + wqe)
     assert led.counters["nic_host_passes"] == 2
     assert led.counters["nic_host_qp_copies"] == 3
+
+
+def test_a_host_engine_copy_costs_more_for_each_wqe_it_carries():
+    """A copy reads each new WQE of its QP over PCIe (nic.host_mirror_copy_per_wqe_ns; 5.9 us +
+    0.29 us a WQE across 57 H100 records, benchmarks/host_copy_per_wqe.py): three doorbells of
+    one QP rung before a pass cost one copy of three WQEs, the other QP's one a copy of one."""
+    read, copy, per = 1500.0, 6000.0, 300.0
+    env, nic, (a, b), sent, led = _pass_nic(read, copy, per)
+    for _ in range(3):
+        _rung(a)
+    _rung(b)
+    env.run()
+    wqe = nic.wqe_ns
+    first = read + copy + 3 * per
+    assert [q for q, _ in sent] == [0, 0, 0, 1]
+    assert sent[0][1] == pytest.approx(first + wqe)
+    assert sent[3][1] == pytest.approx(first + copy + per + wqe)
+    assert led.counters["nic_host_qp_copies"] == 2
 
 
 def test_the_host_engine_writes_a_claims_worth_of_cqes_between_two_doorbell_passes():

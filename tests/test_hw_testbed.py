@@ -899,3 +899,19 @@ def test_the_ep4_predictions_sealed_at_the_shipped_fit_are_intact_and_await_thei
     if lever in HW_VARIANTS:
         built = prereg["variants"][HW_VARIANTS[lever]]
         assert built["runnable"] is True and set(built["predictions"]) == {"dispatch", "combine"}
+
+
+def test_a_host_engine_copy_grows_with_the_wqes_it_carries_across_the_h100_records():
+    """benchmarks/host_copy_per_wqe.py: the line through every H100 record that counts the host
+    engine's copies is the measurement behind nic.host_mirror_copy_per_wqe_ns (291.5 ns a WQE
+    on a 5.9 us base, in the emulated platform's sources, with 57 records; a later H100 folder
+    moves it within its 15%), and the line recovers a known one exactly."""
+    mod = load_benchmark("host_copy_per_wqe")
+    pts = mod.points(str(BED / "h100-*" / "emu-*.json"))
+    assert len(pts) >= 50
+    base, slope, miss = mod.fit(pts)
+    assert 5000 < base < 7000 and 200 < slope < 400 and miss < 0.1
+    assert slope == pytest.approx(291.5, rel=0.15)  # the sourced value, within its quoted spread
+    syn = [("a", 1.0, 1300.0), ("b", 3.0, 1900.0), ("c", 10.0, 4000.0)]
+    b, s, m = mod.fit(syn)
+    assert b == pytest.approx(1000.0) and s == pytest.approx(300.0) and m == pytest.approx(0.0, abs=1e-9)

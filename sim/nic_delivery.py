@@ -11,8 +11,9 @@ bookkeeping. Measured per packet on an H200 and an H100 (docs/testbed.md, "Where
 goes"; ``nic_{scan,copy,fence}_per_packet_ns``): the claim 1.6-1.8 us, the batch's copies
 2.6-3.0 us for two 7.5 KiB packets, the fence 1.5-2.0 us; and a claim lag, waiting for a free
 warp, of 0.7-9.8 us that grows with the load (one NIC a rank: 9.8 us). A constant landing
-time (``receiver.land_ns``) carries the first three but not the lag, so a fit used to slow the
-line rate to a third of what the emulator serialises at to make bursts queue.
+time (``receiver.land_ns``) carries the first three but not the lag. Off on the shipped
+emulated platform (README, Leave one lever out): at its fitted 35 Gb/s line rate packets
+leave 1.7 us apart and rarely queue for the warps, and the refit keeps that line rate.
 
 "Free at" arithmetic, in the order packets become due (the order the model's arrivals run in):
 a packet joins a batch a warp claimed at or after the packet could be claimed, while the batch

@@ -149,7 +149,7 @@ MUTANTS: tuple[Mutant, ...] = (
            'led.cost("nic", self._copy + self._copy_per_wqe * len(msgs))', 'led.cost("nic", self._copy)',
            "a host-engine copy costs the same however many WQEs it carries"),
     Mutant("delivering-warps-removed", "sim/nic.py",
-           "pool = msg.qp.nic.delivery\n", "pool = None\n",
+           "if self.delivery is not None:  # every NIC", "if False:  # every NIC",
            "the emulated NIC's packets land a constant receiver.land_ns after ingress, whatever the load"),
     Mutant("delivery-batches-never-shared", "sim/nic_delivery.py",
            "if held[i] < self.batch and claimed[i] >= ready", "if False",

@@ -261,9 +261,9 @@ class Nic:
         start = rx_free if busy else now  # max(rx_free, now)
         rx_free = self.rx_free = start + (size + self._hdr) * self.ns_per_byte * self._f_wire
         t_land = rx_free + self._land
-        pool = msg.qp.nic.delivery
-        if pool is not None:  # the sender's delivering warps copy it, due at its arrival
-            t_vis = pool.land(now, size) + self._land
+        if self.delivery is not None:  # every NIC of a run has one, or none
+            # the sender's delivering warps copy it, due at its arrival
+            t_vis = msg.qp.nic.delivery.land(now, size) + self._land
             if t_vis > t_land:
                 t_land = t_vis
         cnt = self._counters

@@ -15,22 +15,23 @@ from __future__ import annotations
 
 import argparse
 import glob
-import json
 
 import numpy as np
 
 
 def points(pattern: str) -> list[tuple[str, float, float]]:
     """(record id, WQEs a copy, ns a copy) of every record matching ``pattern`` that counts them."""
-    out = {}
+    from lever.calibration.records import load_record
+
+    out = []
     for path in sorted(glob.glob(pattern)):
-        rec = json.loads(open(path).read())
-        m = {k: v.get("median") for k, v in rec.get("metrics", {}).items() if isinstance(v, dict)}
+        rec = load_record(path)
+        m = {k: v.median for k, v in rec.metrics.items()}
         copy, copies, wqes = (m.get("host_copy_per_qp_copy_ns"), m.get("host_qp_copies_per_iteration_count"),
                               m.get("mirrored_wqes_per_iteration_count"))
         if copy and copies and wqes:
-            out[path] = (rec["id"], wqes / copies, copy)
-    return list(out.values())
+            out.append((rec.id, wqes / copies, copy))
+    return out
 
 
 def fit(pts: list[tuple[str, float, float]]) -> tuple[float, float, float]:

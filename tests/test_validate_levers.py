@@ -237,6 +237,36 @@ def test_the_committed_lever_validation_covers_every_shipped_lever_record_and_me
     assert efa and all(r["predicted_delta_us"] * r["measured_delta_us"] > 0 for r in efa)
 
 
+def test_the_committed_sealed_repredictions_cover_every_measured_prediction_at_the_shipped_fit():
+    """``benchmarks/sealed_repredict.json`` re-predicts every measured sealed prediction with the
+    shipped model (README, "Out-of-sample drift"). It must hold a row per (measured case, op)
+    with the sealed and measured deltas of its files, its summary must be its rows', and it
+    must have run on the shipped emulated fit: recalibrating without re-running it fails here,
+    so a fit that scores better on its own records cannot hide a worse out-of-sample miss."""
+    from lever.sim import scenario
+
+    mod = load_benchmark("sealed_repredict")
+    got = json.loads((ROOT / "benchmarks" / "sealed_repredict.json").read_text())
+    want = {}
+    for name, _pre, comp in mod.measured_cases():
+        for op, c in comp["ops"].items():
+            want[(name, op)] = (round(float(c["predicted_delta_us"]), 4), round(float(c["measured_delta_us"]), 4))
+    rows = got["rows"]
+    assert {(r["case"], r["op"]): (r["sealed_delta_us"], r["measured_delta_us"]) for r in rows} == want
+    assert len(rows) == len(want) and got["summary"] == mod.summarise(rows)
+    assert got["platform_digests"] == [scenario.platform_digest(scenario.load("emu-ep2-native"))]
+
+
+def test_the_sealed_repredict_summary_counts_misses_signs_and_which_side_is_closer():
+    mod = load_benchmark("sealed_repredict")
+    rows = [{"sealed_delta_us": -10.0, "now_delta_us": -30.0, "measured_delta_us": -20.0},
+            {"sealed_delta_us": 5.0, "now_delta_us": -50.0, "measured_delta_us": -40.0},
+            {"sealed_delta_us": -100.0, "now_delta_us": -60.0, "measured_delta_us": -90.0}]
+    s = mod.summarise(rows)
+    assert s["sealed"] == {"median_miss_us": 10.0, "mean_miss_us": 21.7, "wrong_sign": 1, "closer": 1}
+    assert s["now"] == {"median_miss_us": 10.0, "mean_miss_us": 16.7, "wrong_sign": 0, "closer": 1}
+
+
 def test_the_lever_validation_diff_summarises_each_run_and_lists_the_rows_that_moved():
     """benchmarks/lever_validation_diff.py: the emulated rows' validated count, confident right
     signs (a band on the measured side of zero), median miss and band, and the rows whose

@@ -8,11 +8,11 @@ before the testbed ran it) and its judgement (``NAME.compare.json``, the measure
 the only numbers the model never saw. Later fits are judged by leave-one-out on their own
 training records (``lever validate --levers``); this asks the other question: does the model
 as shipped now predict the held-out runs better or worse than the model that sealed them?
-Each case is predicted on its prereg's baseline, sets and seeds, the lever's primary variant
-where it names one, as a point (no parameter draws: the bands are the sealed files'). The
+Each case is predicted on its prereg's baseline, sets and seeds, and where the lever has
+several readings, on the one the testbed builds (the variant its run measured), as a point (no parameter draws: the bands are the sealed files'). The
 table gives, per (case, op), the sealed, the re-predicted and the measured delta, and the
-summary the median and mean absolute miss of each and their point signs. About 4 minutes on
-two cores.
+summary the median and mean absolute miss of each, their wrong-signed points and how often
+each is the closer. Seconds to minutes on two cores (``lever predict`` keeps its simulations).
 """
 
 from __future__ import annotations
@@ -38,17 +38,26 @@ def measured_cases(folder: Path = PREDICTIONS) -> list[tuple[str, dict, dict]]:
     return out
 
 
+def built_variant(prereg: dict) -> str | None:
+    """The variant of the lever the testbed's kernels build (``lever.hw.ep.HW_VARIANTS``),
+    where the lever file has several readings: the one its measurement judges."""
+    from lever.hw.ep import HW_VARIANTS
+
+    return HW_VARIANTS.get(prereg["lever"]) if prereg.get("variants") else None
+
+
 def repredict(prereg: dict, seeds: int, workers: int) -> tuple[dict[str, float], str]:
-    """The shipped model's point delta per op for ``prereg``'s case (its primary variant where
-    the lever names one), and the platform digest it ran on."""
+    """The shipped model's point delta per op for ``prereg``'s case (the variant the testbed
+    builds where the lever has several, else its primary), and the platform digest it ran on."""
     from lever.calibration.predict import predict
 
     sets = {**prereg.get("sets", {}), **prereg.get("lever_only_sets", {})}
     j = predict(prereg["lever"], seeds=seeds, sets=sets, param_samples=0, with_cp=False,
                 baseline=prereg["baseline"], workers=workers)
     ops = j["ops"]
-    if j.get("primary"):
-        ops = j["variants"][j["primary"]]["ops"]
+    name = built_variant(prereg) or j.get("primary")
+    if name:
+        ops = j["variants"][name]["ops"]
     return {op: float(ops[op]["delta_us"]) for op in ops}, j["platform_digest"]
 
 
@@ -72,9 +81,10 @@ def table(res: dict) -> str:
              f"now {s['now']['median_miss_us']} us; mean {s['sealed']['mean_miss_us']} / "
              f"{s['now']['mean_miss_us']}; wrong-signed points {s['sealed']['wrong_sign']} / "
              f"{s['now']['wrong_sign']}; closer {s['sealed']['closer']} / {s['now']['closer']}", "",
-             "| case | op | sealed (rev) | now | measured | sealed verdict |", "|---|---|---|---|---|---|"]
+             "| case (variant built) | op | sealed (rev) | now | measured | sealed verdict |", "|---|---|---|---|---|---|"]
     for r in res["rows"]:
-        lines.append(f"| `{r['case']}` | {r['op']} | {r['sealed_delta_us']:+.1f} ({r['sealed_rev'][:7]}) | "
+        case = f"`{r['case']}`" + (f" ({r['variant']})" if r.get("variant") else "")
+        lines.append(f"| {case} | {r['op']} | {r['sealed_delta_us']:+.1f} ({r['sealed_rev'][:7]}) | "
                      f"{r['now_delta_us']:+.1f} | {r['measured_delta_us']:+.1f} | {r['sealed_verdict']} |")
     return "\n".join(lines)
 
@@ -90,11 +100,13 @@ def main(argv: list[str] | None = None) -> int:
     for name, pre, comp in measured_cases():
         now, dig = repredict(pre, args.seeds, args.workers)
         digests.add(dig)
+        var = built_variant(pre)
+        judged = comp["variants"][var]["ops"] if var and var in comp.get("variants", {}) else comp["ops"]
         for op in OPS:
-            if op not in comp["ops"]:
+            if op not in judged:
                 continue
-            c = comp["ops"][op]
-            rows.append({"case": name, "op": op, "lever": pre["lever"], "sealed_rev": pre["git_rev"],
+            c = judged[op]
+            rows.append({"case": name, "op": op, "lever": pre["lever"], "variant": var, "sealed_rev": pre["git_rev"],
                          "sealed_delta_us": round(float(c["predicted_delta_us"]), 4),
                          "sealed_verdict": c["verdict"], "now_delta_us": round(now[op], 4),
                          "measured_delta_us": round(float(c["measured_delta_us"]), 4)})

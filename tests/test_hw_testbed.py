@@ -846,10 +846,11 @@ def test_v2_posts_cost_about_13_us_a_wqe_spread_over_every_segment():
 def test_the_put_path_table_splits_a_post_per_wqe_as_the_testbed_and_the_model_do():
     """benchmarks/put_path_table.py: the testbed's per-WQE put path comes back from a record's
     shares and its stores + fence + doorbell time (the chain segments sum to the chain), and
-    the model's from its ledger; on the H200 baseline's dispatch the testbed waits for the turn
-    longer than the model does at the shipped fit, and the model's fence is the larger (the 12
-    us stand-in, README), while with the turn's release waiting for host reads the model's
-    turn wait grows."""
+    the model's from its ledger; on the H200 baseline's dispatch the model at the shipped fit,
+    whose turn releases wait for the host reads in flight as the testbed's do, waits for the
+    turn about as long as the testbed (38.6 against 47.6 us a WQE), its fence the larger (the
+    8.3 us stand-in, README); with the release not waiting the turn wait collapses (0.6 us at
+    the fit before)."""
     mod = load_benchmark("put_path_table")
     m = {"dispatch_post_chain_per_wqe_ns": 6000.0, "dispatch_putpath_lock_ratio": 0.4,
          "dispatch_putpath_credit_wait_ratio": 0.3, "dispatch_putpath_wqe_ratio": 0.05,
@@ -860,9 +861,9 @@ def test_the_put_path_table_splits_a_post_per_wqe_as_the_testbed_and_the_model_d
     assert mod.measured_per_wqe({}, "dispatch") is None
     (rid, hw, model), = mod.rows("dispatch", "emu-bed-ep2-native-baseline", 1, {}, 1)[-1:]
     assert rid == "emu-bed-ep2-native-baseline"
-    assert hw["lock"] > 3 * model["lock"] and model["fence"] > hw["fence"]
-    (_, _, on), = mod.rows("dispatch", rid, 1, {"platform.gpu.release_waits_host_reads": True}, 1)[-1:]
-    assert on["lock"] > 2 * model["lock"]
+    assert 0.5 * hw["lock"] < model["lock"] < 1.5 * hw["lock"] and model["fence"] > hw["fence"]
+    (_, _, off), = mod.rows("dispatch", rid, 1, {"platform.gpu.release_waits_host_reads": False}, 1)[-1:]
+    assert off["lock"] < 0.5 * model["lock"]
     assert "| `emu-bed-ep2-native-baseline` |" in mod.table("dispatch", [(rid, hw, model)])
     # a testbed folder's records (V2) run their own scenario on the calibrated platform
     (vid, vhw, vmodel), = mod.rows("dispatch", "v2-hybrid-n2x2-native-baseline", 1, {}, 1,
@@ -877,8 +878,10 @@ def test_the_host_engine_table_counts_the_engines_work_as_the_testbed_and_the_mo
     apart and cost the engine about three times the baseline's copies a WQE, on the testbed and
     in the model at the shipped fit alike (the mechanism its latency comes from, README); the
     model's shares of its engines' time sum to one. What the table showed when it was written:
-    the shipped fit prices a copy at 0.55x and a CQE at 1.9x what the testbed measured, so the
-    model's engine writes CQEs at its cap of two a pass where the testbed's writes 0.84."""
+    the shipped fit priced a copy at 0.55x and a CQE at 1.9x what the testbed measured, so the
+    model's engine wrote CQEs at its cap of two a pass where the testbed's writes 0.84; with the
+    engine's reads in flight (the 2026-12-06 fit) a copy is 5.3 us and a CQE 1.78 us, the copy
+    and CQE shares within 0.1 of the testbed's, but qp17's copies a WQE 0.60 against 0.79."""
     mod = load_benchmark("host_engine_table")
     m = {"mirrored_wqes_per_iteration_count": 200.0, "host_passes_per_iteration_count": 100.0,
          "host_qp_copies_per_iteration_count": 50.0, "cqes_per_iteration_count": 200.0,
@@ -892,7 +895,7 @@ def test_the_host_engine_table_counts_the_engines_work_as_the_testbed_and_the_mo
            if rid.endswith(("baseline", "qp17-ownership"))}
     (hb, mb), (hq, mq) = got["emu-host-2-native-baseline"], got["emu-host-2-native-qp17-ownership"]
     assert hq["copies_per_wqe"] > 2.5 * hb["copies_per_wqe"]
-    assert mq["copies_per_wqe"] > 2.5 * mb["copies_per_wqe"]
+    assert mq["copies_per_wqe"] > 1.5 * mb["copies_per_wqe"]  # 1.9x at the 2026-12-06 fit (2.9x before)
     for row in (mb, mq):
         assert sum(row[s] for s in mod.SHARES) == pytest.approx(1.0) and 0.0 < row["idle"] < 1.0
     assert "| `emu-host-2-native-baseline` |" in mod.table([("emu-host-2-native-baseline", hb, mb,

@@ -823,8 +823,9 @@ def test_released_turns_queue_behind_the_credit_polls_of_a_host_cq():
     for the credit polls in flight inside the turn: the dispatch's warps wait longer for their
     turns and the dispatch is slower (the testbed: 41% of the put path waiting for the turn in
     the baseline's dispatch, where without it the model had 7%)."""
-    base = {"workload.tokens_per_rank": 32}
-    off = simulate_op(scenario.load("emu-ep2-native", base), "dispatch", 0)
+    base = {"workload.tokens_per_rank": 32}  # the emulated platform ships with the release waiting
+    off = simulate_op(scenario.load("emu-ep2-native", {**base, "platform.gpu.release_waits_host_reads": False}),
+                      "dispatch", 0)
     on = simulate_op(scenario.load("emu-ep2-native", {**base, "platform.gpu.release_waits_host_reads": True}),
                      "dispatch", 0)
     assert on.ledger.counters["doorbells"] == off.ledger.counters["doorbells"]
@@ -842,8 +843,9 @@ def test_the_host_engines_reads_hold_up_the_fences_of_its_gpu():
     0.6-0.75 alone, 89% of its put path waiting for the turn)."""
     sets = {"workload.tokens_per_rank": 32, "design.lazy_completion_dispatch": True,
             "platform.gpu.release_waits_host_reads": True,
-            "platform.gpu.fence_ns": 1448.0}  # the primitive's fence (the shipped fit's is 12 us)
-    bare = simulate_op(scenario.load("emu-ep2-native", sets), "dispatch", 0)
+            "platform.gpu.fence_ns": 1448.0}  # the primitive's fence (the shipped fit's is 8.3 us)
+    bare = simulate_op(scenario.load("emu-ep2-native", {**sets, "platform.nic.host_reads_in_flight": False}),
+                       "dispatch", 0)
     res = simulate_op(scenario.load("emu-ep2-native", {**sets, "platform.nic.host_reads_in_flight": True}),
                       "dispatch", 0)
     led = res.ledger

@@ -21,9 +21,10 @@ records). For each lever record:
 3. **Predict** the held-out delta on the refit (paired seeds, band = seed noise and the spread
    over parameter draws from the refit's covariance, clipped to the bounds:
    :func:`lever.calibration.predict.predict_links`), widened by the refit's own model
-   discrepancy (:func:`discrepancy`): the model reproduces the latencies it was fitted to only
-   to within a typical relative error, and a predicted change is taken to be no more accurate
-   than that, relative to its size. Parameter draws can not show this error: it is the
+   discrepancy, the larger of two estimates of it: its typical relative miss on the latencies
+   it was fitted to, times the predicted change (:func:`discrepancy`), and its typical miss on
+   the lever deltas among its training records (:func:`delta_discrepancy`), which does not
+   vanish where the predicted change does. Parameter draws can not show this error: it is the
    model's, not the parameters'.
 4. **Judge** it with the preregistration rule (:func:`lever.calibration.compare.verdict`)
    against the measured delta and its band (:func:`lever.calibration.compare.measured_delta`).
@@ -42,7 +43,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
-from lever.calibration.compare import measured_delta, verdict
+from lever.calibration.compare import Z90, measured_delta, verdict
 from lever.calibration.records import OPS, RecordError, RunRecord, SimLink
 from lever.calibration.repro import delta_halfwidth
 from lever.sim.params import FreeParam, Platform
@@ -202,10 +203,35 @@ def discrepancy(rows: list[Any]) -> float:
     return float(np.median(errs)) if errs else 0.0
 
 
+MAD_TO_SD = 1.4826
+"""A normal distribution's standard deviation over its median absolute deviation."""
+
+
+def delta_discrepancy(rows: list[Any], cases: list[LeverCase]) -> float:
+    """The refit's typical miss (us, as a normal's sd) on the lever deltas among its own
+    training records: per training lever case and op, |(sim lever - sim baseline) - (measured
+    lever - measured baseline)| from their ``*.p50`` rows (a delta record's own ``*.delta``
+    row), the median over them times :data:`MAD_TO_SD`; 0 where there is none. What a delta is
+    predicted, a delta is judged by: unlike :func:`discrepancy` it does not shrink with the
+    predicted change, so a lever predicted to do nothing gets the model's typical delta error,
+    not a band of zero width."""
+    by = {(r.record, r.quantity): r for r in rows}
+    errs = []
+    for c in cases:
+        for op in c.ops:
+            if c.baseline is None:
+                d = by.get((c.record.id, f"{op}.delta"))
+                if d is not None:
+                    errs.append(abs(d.predicted - d.measured))
+                continue
+            a, b = by.get((c.record.id, f"{op}.p50")), by.get((c.baseline.id, f"{op}.p50"))
+            if a is not None and b is not None:
+                errs.append(abs((a.predicted - b.predicted) - (a.measured - b.measured)))
+    return MAD_TO_SD * float(np.median(errs)) if errs else 0.0
+
+
 def widen(delta: float, band: tuple[float, float], rel: float) -> tuple[float, float]:
     """``band`` combined per side, in quadrature, with a 90% discrepancy of ``rel`` x |delta|."""
-    from lever.calibration.compare import Z90
-
     return widen_by(delta, band, Z90 * rel * abs(delta))
 
 
@@ -270,6 +296,17 @@ class FoldResult:
     cost: float = 0.0
     discrepancy: float = 0.0
     """The refit's median relative miss on its training latencies (widens the bands when used)."""
+    delta_discrepancy_us: float = 0.0
+    """The refit's typical miss on its training lever deltas (:func:`delta_discrepancy`)."""
+
+
+def train_cases(records: list[RunRecord]) -> list[LeverCase]:
+    """The lever cases among a refit's training records, each with its baseline; none where
+    a lever record's baseline is not among them."""
+    try:
+        return lever_cases(records)
+    except RecordError:
+        return []
 
 
 def run_fold(task: FoldTask) -> FoldResult:
@@ -284,6 +321,7 @@ def run_fold(task: FoldTask) -> FoldResult:
     bounds = {n: (task.free[n].lo, task.free[n].hi) for n in res.names}
     draws = draw_params(res.names, np.log(res.x), res.log_cov, task.param_samples, bounds)
     rel = discrepancy(res.rows) if task.with_discrepancy else 0.0
+    sd_us = delta_discrepancy(res.rows, train_cases(task.train)) if task.with_discrepancy else 0.0
     rows = []
     for case in task.cases:
         assert case.record.sim is not None
@@ -291,14 +329,17 @@ def run_fold(task: FoldTask) -> FoldResult:
                              list(case.ops), seeds=task.pred_seeds)
         for op in case.ops:
             p = pred[op]
-            band = widen(p["delta_us"], (p["band_us"][0], p["band_us"][1]), rel)
+            # the larger of the two estimates of the model's own error on this delta
+            m = max(Z90 * rel * abs(p["delta_us"]), Z90 * sd_us)
+            band = widen_by(p["delta_us"], (p["band_us"][0], p["band_us"][1]), m)
             if op in task.run_noise:  # what the measurement of a delta adds, measured
                 band = widen_by(p["delta_us"], band, delta_halfwidth(*task.run_noise[op]))
             p["band_us"] = list(band)
             rows.append(judge(case, op, p))
     return FoldResult(rows=rows, train=[r.id for r in task.train],
                       excluded=sorted({c.record.id for c in task.cases}), params=res.params(),
-                      evaluations=res.evaluations, cost=res.cost, discrepancy=rel)
+                      evaluations=res.evaluations, cost=res.cost, discrepancy=rel,
+                      delta_discrepancy_us=sd_us)
 
 
 def refusal(link: SimLink, base_sets: Mapping[str, Any]) -> str | None:
@@ -335,6 +376,7 @@ class ValidateResult:
         return {"wall_s": None if wall_s is None else round(wall_s, 1), "start": self.start_params,
                 "folds": [{"held_out": f.excluded, "train": f.train, "cost": f.cost,
                            "evaluations": f.evaluations, "discrepancy": round(f.discrepancy, 4),
+                           "delta_discrepancy_us": round(f.delta_discrepancy_us, 2),
                            "params": f.params} for f in self.folds]}
 
 

@@ -205,6 +205,34 @@ def test_the_band_widens_by_the_refits_own_miss_on_its_training_latencies():
     assert val.discrepancy([]) == 0.0
 
 
+def test_the_delta_discrepancy_is_the_refits_typical_miss_on_its_training_deltas():
+    """A fold's band is widened by the refit's own error on the lever deltas it was trained on
+    (lever minus baseline, simulated against measured; a delta record's own delta row), as a
+    normal's sd from their median absolute miss, not by a share of the predicted delta: a lever
+    predicted to change nothing still gets the model's typical delta error."""
+    from types import SimpleNamespace as NS
+
+    from lever.calibration.fit import Row
+
+    def row(rec, q, meas, pred):
+        return Row(rec, q, "us", meas, pred, pred - meas)
+
+    rows = [row("b", "dispatch.p50", 1000.0, 900.0), row("l1", "dispatch.p50", 800.0, 720.0),  # miss 20
+            row("l2", "dispatch.p50", 1100.0, 1040.0),  # +100 measured, +140 simulated: miss 40
+            row("d", "dispatch.delta", -30.0, -20.0)]  # a delta record: miss 10
+    base = NS(id="b")
+    cases = [NS(record=NS(id="l1"), baseline=base, ops=("dispatch",)),
+             NS(record=NS(id="l2"), baseline=base, ops=("dispatch",)),
+             NS(record=NS(id="d"), baseline=None, ops=("dispatch",)),
+             NS(record=NS(id="x"), baseline=base, ops=("combine",))]  # no rows: not counted
+    assert val.delta_discrepancy(rows, cases) == pytest.approx(val.MAD_TO_SD * 20.0)
+    assert val.delta_discrepancy(rows, []) == 0.0
+    # a zero predicted delta gains the discrepancy's width, where the relative rule gave none
+    m = 1.6448536269514722 * val.delta_discrepancy(rows, cases)
+    assert val.widen_by(0.0, (0.0, 0.0), m) == (pytest.approx(-m), pytest.approx(m))
+    assert val.widen(0.0, (0.0, 0.0), 0.5) == (0.0, 0.0)
+
+
 def test_a_fixed_jacobian_refit_pays_one_simulation_batch_per_step():
     recs = [r for r in _records() if not r.what.levers]
     plat = _platform()
@@ -216,15 +244,15 @@ def test_a_fixed_jacobian_refit_pays_one_simulation_batch_per_step():
     assert full.evaluations > res.evaluations
 
 
-def test_the_committed_lever_validation_covers_every_shipped_lever_record_with_no_wrong_sign():
+def test_the_committed_lever_validation_covers_every_shipped_lever_record_and_meets_its_target():
     """``benchmarks/validate_levers_2core.json`` is the run the README's trust table and "Now"
     quote (`lever validate --levers --json --workers 2`, a benchmark-sized run, not repeated
     here). It must hold one row per (shipped lever record, op), so a lever record added without
-    a re-run fails here; its tally must be its rows'; no band may claim a wrong sign, and every
-    EFA campaign lever is predicted with its measured sign. The emulated rows' target of 80%
-    validated is not met (19 of 28 at the 2026-12-06 fit, 23 at the one before, whose points
-    missed by a median 50 us): the shipped model was chosen for its misses, so the run must
-    keep the emulated median miss under 40 us (32) and at least two thirds validated."""
+    a re-run fails here; its tally must be its rows'; and it must meet the target: at least 80%
+    of the emulated rows validated, no confidently wrong sign, and every EFA campaign lever
+    predicted with its measured sign. A count can be met by wide bands alone, so the points
+    must be close too: the emulated median miss under 40 us (32 at the 2026-12-06 fit; 50 at
+    the one before, whose 23 of 28 came with narrower bands that carried no delta error)."""
     from lever.calibration.records import shipped_record_paths
 
     got = json.loads((ROOT / "benchmarks" / "validate_levers_2core.json").read_text())
@@ -235,7 +263,7 @@ def test_the_committed_lever_validation_covers_every_shipped_lever_record_with_n
     assert got["validated"] == sum(r["verdict"] == "validated" for r in rows)
     assert got["wrong_sign"] == sum(r["sign"] == "wrong" for r in rows) == 0
     emu = [r for r in rows if r["record"].startswith("emu-")]
-    assert emu and sum(r["verdict"] == "validated" for r in emu) >= 2 / 3 * len(emu)
+    assert emu and sum(r["verdict"] == "validated" for r in emu) >= 0.8 * len(emu)
     misses = sorted(abs(r["predicted_delta_us"] - r["measured_delta_us"]) for r in emu)
     assert statistics.median(misses) < 40.0
     efa = [r for r in rows if r["record"].startswith("efa-")]

@@ -642,6 +642,11 @@ def calibrated_platform(platform: Platform, result: FitResult, records: list[Run
         "git_rev": git_rev(), "cost": result.cost, "unidentifiable": result.unidentifiable,
         "shared": [n for n in result.names if n in (shared or [])],
     }
+    from lever.calibration.validate import delta_discrepancy, train_cases
+
+    dd = delta_discrepancy(result.rows, train_cases(records))
+    if dd > 0:
+        data["calibrated"]["delta_discrepancy_us"] = round(dd, 3)
     return Platform.model_validate(data)
 
 

@@ -28,6 +28,7 @@ import subprocess
 from collections.abc import Callable, Mapping
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
+from statistics import NormalDist
 from typing import Any
 
 import numpy as np
@@ -185,6 +186,16 @@ def draw_params(names: list[str], log_mean: Any, log_cov: Any, k: int,
     return out
 
 
+def model_band(delta: float, band: tuple[float, float], sd_us: float | None) -> tuple[float, float]:
+    """``band`` combined per side, in quadrature, with the 90% half-width of the calibration's
+    own error on a lever delta (``platform.calibrated.delta_discrepancy_us``, a normal's sd):
+    what the model misses by even at its best parameters, which no draw of them shows."""
+    if not sd_us:
+        return band
+    m = NormalDist().inv_cdf(0.5 + BAND_LEVEL / 2) * sd_us  # 1.645 at 90%
+    return delta - math.hypot(delta - band[0], m), delta + math.hypot(band[1] - delta, m)
+
+
 def combine_band(delta: float, hw: float, param_deltas: list[float]) -> tuple[float, float]:
     """The predicted band: the seed-noise half-width combined (in quadrature, per side) with the
     spread of the deltas over parameter draws (their 5-95% quantiles about their median)."""
@@ -310,6 +321,11 @@ def predict(lever: str, seeds: int = 3, sets: Overrides | None = None, param_sam
     base, levr = sides[0], sides[1]
 
     band_kind = "noise+params" if psets else "noise-only"
+    cal = base_scn.platform.calibrated
+    # the baseline against itself (no lever) is the same run twice: no model error between them
+    sd_model = cal.delta_discrepancy_us if cal is not None and names else None
+    if sd_model:
+        band_kind += "+model"
     ops: dict[str, Any] = {}
     for op in base_scn.ops:
         delta, hw = paired_delta(base, levr, op, paired)
@@ -329,6 +345,7 @@ def predict(lever: str, seeds: int = 3, sets: Overrides | None = None, param_sam
                   for i in range(len(psets))]
             lo, hi = combine_band(delta, hw, pd)
             row["param_deltas_us"] = [round(float(v), 4) for v in pd]
+        lo, hi = model_band(delta, (lo, hi), sd_model)
         row["band_us"] = [round(lo, 4), round(hi, 4)]
         row["attribution"] = attribution_shift(base, levr, op)
         row["main_shift"] = main_shift(row["attribution"])[1]
@@ -355,7 +372,7 @@ def predict(lever: str, seeds: int = 3, sets: Overrides | None = None, param_sam
                 delta, hw = paired_delta(base, vside, op, paired)
                 pd = [sides[i + 1 + j][op]["stats"]["p50_us"] - sides[2 + 2 * j][op]["stats"]["p50_us"]
                       for j in range(len(psets))]
-                lo, hi = combine_band(delta, hw, pd)
+                lo, hi = model_band(delta, combine_band(delta, hw, pd), sd_model)
                 vops[op] = {"lever_p50_us": round(vside[op]["stats"]["p50_us"], 4),
                             "delta_us": round(delta, 4), "band_us": [round(lo, 4), round(hi, 4)]}
             entry["ops"] = vops

@@ -306,6 +306,10 @@ class Calibrated(Strict):
     unidentifiable: list[str] = Field(default_factory=list)
     shared: list[str] = Field(default_factory=list, description="of ``names``, those a joint fit "
                               "tied across every platform of the GPU class (one value for all)")
+    delta_discrepancy_us: float | None = Field(
+        None, ge=0, description="the fit's typical miss on the lever deltas among its records "
+        "(us, a normal's sd: lever.calibration.validate.delta_discrepancy); lever predict widens "
+        "its bands by it, the model's own error, which parameter draws can not show")
 
 
 SourceKind = Literal["measured", "published", "fitted", "assumed"]

@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import json
+import math
 
+import pytest
 from lever.calibration import predict as pr
 from lever.sim import levers as levers_mod
+from lever.sim import scenario
 from lever.sim.model import simulate_op
 from lever.sim.results import PUT_PATH, profiler_shares, run_seeds, stats, what_if_reruns
 
@@ -103,7 +106,12 @@ def test_cli_predict_lever_parameter_and_prereg(tmp_path, capsys):
     assert rc == 0
     res = json.loads(capsys.readouterr().out)
     assert res["lever_only_sets"] == {"design.doorbell_batch": 4} and res["sets"] == SMALL
-    assert res["band_kind"] == "noise-only"
+    # the shipped EFA calibration carries its own delta error: every band is at least its 90% width
+    assert res["band_kind"] == "noise-only+model"
+    sd = scenario.load("decode-ep16-efa-native").platform.calibrated.delta_discrepancy_us
+    for o in res["ops"].values():
+        lo, hi = o["band_us"]
+        assert lo <= o["delta_us"] - 1.6448 * sd and hi >= o["delta_us"] + 1.6448 * sd
     pre = json.loads(out.read_text())
     assert pre["sha256"] == pr.content_sha256(pre)
     assert set(pre["predictions"]) == {"dispatch", "combine"}
@@ -149,3 +157,15 @@ def test_parameter_draws_are_the_cholesky_transform_of_the_seeds_normals():
     big = pr.draw_params(names, mean, cov, 20000, rng_seed=1)
     logs = np.log([[d[f"platform.{n}"] for n in names] for d in big])
     assert np.allclose(np.cov(logs.T), cov, atol=0.01)
+
+
+def test_a_band_carries_the_calibrations_own_delta_error_in_quadrature():
+    """``platform.calibrated.delta_discrepancy_us`` (the fit's typical miss on the lever deltas
+    it was fitted to) widens a predicted band per side, in quadrature, by its 90% half-width;
+    a platform without it (uncalibrated, or no lever record in its fit) leaves the band as is."""
+    assert pr.model_band(5.0, (2.0, 9.0), None) == (2.0, 9.0)
+    assert pr.model_band(5.0, (2.0, 9.0), 0.0) == (2.0, 9.0)
+    lo, hi = pr.model_band(5.0, (2.0, 9.0), 10.0)
+    m = 1.6448536269514722 * 10.0
+    assert lo == pytest.approx(5.0 - math.hypot(3.0, m)) and hi == pytest.approx(5.0 + math.hypot(4.0, m))
+

@@ -240,3 +240,28 @@ def test_a_proxy_records_put_path_metrics_are_not_fitted():
     ledger does not hold: no row."""
     rec = _native_emulated_record("proxy", 3000.0)
     assert not [r for r in predict([rec], workers=1) if r.unit == "ns"]
+
+
+def test_a_calibrated_platform_carries_the_fits_miss_on_its_lever_deltas():
+    """``lever calibrate`` writes ``[platform.calibrated] delta_discrepancy_us``, the fit's typical
+    miss on the lever deltas among its records (each lever record against its baseline), which
+    ``lever predict`` widens its bands by; a fit with no lever record writes none."""
+    from lever.calibration.fit import FitResult, Row, calibrated_platform
+    from lever.calibration.validate import MAD_TO_SD
+    from lever.sim import scenario
+
+    base = load_record(DATA_DIR / "emu-ep2-native-baseline.json")
+    lev = load_record(DATA_DIR / "emu-ep2-native-batched-doorbells.json")
+    plat = scenario.load("emu-ep2-native").platform
+    name = sorted(plat.free)[0]
+    rows = [Row(base.id, f"{op}.p50", "us", 1000.0, 1000.0, 0.0) for op in ("dispatch", "combine")]
+    rows += [Row(lev.id, "dispatch.p50", "us", 900.0, 930.0, 30.0),  # the delta missed by 30 us
+             Row(lev.id, "combine.p50", "us", 950.0, 940.0, -10.0)]  # and by 10 us
+    one = np.ones((1, 1))
+    res = FitResult(names=[name], x=np.array([plat.free[name].lo * 2]), log_cov=one * 0.01,
+                    se_log=np.array([0.1]), corr=one, unidentifiable=[], at_bound=[], cost=1.0,
+                    rows=rows, evaluations=1, wall_s=0.0, nfev=1, status="test")
+    cal = calibrated_platform(plat, res, [base, lev], "t").calibrated
+    assert cal.delta_discrepancy_us == pytest.approx(MAD_TO_SD * 20.0, abs=1e-3)
+    alone = calibrated_platform(plat, FitResult(**{**res.__dict__, "rows": rows[:2]}), [base], "t")
+    assert alone.calibrated.delta_discrepancy_us is None

@@ -942,6 +942,37 @@ def test_the_sealed_ep4_predictions_judged_again_on_the_h200_they_were_fitted_fo
             assert o["predicted_delta_us"] * o["measured_delta_us"] > 0, (lever, op)
 
 
+SEALED_COMBOS = {  # preregistration -> (the baseline's levers, the run's levers), as hw/ep names them
+    "lazy-completion-dispatch-on-put-many-emu-ep2": ("put-many", "put-many-lazy-completion-dispatch"),
+    "lazy-completion-combine-on-put-many-emu-ep2": ("put-many", "put-many-lazy-completion-combine"),
+    "batched-doorbells-on-lazy-completion-dispatch-emu-ep2": ("lazy-completion-dispatch",
+                                                              "lazy-completion-dispatch-batched-doorbells"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(SEALED_COMBOS))
+def test_the_combinations_sealed_with_the_model_band_are_intact_and_await_their_runs(name):
+    """Sealed at 7c479ec, committed at 8fe6060, before any run of them (README, "Three lever
+    combinations, sealed with the model's delta error"): each preregistration is intact, names
+    a clean 40-hex revision, its bands carry the calibration's delta error (band_kind
+    noise+params+model, every band at least its 90% width), and no record of its run exists
+    yet. When the runs come, this becomes their compare test."""
+    from lever.calibration.compare import check_prereg
+    from lever.sim import scenario
+
+    prereg = json.loads((PREDICTIONS / f"{name}.json").read_text())
+    check_prereg(prereg, None)
+    assert len(prereg["git_rev"]) == 40 and prereg["git_rev"].startswith("7c479ec")
+    assert prereg["band_kind"] == "noise+params+model"
+    sd = scenario.load(prereg["baseline"]).platform.calibrated.delta_discrepancy_us
+    for p in prereg["predictions"].values():
+        lo, hi = p["band_us"]
+        assert hi - lo >= 2 * 1.6448 * sd * 0.99
+    _, run = SEALED_COMBOS[name]
+    assert not list(BED.glob(f"*/emu-*-native-{run}.json"))
+
+
+
 def test_a_host_engine_copy_grows_with_the_wqes_it_carries_across_the_h100_records():
     """benchmarks/host_copy_per_wqe.py: the line through every H100 record that counts the host
     engine's copies is the measurement behind nic.host_mirror_copy_per_wqe_ns (291.5 ns a WQE

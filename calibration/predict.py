@@ -28,7 +28,6 @@ import subprocess
 from collections.abc import Callable, Mapping
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
-from statistics import NormalDist
 from typing import Any
 
 import numpy as np
@@ -190,10 +189,10 @@ def model_band(delta: float, band: tuple[float, float], sd_us: float | None) -> 
     """``band`` combined per side, in quadrature, with the 90% half-width of the calibration's
     own error on a lever delta (``platform.calibrated.delta_discrepancy_us``, a normal's sd):
     what the model misses by even at its best parameters, which no draw of them shows."""
-    if not sd_us:
-        return band
-    m = NormalDist().inv_cdf(0.5 + BAND_LEVEL / 2) * sd_us  # 1.645 at 90%
-    return delta - math.hypot(delta - band[0], m), delta + math.hypot(band[1] - delta, m)
+    from lever.calibration.compare import Z90  # not at import: compare imports this module
+    from lever.calibration.validate import widen_by
+
+    return widen_by(delta, band, Z90 * sd_us) if sd_us else band
 
 
 def combine_band(delta: float, hw: float, param_deltas: list[float]) -> tuple[float, float]:

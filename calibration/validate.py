@@ -230,9 +230,11 @@ def delta_discrepancy(rows: list[Any], cases: list[LeverCase]) -> float:
     return MAD_TO_SD * float(np.median(errs)) if errs else 0.0
 
 
-def widen(delta: float, band: tuple[float, float], rel: float) -> tuple[float, float]:
-    """``band`` combined per side, in quadrature, with a 90% discrepancy of ``rel`` x |delta|."""
-    return widen_by(delta, band, Z90 * rel * abs(delta))
+def widen(delta: float, band: tuple[float, float], rel: float, sd_us: float = 0.0) -> tuple[float, float]:
+    """``band`` combined per side, in quadrature, with a 90% model discrepancy: the larger of
+    ``rel`` x |delta| (:func:`discrepancy`) and ``sd_us`` (:func:`delta_discrepancy`), two
+    estimates of the model's own error on this delta."""
+    return widen_by(delta, band, Z90 * max(rel * abs(delta), sd_us))
 
 
 def widen_by(delta: float, band: tuple[float, float], m: float) -> tuple[float, float]:
@@ -329,9 +331,7 @@ def run_fold(task: FoldTask) -> FoldResult:
                              list(case.ops), seeds=task.pred_seeds)
         for op in case.ops:
             p = pred[op]
-            # the larger of the two estimates of the model's own error on this delta
-            m = max(Z90 * rel * abs(p["delta_us"]), Z90 * sd_us)
-            band = widen_by(p["delta_us"], (p["band_us"][0], p["band_us"][1]), m)
+            band = widen(p["delta_us"], (p["band_us"][0], p["band_us"][1]), rel, sd_us)
             if op in task.run_noise:  # what the measurement of a delta adds, measured
                 band = widen_by(p["delta_us"], band, delta_halfwidth(*task.run_noise[op]))
             p["band_us"] = list(band)

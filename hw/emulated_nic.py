@@ -24,6 +24,7 @@ JITTER_KINDS = {"none": 0, "exponential": 1, "lognormal": 2, "gamma": 3}
 PLACEMENTS = ("host", "device")
 FETCHERS = {"dedicated": 1, "shared": 0}
 CLAIMS = {"mask": 1, "scan": 0}
+COPIES = {"one": 0, "staged": 1}
 
 # key -> (section, type, lo, hi): the allowed range of every value (inclusive)
 SCHEMA: dict[str, tuple[str, type, float, float]] = {
@@ -59,6 +60,7 @@ STRINGS: dict[str, tuple[str, tuple[str, ...]]] = {
     "rxcq": ("placement", PLACEMENTS),
     "nic_fetcher": ("schedule", tuple(FETCHERS)),
     "nic_claim": ("schedule", tuple(CLAIMS)),
+    "nic_copy": ("schedule", tuple(COPIES)),
     "send_completions": ("nic", ("cq", "counter")),
 }
 
@@ -95,7 +97,8 @@ class EmulatedNic:
             "recv_completion_ns": v["recv_completion_ns"], "nics_per_rank": v["nics_per_rank"],
             "deliver_lead_ns": v["deliver_lead_ns"], "deliver_batch": v["deliver_batch_count"],
             "dedicated_fetcher": FETCHERS[v["nic_fetcher"]], "claim_mask": CLAIMS[v["nic_claim"]],
-            "mirror_poll_gap_ns": v["mirror_poll_gap_ns"], "seed": float(seed + 1),
+            "mirror_poll_gap_ns": v["mirror_poll_gap_ns"], "copy_staged": COPIES[v["nic_copy"]],
+            "seed": float(seed + 1),
         }
 
     def record(self, faults: bool, sq: str, cq: str, rxcq: str | None = None) -> dict[str, Any]:

@@ -500,11 +500,19 @@ class Runner:
                 self.host.append({k: self.ext.proxy_alloc(n, k in ("psq", "pdb"))
                                   for k, n in self.host_sizes().items()})
         grid = self.rpg * (self.nb + self.nics)
-        cap = self.ext.coop_max_blocks(0, 32 * max(self.warps, self.nic_warps), 0)
+        cap = self.ext.coop_max_blocks(0, 32 * max(self.warps, self.nic_warps), self.stage_smem())
         if grid > cap:
             raise EpError(f"{grid} blocks per GPU ({self.rpg} ranks x ({self.nb} EP + {self.nics} NIC)) "
                           f"exceed the {cap} co-resident blocks: lower --num-sms or ranks per GPU")
         self.t.cuda.synchronize()
+
+    def stage_smem(self) -> int:
+        """Dynamic shared memory a launch takes: the delivering warps' staging slices where the
+        emulated NIC stages its copies (``nic_copy = "staged"``), else none (the kernels' own
+        ``stage_smem``; the co-residency check must count it)."""
+        if self.emu.nic_copy != "staged":
+            return 0
+        return self.nic_warps * int(self.ext.layout_sizes()["stage_bytes_per_warp"])
 
     def hostq_sizes(self) -> list[tuple[str, int, bool]]:
         """The queues that live in pinned host memory: (name, bytes, write-combined). The

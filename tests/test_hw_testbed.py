@@ -81,6 +81,13 @@ def test_emu_set_reaches_the_kernels_and_the_record():
     assert tuned.fabric_dict(0, False)["claim_mask"] == 1 and tuned.fabric_dict(0, False)["mirror_poll_gap_ns"] == 2000.0
     with pytest.raises(UserError, match="nic_claim = 'heap': allowed mask, scan"):
         emulated_nic.load(overrides={"nic_claim": "heap"})
+    # the delivering warps' copy: from registers one packet at a time as every record ran,
+    # or staged in shared memory (the kernels' Fabric::copy_staged)
+    assert emu.fabric_dict(0, False)["copy_staged"] == 0
+    staged = emulated_nic.load(overrides=emulated_nic.parse_emu_sets(["nic_copy=staged"]))
+    assert staged.fabric_dict(0, False)["copy_staged"] == 1 and staged.record(False, "host", "host")["values"]["nic_copy"] == "staged"
+    with pytest.raises(UserError, match="nic_copy = 'pair': allowed one, staged"):
+        emulated_nic.load(overrides={"nic_copy": "pair"})
     assert emu.sources["loss_prob"] == "--emu-set"
 
 
@@ -987,3 +994,12 @@ def test_a_host_engine_copy_grows_with_the_wqes_it_carries_across_the_h100_recor
     syn = [("a", 1.0, 1300.0), ("b", 3.0, 1900.0), ("c", 10.0, 4000.0)]
     b, s, m = mod.fit(syn)
     assert b == pytest.approx(1000.0) and s == pytest.approx(300.0) and m == pytest.approx(0.0, abs=1e-9)
+
+
+def test_every_fabric_value_the_harness_passes_is_one_the_binding_reads():
+    """A key of ``fabric_dict`` the binding never reads would be a knob that ran nothing (the
+    record would still say it ran); a key it reads that the dict lacks fails only on a GPU."""
+    src = (Path(__file__).resolve().parents[1] / "hw" / "ep" / "binding.cpp").read_text()
+    read = set(re.findall(r'w\.fab\.\w+ = \([^)]*\)f\("(\w+)"\)', src))
+    assert "copy_staged" in read and "claim_mask" in read
+    assert read == set(emulated_nic.load().fabric_dict(0, False))

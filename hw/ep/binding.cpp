@@ -203,6 +203,7 @@ static int make_world(int gpu, const IntMap& c, const FloatMap& fab, const std::
   w.fab.dedicated_fetcher = (int)f("dedicated_fetcher");
   w.fab.claim_mask = (int)f("claim_mask");
   w.fab.mirror_poll_gap_ns = (float)f("mirror_poll_gap_ns");
+  w.fab.copy_staged = (int)f("copy_staged");
   w.fab.seed = (unsigned long long)f("seed");
 
   // ---- the NIC tables, whoever filled them (emulated_nic_tables below, or a real device's
@@ -405,7 +406,8 @@ static std::map<std::string, int64_t> layout_sizes() {
           {"nic_layout", sizeof(lever_efa_nic_layout)}, {"qp_issuer", sizeof(emu::QpIssuer)},
           {"nic_qp", sizeof(emu::NicQp)}, {"proxy_desc", sizeof(emu::ProxyDesc)},
           {"dmsg", emu::DMSG}, {"cmsg", emu::CMSG}, {"err_words", emu::ERR_WORDS},
-          {"stats", emu::ST_NUM}, {"prof_words", emu::PROF_WORDS}};
+          {"stats", emu::ST_NUM}, {"prof_words", emu::PROF_WORDS},
+          {"stage_bytes_per_warp", emu::STAGE_V * 16}};
 }
 static std::string err_string(int e) { return cudaGetErrorString((cudaError_t)e); }
 

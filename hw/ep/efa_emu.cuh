@@ -65,6 +65,9 @@ constexpr uint8_t CDESC_UNSOLICITED = ::EFA_IO_CDESC_COMMON_UNSOLICITED;
 
 // ---- shapes ---------------------------------------------------------------
 constexpr int DMSG = 7504;    // FP8 7168 + scales 224 + metadata 112
+// 16-byte words of a delivering NIC warp's staging slice in dynamic shared memory
+// (Fabric::copy_staged): two packets of the largest MTU the emulator takes in one slice
+constexpr int STAGE_V = 1120;
 constexpr int CMSG = 14400;   // head stamp 16 + BF16 7168*2 + trailer 48
 constexpr int MAX_TOPK = 8;
 constexpr int NQ_MAX = 32;   // QPs allocated per rank (a call uses num_qps of them)
@@ -275,6 +278,9 @@ struct Fabric {  // [platform.fabric] + [platform.nic] + [platform.receiver], ns
                           // claims from the due mask; 0: it scans the table 32 entries a step
   float mirror_poll_gap_ns;  // the host engine's pause after a pass that saw no new doorbell
                              // (0: it reads the host doorbells back to back)
+  int copy_staged;        // 1: a delivering warp stages its batch's packets in shared memory
+                          // (cp.async, all loads in flight at once), then stores them; 0: one
+                          // packet after another from registers
   unsigned long long seed;
 };
 

@@ -1521,6 +1521,70 @@ __device__ __forceinline__ void copy_packet(const uint8_t* src, uint8_t* dst, un
   }
 }
 
+// A delivering warp's staged copies (Fabric::copy_staged): the loop above keeps 8 KiB in
+// flight a warp, one packet's worth (its registers are the limit: the kernel sits at 255), so a
+// batch's copies queue one round trip after another (docs/testbed.md, Bigger delivery batches:
+// 2.9 us for two packets). Staged, the lanes issue cp.async of every packet that fits in the
+// warp's slice of dynamic shared memory (two full MTU packets) with no register held per load,
+// wait for all of them at once, then store them from shared memory: one round trip of loads
+// for the batch (STAGE_V, efa_emu.cuh: the 16-byte words of a warp's slice).
+extern __shared__ __align__(16) uint4 emu_stage[];
+
+__device__ __forceinline__ void cp_async16(uint4* smem, const uint4* gmem) {
+  const unsigned sa = (unsigned)__cvta_generic_to_shared(smem);
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(sa), "l"(gmem) : "memory");
+}
+
+// Store the packets staged for the lanes of `staged` (in lane order, as they were staged).
+__device__ __forceinline__ void stage_flush(NicShared& S, uint4* stage, unsigned staged, int mine, int lane) {
+  asm volatile("cp.async.wait_all;\n" ::: "memory");
+  __syncwarp();
+  unsigned off = 0;
+  while (staged) {
+    const int sl = __ffs(staged) - 1;
+    staged &= staged - 1;
+    const int e = __shfl_sync(0xffffffffu, mine, sl);
+    uint4* d4 = reinterpret_cast<uint4*>(vld64(&S.dst[e]));
+    const unsigned nv = vldu(&S.len[e]) >> 4;
+#pragma unroll 2
+    for (unsigned i = (unsigned)lane; i < nv; i += 32u) __stcg(d4 + i, stage[off + i]);
+    off += nv;
+  }
+  __syncwarp();
+}
+
+// Copy the packets of the lanes in `lanes` (each lane's claimed entry `mine`) through the warp's
+// stage; a packet not 16-byte aligned takes copy_packet.
+__device__ __forceinline__ void copy_staged(NicShared& S, unsigned lanes, int mine, int lane) {
+  uint4* stage = emu_stage + (size_t)(threadIdx.x >> 5) * STAGE_V;
+  unsigned staged = 0u, used = 0u;
+  while (lanes) {
+    const int sl = __ffs(lanes) - 1;
+    lanes &= lanes - 1;
+    const int e = __shfl_sync(0xffffffffu, mine, sl);
+    const uint8_t* src = reinterpret_cast<const uint8_t*>(vld64(&S.src[e]));
+    uint8_t* dst = reinterpret_cast<uint8_t*>(vld64(&S.dst[e]));
+    const unsigned n = vldu(&S.len[e]);
+    if (((reinterpret_cast<uintptr_t>(src) | reinterpret_cast<uintptr_t>(dst) | n) & 15u) != 0u ||
+        (n >> 4) > STAGE_V) {
+      copy_packet(src, dst, n, lane);
+      continue;
+    }
+    const unsigned nv = n >> 4;
+    if (used + nv > STAGE_V) {
+      stage_flush(S, stage, staged, mine, lane);
+      staged = 0u;
+      used = 0u;
+    }
+    const uint4* s4 = reinterpret_cast<const uint4*>(src);
+#pragma unroll 2
+    for (unsigned i = (unsigned)lane; i < nv; i += 32u) cp_async16(stage + used + i, s4 + i);
+    staged |= 1u << sl;
+    used += nv;
+  }
+  if (staged) stage_flush(S, stage, staged, mine, lane);
+}
+
 __device__ __forceinline__ void entry_free(NicShared& S, int e) {
   vst64(&S.due[e], ~0ull);
   __threadfence_block();
@@ -1747,6 +1811,10 @@ __device__ bool nic_deliver(const World& w, NicCtx& c, NicShared& S, bool host_e
       }
     }
     unsigned g2 = __ballot_sync(0xffffffffu, fate == 3);  // copies start <= deliver_lead_ns early
+    if (fb.copy_staged) {
+      copy_staged(S, g2, mine, lane);
+      g2 = 0u;
+    }
     while (g2) {
       const int src_lane = __ffs(g2) - 1;
       g2 &= g2 - 1;
@@ -2052,6 +2120,20 @@ __global__ void world_barrier_kernel(const __grid_constant__ World w, unsigned l
 
 }  // namespace
 
+namespace emu_host {
+
+// The dynamic shared memory a launch needs: the delivering warps' staging slices when the
+// NIC stages its copies (Fabric::copy_staged), else none. Above 48 KiB with the static
+// shared memory, the kernel must be allowed it first.
+int stage_smem(const World& w, const void* kernel) {
+  if (!w.fab.copy_staged) return 0;
+  const int bytes = w.nic_warps * STAGE_V * (int)sizeof(uint4);
+  cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
+  return bytes;
+}
+
+}  // namespace emu_host
+
 #include "v2_kernels.cuh"  // DeepEP V2 hybrid/direct: the same issuer and NIC agent
 
 namespace emu_host {
@@ -2059,6 +2141,7 @@ namespace emu_host {
 int coop_max_blocks(int device, int threads, int smem) {
   int per_sm = 0, sms = 0;
   cudaSetDevice(device);
+  if (smem > 0) cudaFuncSetAttribute((const void*)ep_op_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
   if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, ep_op_kernel, threads, smem) != cudaSuccess)
     return -1;
   cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
@@ -2077,8 +2160,9 @@ int launch_op(const World& w, int op, unsigned epoch, const EpFlags& f, void* st
   World wc = w;
   EpFlags fc = f;
   void* args[] = {(void*)&wc, (void*)&op, (void*)&epoch, (void*)&fc};
+  const int smem = stage_smem(w, (const void*)ep_op_kernel);
   cudaError_t e = cudaLaunchCooperativeKernel((const void*)ep_op_kernel, dim3(grid), dim3(threads),
-                                              args, 0, (cudaStream_t)stream);
+                                              args, smem, (cudaStream_t)stream);
   return (int)e;
 }
 

@@ -99,5 +99,5 @@ struct V2Run {
 namespace emu_host {
 int launch_v2_op(const emu::World& w, const emu2::V2World& v, int op, unsigned epoch,
                  const emu::EpFlags& f, const emu2::V2Run& r, void* stream);
-int coop_max_blocks_v2(int device, int threads);
+int coop_max_blocks_v2(int device, int threads, int smem);
 }  // namespace emu_host

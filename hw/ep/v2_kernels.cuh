@@ -1135,10 +1135,11 @@ __global__ void __launch_bounds__(MAXW * 32, 1)
 
 namespace emu_host {
 
-int coop_max_blocks_v2(int device, int threads) {
+int coop_max_blocks_v2(int device, int threads, int smem) {
   int per_sm = 0, sms = 0;
   cudaSetDevice(device);
-  if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, v2_op_kernel, threads, 0) != cudaSuccess) return -1;
+  if (smem > 0) cudaFuncSetAttribute((const void*)v2_op_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+  if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, v2_op_kernel, threads, smem) != cudaSuccess) return -1;
   cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
   return per_sm * sms;
 }
@@ -1154,7 +1155,8 @@ int launch_v2_op(const emu::World& w, const emu2::V2World& v, int op, unsigned e
   EpFlags fc = f;
   V2Run rc = r;
   void* args[] = {(void*)&wc, (void*)&vc, (void*)&op, (void*)&epoch, (void*)&fc, (void*)&rc};
-  return (int)cudaLaunchCooperativeKernel((const void*)v2_op_kernel, dim3(grid), dim3(threads), args, 0,
+  const int smem = stage_smem(w, (const void*)v2_op_kernel);
+  return (int)cudaLaunchCooperativeKernel((const void*)v2_op_kernel, dim3(grid), dim3(threads), args, smem,
                                           (cudaStream_t)stream);
 }
 

@@ -1,0 +1,58 @@
+#!/usr/bin/env bash
+# One device call: the delivering warps' staged copies against their register copies
+# (docs/testbed.md, "Staged copies"), and the EP2 lever combinations sealed before any run of
+# them (README, "Three lever combinations").
+#  * staged: `nic_copy = "staged"` (hw/emulated_nic.toml) loads every packet of a delivery
+#    batch into the warp's slice of dynamic shared memory with cp.async at once, then stores
+#    them: one round trip of loads a batch instead of one a packet. Run beside `one` (every
+#    record so far) on the EP2 baseline: the table walk 0.9 us ahead as shipped, the due mask
+#    8 us ahead (the least lateness so far, 1.6-1.8 us) with batches of 2 and 4, and a faulted
+#    smoke run through the gate with staged copies;
+#  * combos: the baseline and lever sets of the three sealed combinations, as
+#    hw/run_host_engine_on_device.sh runs its levers (the same ids).
+# About 5 minutes with the build. $OUT/records.tgz and $OUT/log.txt come back.
+# LEVER_GIT_REV must name the clean 40-hex commit the tree came from.
+set -u
+cd "$(dirname "$0")/.."
+OUT=${OUT:-/tmp/staged_out}
+REC=/tmp/staged_rec; mkdir -p "$REC" "$OUT"
+. hw/device_lib.sh
+# COMBOS: the EP2 lever sets run beside the baseline (none when empty); STAGED=: leave out the
+# copy comparison
+COMBOS=${COMBOS-"put-many;put-many,lazy-completion-dispatch;put-many,lazy-completion-combine;lazy-completion-dispatch;lazy-completion-dispatch,batched-doorbells"}
+STAGED=${STAGED-1}
+device_env
+use_carried_wheels
+LOG="$OUT/log.txt"
+log_header
+build_exts
+step smoke-staged 60 --ranks 2 --gpus 1 --iters 5 --warmup 1 --profile 0 --faults --out-dir "$REC/smoke" \
+  --emu-set nic_copy=staged --id-prefix smoke-staged --variants ";write-imm-counting"
+if [[ $SMOKE_FAILED == 1 ]]; then echo "=== smoke failed: staged copies left out" | tee -a "$LOG"; STAGED=; fi
+C="--ranks 2 --gpus 1 --iters 60 --out-dir $REC"
+if [[ -n $STAGED ]]; then
+  for copy in one staged; do
+    step scan-$copy 60 $C --emu-set nic_copy=$copy --id-prefix emu-copy-$copy-scan- --variants ";"
+    for b in 2 4; do
+      step mask8000-b$b-$copy 60 $C --emu-set nic_copy=$copy --emu-set nic_claim=mask --emu-set deliver_lead_ns=8000 \
+        --emu-set deliver_batch_count=$b --id-prefix emu-copy-$copy-mask8000-b$b- --variants ";"
+    done
+  done
+  step mask3000-b2-staged 60 $C --emu-set nic_copy=staged --emu-set nic_claim=mask --emu-set deliver_lead_ns=3000 \
+    --id-prefix emu-copy-staged-mask3000-b2- --variants ";"
+fi
+[[ -n $COMBOS ]] && step combos 300 --ranks 2 --gpus 1 --iters 40 --out-dir "$REC" --id-prefix emu-host- --variants ";$COMBOS"
+python3 - "$REC" <<'PY' 2>&1 | tee -a "$LOG"
+import json, sys, pathlib
+d = pathlib.Path(sys.argv[1])
+print(f"{'record':52s} {'disp':>7s} {'comb':>7s}" + "".join(f" {k:>8s}" for k in ("late", "early", "clag", "scan", "copy", "fence")))
+for p in sorted(d.glob("emu-*.json")):
+    j = json.loads(p.read_text())
+    m, lat = j.get("metrics", {}), j.get("latency_us", {})
+    g = lambda k: m.get(k, {}).get("median", float("nan"))
+    vals = [g(f"nic_{k}_per_packet_ns") for k in ("late", "early", "claim_lag", "scan", "copy", "fence")]
+    print(f"{p.stem[:52]:52s} {lat.get('dispatch', {}).get('median', 0):7.1f} {lat.get('combine', {}).get('median', 0):7.1f}"
+          + "".join(f" {v:8.0f}" for v in vals))
+PY
+tar czf "$OUT/records.tgz" -C /tmp staged_rec
+echo "done" | tee -a "$LOG"

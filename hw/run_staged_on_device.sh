@@ -18,9 +18,10 @@ OUT=${OUT:-/tmp/staged_out}
 REC=/tmp/staged_rec; mkdir -p "$REC" "$OUT"
 . hw/device_lib.sh
 # COMBOS: the EP2 lever sets run beside the baseline (none when empty); STAGED=: leave out the
-# copy comparison
+# copy comparison; BATCHES: the delivery batches run with the due mask 8 us ahead; SCAN=: leave
+# out the table walk as shipped; LEAD3000=: leave out the staged mask 3 us ahead
 COMBOS=${COMBOS-"put-many;put-many,lazy-completion-dispatch;put-many,lazy-completion-combine;lazy-completion-dispatch;lazy-completion-dispatch,batched-doorbells"}
-STAGED=${STAGED-1}
+STAGED=${STAGED-1} BATCHES=${BATCHES-"2 4"} SCAN=${SCAN-1} LEAD3000=${LEAD3000-1}
 device_env
 use_carried_wheels
 LOG="$OUT/log.txt"
@@ -32,13 +33,13 @@ if [[ $SMOKE_FAILED == 1 ]]; then echo "=== smoke failed: staged copies left out
 C="--ranks 2 --gpus 1 --iters 60 --out-dir $REC"
 if [[ -n $STAGED ]]; then
   for copy in one staged; do
-    step scan-$copy 60 $C --emu-set nic_copy=$copy --id-prefix emu-copy-$copy-scan- --variants ";"
-    for b in 2 4; do
+    [[ -n $SCAN ]] && step scan-$copy 60 $C --emu-set nic_copy=$copy --id-prefix emu-copy-$copy-scan- --variants ";"
+    for b in $BATCHES; do
       step mask8000-b$b-$copy 60 $C --emu-set nic_copy=$copy --emu-set nic_claim=mask --emu-set deliver_lead_ns=8000 \
         --emu-set deliver_batch_count=$b --id-prefix emu-copy-$copy-mask8000-b$b- --variants ";"
     done
   done
-  step mask3000-b2-staged 60 $C --emu-set nic_copy=staged --emu-set nic_claim=mask --emu-set deliver_lead_ns=3000 \
+  [[ -n $LEAD3000 ]] && step mask3000-b2-staged 60 $C --emu-set nic_copy=staged --emu-set nic_claim=mask --emu-set deliver_lead_ns=3000 \
     --id-prefix emu-copy-staged-mask3000-b2- --variants ";"
 fi
 [[ -n $COMBOS ]] && step combos 300 --ranks 2 --gpus 1 --iters 40 --out-dir "$REC" --id-prefix emu-host- --variants ";$COMBOS"

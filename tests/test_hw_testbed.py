@@ -1001,7 +1001,7 @@ def test_the_combinations_sealed_with_the_model_band_judged_against_their_runs(n
         assert shipped["ops"][op]["measured_delta_us"] == pytest.approx(got["ops"][op]["measured_delta_us"])
 
 
-LATER_COPY_FOLDERS = ("h100-b049be2", "h100-ee46732", "h100-d39d4a9")  # measured after the sourced line
+LATER_COPY_FOLDERS = ("h100-b049be2", "h100-ee46732", "h100-d39d4a9", "h100-4c1aec3")  # measured after the sourced line
 
 
 def test_a_host_engine_copy_grows_with_the_wqes_it_carries_across_the_h100_records():
@@ -1009,14 +1009,14 @@ def test_a_host_engine_copy_grows_with_the_wqes_it_carries_across_the_h100_recor
     engine's copies is the measurement nic.host_mirror_copy_per_wqe_ns cites (0 as shipped):
     291.5 ns a WQE on a 5.9 us base, reproduced here from the folders it was drawn from
     (63 records now, within 2%). The two later folders (put-many and lazy completion runs at
-    11-12 WQEs a copy, cheaper than the line) and a third bring it to 169.4 ns a WQE through 103 records
+    11-12 WQEs a copy, cheaper than the line) and two more bring it to 169.2 ns a WQE through 109 records
     (README and docs/physics.md say so): a copy grows with its WQEs, by how much is not
     settled. The line recovers a known one exactly."""
     mod = load_benchmark("host_copy_per_wqe")
     pts = mod.points(str(BED / "h100-*" / "emu-*.json"))
     later = {p for f in LATER_COPY_FOLDERS for p in mod.points(str(BED / f / "emu-*.json"))}
     earlier = [p for p in pts if p not in later]
-    assert len(earlier) >= 57 and len(pts) >= 103
+    assert len(earlier) >= 57 and len(pts) >= 109
     base, slope, miss = mod.fit(earlier)
     assert 5000 < base < 7000 and miss < 0.1
     assert slope == pytest.approx(291.5, rel=0.02)  # the sourced value
@@ -1045,10 +1045,11 @@ def _late(folder: str, stem: str) -> float:
 def test_the_delivery_settings_that_come_closest_to_the_schedule():
     """docs/testbed.md "Staged copies" and "A shared fetch": the committed H100 runs behind
     what the docs say of the emulator's lateness (visible - due, ns a packet). The table walk as
-    shipped is 7 us late; the due mask 8 us ahead with batches of two is 1.2-1.9 us late with
+    shipped is 7 us late; the due mask 8 us ahead with batches of two is 1.4-1.9 us late with
     one warp that only fetches; staged copies do not take it under 1 us; letting the fetching
-    warp deliver too (seven delivering warps, not six) gives a median of 0.96 us over five runs,
-    two of them above 1 us: the target is met at the median, not in every run."""
+    warp deliver too (seven delivering warps, not six) gives 0.75-1.23 us over six runs on two
+    machines, three under 1 us, median 1.03: close, not met. Leads of 9 and 10 us are no
+    better (1.21-1.51 us)."""
     assert _late("h100-b049be2", "one-scan") > 7000 and _late("h100-b049be2", "staged-scan") > 7000
     dedicated = [_late("h100-b049be2", "one-mask8000-b2"), _late("h100-ee46732", "one-mask8000-b2")]
     staged = [_late("h100-b049be2", "staged-mask8000-b2"), _late("h100-ee46732", "staged-mask8000-b2")]
@@ -1056,7 +1057,12 @@ def test_the_delivery_settings_that_come_closest_to_the_schedule():
                                                                            "0-r2", "8000-r1")]
     staged += [_late("h100-d39d4a9", f"staged-mask8000-b2-dedicated-r{i}") for i in (1, 2)]
     shared = [_late("h100-d39d4a9", f"staged-mask8000-b2-shared-r{i}") for i in range(1, 6)]
+    shared += [_late("h100-4c1aec3", "staged-mask8000-b2-shared-r6")]
+    longer = [_late("h100-4c1aec3", f"staged-mask{lead}-b2-shared-{r}")
+              for lead, r in (("9000", "r1"), ("9000", "r2"), ("9000", "r3"), ("10000", "r1"), ("10000", "r2"))]
     assert all(1500 < x < 2000 for x in dedicated)
     assert sorted(staged)[len(staged) // 2] > 1000 and sum(x < 1000 for x in staged) == 1
-    assert sorted(shared)[2] < 1000 and sum(x < 1000 for x in shared) == 3
+    median = (sorted(shared)[2] + sorted(shared)[3]) / 2
+    assert 1000 < median < 1100 and sum(x < 1000 for x in shared) == 3
     assert max(shared) < min(_late("h100-d39d4a9", f"staged-mask8000-b2-dedicated-r{i}") for i in (1, 2))
+    assert min(longer) > 1200 and min(longer) > median

@@ -18,10 +18,15 @@ OUT=${OUT:-/tmp/staged_out}
 REC=/tmp/staged_rec; mkdir -p "$REC" "$OUT"
 . hw/device_lib.sh
 # COMBOS: the EP2 lever sets run beside the baseline (none when empty); STAGED=: leave out the
-# copy comparison; BATCHES: the delivery batches run with the due mask 8 us ahead; SCAN=: leave
-# out the table walk as shipped; LEAD3000=: leave out the staged mask 3 us ahead
+# copy comparison; COPIES: the copies compared; BATCHES: the delivery batches run with the due
+# mask; LEADS: its leads (ns); FETCHERS: the NIC's fetch (dedicated as shipped, shared: the
+# fetching warp delivers too); REPEATS: runs of each; SCAN=: leave out the table walk as
+# shipped; LEAD3000=: leave out the staged mask 3 us ahead. The shared-fetch runs of
+# docs/testbed.md ("A shared fetch"): COMBOS= SCAN= LEAD3000= COPIES=staged BATCHES=2
+# FETCHERS="shared dedicated" REPEATS=5
 COMBOS=${COMBOS-"put-many;put-many,lazy-completion-dispatch;put-many,lazy-completion-combine;lazy-completion-dispatch;lazy-completion-dispatch,batched-doorbells"}
-STAGED=${STAGED-1} BATCHES=${BATCHES-"2 4"} SCAN=${SCAN-1} LEAD3000=${LEAD3000-1}
+STAGED=${STAGED-1} COPIES=${COPIES-"one staged"} BATCHES=${BATCHES-"2 4"} LEADS=${LEADS-8000}
+FETCHERS=${FETCHERS-dedicated} REPEATS=${REPEATS-1} SCAN=${SCAN-1} LEAD3000=${LEAD3000-1}
 device_env
 use_carried_wheels
 LOG="$OUT/log.txt"
@@ -32,12 +37,16 @@ step smoke-staged 60 --ranks 2 --gpus 1 --iters 5 --warmup 1 --profile 0 --fault
 if [[ $SMOKE_FAILED == 1 ]]; then echo "=== smoke failed: staged copies left out" | tee -a "$LOG"; STAGED=; fi
 C="--ranks 2 --gpus 1 --iters 60 --out-dir $REC"
 if [[ -n $STAGED ]]; then
-  for copy in one staged; do
+  for copy in $COPIES; do
     [[ -n $SCAN ]] && step scan-$copy 60 $C --emu-set nic_copy=$copy --id-prefix emu-copy-$copy-scan- --variants ";"
-    for b in $BATCHES; do
-      step mask8000-b$b-$copy 60 $C --emu-set nic_copy=$copy --emu-set nic_claim=mask --emu-set deliver_lead_ns=8000 \
-        --emu-set deliver_batch_count=$b --id-prefix emu-copy-$copy-mask8000-b$b- --variants ";"
-    done
+    for lead in $LEADS; do for b in $BATCHES; do for fetch in $FETCHERS; do for i in $(seq 1 "$REPEATS"); do
+      # ids as the first call named them (emu-copy-COPY-maskLEAD-bB-) unless a fetch or repeats are asked
+      id=emu-copy-$copy-mask$lead-b$b-
+      [[ $FETCHERS != dedicated || $REPEATS != 1 ]] && id=$id$fetch-r$i-
+      step mask$lead-b$b-$copy-$fetch-r$i 60 $C --emu-set nic_copy=$copy --emu-set nic_claim=mask \
+        --emu-set deliver_lead_ns=$lead --emu-set deliver_batch_count=$b --emu-set nic_fetcher=$fetch \
+        --id-prefix $id --variants ";"
+    done; done; done; done
   done
   [[ -n $LEAD3000 ]] && step mask3000-b2-staged 60 $C --emu-set nic_copy=staged --emu-set nic_claim=mask --emu-set deliver_lead_ns=3000 \
     --id-prefix emu-copy-staged-mask3000-b2- --variants ";"

@@ -66,3 +66,45 @@ def test_chain_script_steps_are_lever_hw_ep_arguments_and_run_one_warp():
     assert chains == 1
     only = text.split("--only ", 1)[1].split()[0].split(",")
     assert {"latency", "wqe_doorbell", "turn_handoff"} <= set(only)
+
+
+def _staged_steps(tmp_path: Path, env: dict[str, str]) -> list[list[str]]:
+    """hw/run_staged_on_device.sh run here with the device library stubbed: the ``lever hw ep``
+    arguments of every step it would run, in order."""
+    hw = tmp_path / "hw"
+    hw.mkdir(parents=True)
+    (hw / "run_staged_on_device.sh").write_text((ROOT / "hw" / "run_staged_on_device.sh").read_text())
+    log = tmp_path / "steps.txt"
+    (hw / "device_lib.sh").write_text(
+        "SMOKE_FAILED=0\n"
+        "device_env() { :; }\nuse_carried_wheels() { :; }\nlog_header() { :; }\nbuild_exts() { :; }\n"
+        f"step() {{ shift 2; printf '%s\\0' \"$@\" >> {shlex.quote(str(log))}; printf '\\n' >> {shlex.quote(str(log))}; }}\n")
+    r = subprocess.run(["bash", str(hw / "run_staged_on_device.sh")], capture_output=True, text=True,
+                       env={"PATH": "/usr/bin:/bin", "OUT": str(tmp_path / "out"), **env}, cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    return [[a for a in line.split("\0") if a] for line in log.read_text().splitlines()]
+
+
+def test_staged_script_steps_parse_and_name_the_runs_as_the_records_do(tmp_path):
+    """hw/run_staged_on_device.sh: every step parses with ``lever hw ep``'s parser and its
+    ``--emu-set``s with the emulator's; run as the first call ran it, its ids are those of the
+    committed records of b049be2; with a shared fetch and repeats, each run gets its own id."""
+    from lever.hw import emulated_nic
+
+    p = _ep_parser()
+    for env in ({}, {"COMBOS": "", "SCAN": "", "LEAD3000": "", "COPIES": "staged", "BATCHES": "2",
+                     "FETCHERS": "shared dedicated", "REPEATS": "5"}):
+        steps = _staged_steps(tmp_path / str(len(env)), env)
+        ids = []
+        for args in steps:
+            ns = p.parse_args(args)
+            emulated_nic.load(overrides=emulated_nic.parse_emu_sets(ns.emu_set or []))
+            ids.append(ns.id_prefix)
+        if not env:
+            folder = ROOT / "calibration" / "data" / "testbed" / "h100-b049be2"
+            for i in ids[1:-1]:  # the copy runs (the smoke run and the combinations apart)
+                assert list(folder.glob(f"{i}2-native-baseline.json")), i
+            assert len(ids) == 9 and ids[-1] == "emu-host-"
+        else:
+            assert len(ids) == 1 + 10 and len(set(ids)) == 11
+            assert "emu-copy-staged-mask8000-b2-shared-r5-" in ids and "emu-copy-staged-mask8000-b2-dedicated-r1-" in ids

@@ -872,8 +872,10 @@ def _run_variant(runner: Runner, scn, args, levers: list[str], sets: Mapping[str
         metrics["nic_claim_lag_per_packet_ns"] = {"median": round(st["nic_claim_lag_ns"] / st["packets"], 1)}
         metrics["nic_deliver_per_packet_ns"] = {"median": round(st["nic_deliver_ns"] / st["packets"], 1)}
         # and the delivery's parts: the claim scan, the batch's copies, the fence after them
-        for part in ("scan", "copy", "fence"):
-            metrics[f"nic_{part}_per_packet_ns"] = {"median": round(st[f"nic_{part}_ns"] / st["packets"], 1)}
+        # (none where the delivering warps did not time them: nic_part_timers = "off")
+        if runner.emu.nic_part_timers == "on":
+            for part in ("scan", "copy", "fence"):
+                metrics[f"nic_{part}_per_packet_ns"] = {"median": round(st[f"nic_{part}_ns"] / st["packets"], 1)}
     if st["host_passes"]:
         # the NIC's host-facing engine: how many QP mirror copies a pass makes and a WQE needs
         # (several WQEs of one QP rung between two passes share one copy), and what its time

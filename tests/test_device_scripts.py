@@ -68,18 +68,18 @@ def test_chain_script_steps_are_lever_hw_ep_arguments_and_run_one_warp():
     assert {"latency", "wqe_doorbell", "turn_handoff"} <= set(only)
 
 
-def _staged_steps(tmp_path: Path, env: dict[str, str]) -> list[list[str]]:
-    """hw/run_staged_on_device.sh run here with the device library stubbed: the ``lever hw ep``
-    arguments of every step it would run, in order."""
+def _script_steps(tmp_path: Path, env: dict[str, str], script: str = "run_staged_on_device.sh") -> list[list[str]]:
+    """A device script run here with the device library stubbed: the ``lever hw ep`` arguments
+    of every step it would run, in order."""
     hw = tmp_path / "hw"
     hw.mkdir(parents=True)
-    (hw / "run_staged_on_device.sh").write_text((ROOT / "hw" / "run_staged_on_device.sh").read_text())
+    (hw / script).write_text((ROOT / "hw" / script).read_text())
     log = tmp_path / "steps.txt"
     (hw / "device_lib.sh").write_text(
         "SMOKE_FAILED=0\n"
         "device_env() { :; }\nuse_carried_wheels() { :; }\nlog_header() { :; }\nbuild_exts() { :; }\n"
         f"step() {{ shift 2; printf '%s\\0' \"$@\" >> {shlex.quote(str(log))}; printf '\\n' >> {shlex.quote(str(log))}; }}\n")
-    r = subprocess.run(["bash", str(hw / "run_staged_on_device.sh")], capture_output=True, text=True,
+    r = subprocess.run(["bash", str(hw / script)], capture_output=True, text=True,
                        env={"PATH": "/usr/bin:/bin", "OUT": str(tmp_path / "out"), **env}, cwd=tmp_path)
     assert r.returncode == 0, r.stderr
     return [[a for a in line.split("\0") if a] for line in log.read_text().splitlines()]
@@ -94,7 +94,7 @@ def test_staged_script_steps_parse_and_name_the_runs_as_the_records_do(tmp_path)
     p = _ep_parser()
     for env in ({}, {"COMBOS": "", "SCAN": "", "LEAD3000": "", "COPIES": "staged", "BATCHES": "2",
                      "FETCHERS": "shared dedicated", "REPEATS": "5"}):
-        steps = _staged_steps(tmp_path / str(len(env)), env)
+        steps = _script_steps(tmp_path / str(len(env)), env)
         ids = []
         for args in steps:
             ns = p.parse_args(args)
@@ -108,3 +108,24 @@ def test_staged_script_steps_parse_and_name_the_runs_as_the_records_do(tmp_path)
         else:
             assert len(ids) == 1 + 10 and len(set(ids)) == 11
             assert "emu-copy-staged-mask8000-b2-shared-r5-" in ids and "emu-copy-staged-mask8000-b2-dedicated-r1-" in ids
+
+
+def test_timer_script_runs_each_setting_with_the_part_timers_on_and_off(tmp_path):
+    """hw/run_timer_on_device.sh: every step parses with ``lever hw ep``'s parser and the
+    emulator's; the same setting runs with the part timers on and off alternately, each run its
+    own id, and nothing else differs between an on run and its off run."""
+    from lever.hw import emulated_nic
+
+    p = _ep_parser()
+    steps = _script_steps(tmp_path, {"REPEATS": "2"}, "run_timer_on_device.sh")
+    runs = []
+    for args in steps:
+        ns = p.parse_args(args)
+        emu = emulated_nic.load(overrides=emulated_nic.parse_emu_sets(ns.emu_set or []))
+        runs.append((ns.id_prefix, emu.values))
+    assert len(runs) == 2 * 2 + 2 and len({i for i, _ in runs}) == len(runs)
+    for (_, on), (_, off) in zip(runs[::2], runs[1::2], strict=True):
+        assert on["nic_part_timers"] == "on" and off["nic_part_timers"] == "off"
+        assert {k: v for k, v in on.items() if k != "nic_part_timers"} == {
+            k: v for k, v in off.items() if k != "nic_part_timers"}
+    assert runs[0][1]["nic_fetcher"] == "shared" and runs[-1][1]["nic_fetcher"] == "dedicated"

@@ -204,6 +204,7 @@ static int make_world(int gpu, const IntMap& c, const FloatMap& fab, const std::
   w.fab.claim_mask = (int)f("claim_mask");
   w.fab.mirror_poll_gap_ns = (float)f("mirror_poll_gap_ns");
   w.fab.copy_staged = (int)f("copy_staged");
+  w.fab.part_timers = (int)f("part_timers");
   w.fab.seed = (unsigned long long)f("seed");
 
   // ---- the NIC tables, whoever filled them (emulated_nic_tables below, or a real device's

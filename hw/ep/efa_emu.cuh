@@ -278,6 +278,8 @@ struct Fabric {  // [platform.fabric] + [platform.nic] + [platform.receiver], ns
                           // claims from the due mask; 0: it scans the table 32 entries a step
   float mirror_poll_gap_ns;  // the host engine's pause after a pass that saw no new doorbell
                              // (0: it reads the host doorbells back to back)
+  int part_timers;        // 1: a delivering warp times its batch's claim, copies and fence
+                          // (three %globaltimer reads a batch); 0: it does not
   int copy_staged;        // 1: a delivering warp stages its batch's packets in shared memory
                           // (cp.async, all loads in flight at once), then stores them; 0: one
                           // packet after another from registers

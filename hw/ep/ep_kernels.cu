@@ -1790,7 +1790,9 @@ __device__ bool nic_deliver(const World& w, NicCtx& c, NicShared& S, bool host_e
     got = __ballot_sync(0xffffffffu, mine >= 0);
   }
   if (got) {
-    const unsigned long long t_claimed = gtime();
+    // the parts' timestamps (Fabric::part_timers; off: not read, the parts' counters stay 0)
+    const bool parts = fb.part_timers != 0;
+    const unsigned long long t_claimed = parts ? gtime() : 0ull;
     __threadfence_block();
     // the wire: a data transmission is dropped (drawn per transmission), or reaches the
     // receiver, which discards a duplicate (its landed bitmap has the packet) and copies
@@ -1823,13 +1825,13 @@ __device__ bool nic_deliver(const World& w, NicCtx& c, NicShared& S, bool host_e
                   reinterpret_cast<uint8_t*>(vld64(&S.dst[e])), vldu(&S.len[e]), lane);
     }
     __syncwarp();
-    const unsigned long long t_copied = gtime();
+    const unsigned long long t_copied = parts ? gtime() : 0ull;
     // one fence: the batch's packets are visible before any completion that follows
     if (__any_sync(0xffffffffu, fate == 3)) {
       if (one_gpu) __threadfence();
       else __threadfence_system();
     }
-    const unsigned long long t_fenced = gtime();
+    const unsigned long long t_fenced = parts ? gtime() : 0ull;
     // bookkeeping: each lane its own entry (shared-memory state of its WQE)
     if (mine >= 0) {
       const int e = mine;
@@ -1870,9 +1872,11 @@ __device__ bool nic_deliver(const World& w, NicCtx& c, NicShared& S, bool host_e
         const unsigned long long ready = due0 > lead ? due0 - lead : 0ull;
         if (now > ready) c.n_claim_lag += now - ready;
         c.n_deliver += t - now;
-        c.n_scan += t_claimed - now;
-        c.n_copy += t_copied - t_claimed;
-        c.n_fence += t_fenced - t_copied;
+        if (parts) {
+          c.n_scan += t_claimed - now;
+          c.n_copy += t_copied - t_claimed;
+          c.n_fence += t_fenced - t_copied;
+        }
         const unsigned seqv = wi * 32u + p;
         const unsigned prev = atomicMax(&S.q_last[q], seqv);
         if (prev > seqv) ++c.n_reord;

@@ -5,6 +5,10 @@
 // device_load_ns    : dependent ld.global.cg over 512 KiB of device memory (L2 hits).
 // device_load_dram_ns: the same over 256 MiB with a random cycle (misses L2).
 // atomic_device_ns  : dependent atomicAdd on one device-memory word (slot reservation).
+// globaltimer_read_ns: one read of %globaltimer, back to back (SM cycles per read): what each
+//                     of the emulated NIC's timestamps costs the warp that takes it.
+// globaltimer_step_ns: how far %globaltimer moves when it moves (its update granularity): the
+//                     resolution of every ns the emulator's schedule and counters report.
 //
 // Verification: the chase must end on the index the host computes by walking the
 // same cycle (so every load returned the value stored there, nothing stale), and the
@@ -50,6 +54,33 @@ __global__ void atomic_kernel(unsigned long long* ctr, int per_sample, int warmu
     if (s >= 0) cycles[s] = t1 - t0;
   }
   cal_end(cal);
+  *sink = acc;
+}
+
+__global__ void timer_kernel(int per_sample, int warmup, int reps, long long* cycles, ClockCal* cal,
+                             unsigned long long* steps, unsigned long long* sink) {
+  unsigned long long acc = 0;
+  for (int s = -warmup; s < reps; ++s) {
+    if (s == 0) cal_begin(cal);
+    long long t0 = clock64();
+    for (int k = 0; k < per_sample; ++k) acc += gtimer();  // volatile: every read is made
+    long long t1 = clock64();
+    if (s >= 0) cycles[s] = t1 - t0;
+  }
+  cal_end(cal);
+  // the granularity: wait for the timer to move 16 times; the mean move is one sample
+  for (int s = 0; s < reps; ++s) {
+    unsigned long long first = gtimer(), last = first;
+    int moves = 0;
+    while (moves < 16) {
+      const unsigned long long t = gtimer();
+      if (t != last) {
+        ++moves;
+        last = t;
+      }
+    }
+    steps[s] = (last - first) / 16u;
+  }
   *sink = acc;
 }
 
@@ -129,6 +160,23 @@ Result run_latency(int device, int reps) {
     res.first["atomic_device_ns"] =
         per_op_ns(cycles.to_host(), ns_per_clk(cal.to_host()[0], "atomic_device"), per);
     res.second.push_back("atomic_device: counter equals the number of atomics issued");
+  }
+  {  // %globaltimer: the cost of a read and how far it moves when it moves
+    const int per = 256;
+    DevBuf<long long> cycles(reps);
+    DevBuf<ClockCal> cal(1);
+    DevBuf<unsigned long long> steps(reps), sink(1);
+    timer_kernel<<<1, 1>>>(per, warmup, reps, cycles.p, cal.p, steps.p, sink.p);
+    PRIM_CHECK(cudaGetLastError());
+    PRIM_CHECK(cudaDeviceSynchronize());
+    verify(sink.to_host()[0] > 0, "globaltimer: the reads summed to zero");
+    res.first["globaltimer_read_ns"] =
+        per_op_ns(cycles.to_host(), ns_per_clk(cal.to_host()[0], "globaltimer_read"), per);
+    std::vector<double> step_ns;
+    for (unsigned long long v : steps.to_host()) step_ns.push_back(double(v));
+    verify(step_ns.front() > 0.0, "globaltimer: the timer did not move");
+    res.first["globaltimer_step_ns"] = step_ns;
+    res.second.push_back("globaltimer: every read made (their sum nonzero), the timer moved");
   }
   return res;
 }

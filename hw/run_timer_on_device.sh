@@ -1,0 +1,58 @@
+#!/usr/bin/env bash
+# One device call: what the emulated NIC's own timestamps cost its delivering warps
+# (docs/testbed.md, "What a timestamp costs"). A delivering warp reads %globaltimer five times
+# a batch, three of them only to time the batch's parts (claim, copies, fence); if a read costs
+# a good part of a microsecond, those reads are a share of the batch (6 us for two packets)
+# that keeps the emulator behind its schedule.
+#  * the latency primitives, with globaltimer_read_ns (a read, back to back) and
+#    globaltimer_step_ns (how far the timer moves when it moves);
+#  * the EP2 baseline with the due mask 8 us ahead, batches of two, staged copies, the shared
+#    fetch (the setting closest to the schedule so far), part timers on and off alternately,
+#    REPEATS times each; then the dedicated fetcher, on and off, once each.
+# About 3 minutes with the build. $OUT/records.tgz and $OUT/log.txt come back.
+# LEVER_GIT_REV must name the clean 40-hex commit the tree came from.
+set -u
+cd "$(dirname "$0")/.."
+OUT=${OUT:-/tmp/timer_out}
+REC=/tmp/timer_rec; mkdir -p "$REC" "$OUT"
+. hw/device_lib.sh
+REPEATS=${REPEATS-3}
+device_env
+use_carried_wheels
+LOG="$OUT/log.txt"
+log_header
+build_exts prim
+echo "=== primitives latency" | tee -a "$LOG"
+timeout 120 python3 -m lever.hw.primitives --gpus 1 --reps 100 --only latency \
+  --out "$REC/primitives-latency.json" 2>&1 | tail -8 | tee -a "$LOG"
+tar czf "$OUT/records.tgz" -C /tmp timer_rec
+C="--ranks 2 --gpus 1 --iters 60 --out-dir $REC --emu-set nic_copy=staged --emu-set nic_claim=mask --emu-set deliver_lead_ns=8000"
+for i in $(seq 1 "$REPEATS"); do
+  for t in on off; do
+    step shared-timers-$t-r$i 60 $C --emu-set nic_fetcher=shared --emu-set nic_part_timers=$t \
+      --id-prefix emu-timers-$t-shared-r$i- --variants ";"
+  done
+done
+for t in on off; do
+  step dedicated-timers-$t 60 $C --emu-set nic_part_timers=$t --id-prefix emu-timers-$t-dedicated-r1- --variants ";"
+done
+python3 - "$REC" <<'PY' 2>&1 | tee -a "$LOG"
+import json, sys, pathlib
+d = pathlib.Path(sys.argv[1])
+p = d / "primitives-latency.json"
+if p.exists():
+    m = json.loads(p.read_text())["metrics"]
+    for k in ("globaltimer_read_ns", "globaltimer_step_ns", "device_load_ns"):
+        if k in m:
+            print(f"{k:24s} median {m[k]['median']:.1f} p10 {m[k]['p10']:.1f} p90 {m[k]['p90']:.1f}")
+print(f"{'record':44s} {'disp':>7s} {'comb':>7s}" + "".join(f" {k:>8s}" for k in ("late", "early", "clag", "deliver")))
+for p in sorted(d.glob("emu-*.json")):
+    j = json.loads(p.read_text())
+    m, lat = j.get("metrics", {}), j.get("latency_us", {})
+    g = lambda k: m.get(k, {}).get("median", float("nan"))
+    vals = [g(f"nic_{k}_per_packet_ns") for k in ("late", "early", "claim_lag", "deliver")]
+    print(f"{p.stem[:44]:44s} {lat.get('dispatch', {}).get('median', 0):7.1f} {lat.get('combine', {}).get('median', 0):7.1f}"
+          + "".join(f" {v:8.0f}" for v in vals))
+PY
+tar czf "$OUT/records.tgz" -C /tmp timer_rec
+echo "done" | tee -a "$LOG"

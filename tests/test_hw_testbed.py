@@ -1001,6 +1001,38 @@ def test_the_combinations_sealed_with_the_model_band_judged_against_their_runs(n
         assert shipped["ops"][op]["measured_delta_us"] == pytest.approx(got["ops"][op]["measured_delta_us"])
 
 
+SEALED_NEXT = {  # preregistration -> (the baseline's levers, the run's levers), as hw/ep names them
+    "lazy-completion-combine-on-lazy-completion-dispatch-emu-ep2": (
+        "lazy-completion-dispatch", "lazy-completion-dispatch-lazy-completion-combine"),
+    "qp-fanout-fix-on-put-many-emu-ep2": ("put-many", "put-many-qp-fanout-fix"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(SEALED_NEXT))
+def test_the_combinations_sealed_at_8ec370b_are_intact_and_await_their_runs(name):
+    """Two more EP2 combinations sealed at 8ec370b with the model's delta error in their bands,
+    before any run of them (README, "Two more combinations, sealed"): each preregistration is
+    intact, names a clean 40-hex revision, every band is at least its 90% width, each claims a
+    sign somewhere (so a run can refute it), and no record of its run exists yet. When the runs
+    come, this becomes their compare test."""
+    from lever.calibration.compare import check_prereg
+    from lever.sim import scenario
+
+    prereg = json.loads((PREDICTIONS / f"{name}.json").read_text())
+    check_prereg(prereg, None)
+    assert len(prereg["git_rev"]) == 40 and prereg["git_rev"].startswith("8ec370b")
+    assert prereg["band_kind"] == "noise+params+model"
+    sd = scenario.load(prereg["baseline"]).platform.calibrated.delta_discrepancy_us
+    claims = 0
+    for p in prereg["predictions"].values():
+        lo, hi = p["band_us"]
+        assert hi - lo >= 2 * 1.6448 * sd * 0.99
+        claims += lo > 0 or hi < 0
+    assert claims >= 1
+    _, run = SEALED_NEXT[name]
+    assert not list(BED.glob(f"*/emu-*-native-{run}.json"))
+
+
 LATER_COPY_FOLDERS = ("h100-b049be2", "h100-ee46732", "h100-d39d4a9", "h100-4c1aec3")  # measured after the sourced line
 
 

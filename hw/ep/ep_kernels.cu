@@ -1527,7 +1527,9 @@ __device__ __forceinline__ void copy_packet(const uint8_t* src, uint8_t* dst, un
 // 2.9 us for two packets). Staged, the lanes issue cp.async of every packet that fits in the
 // warp's slice of dynamic shared memory (two full MTU packets) with no register held per load,
 // wait for all of them at once, then store them from shared memory: one round trip of loads
-// for the batch (STAGE_V, efa_emu.cuh: the 16-byte words of a warp's slice).
+// for the batch (STAGE_V, efa_emu.cuh: the 16-byte words of a warp's slice). Measured on H100s
+// (docs/testbed.md, Staged copies): a batch of two 2.6-2.8 us against 2.9-3.0, one packet 1.8
+// us either way: bytes in flight were not what held the copies.
 extern __shared__ __align__(16) uint4 emu_stage[];
 
 __device__ __forceinline__ void cp_async16(uint4* smem, const uint4* gmem) {

@@ -45,12 +45,17 @@ log_header() {
 # status and wall time; a failing smoke* step sets SMOKE_FAILED=1. $REC (the records folder)
 # is re-tarred into $OUT/records.tgz after every step, so what ran so far comes back even if
 # a later step is cut off. A failing step never stops the script.
+# $EMU_SETS (KEY=VALUE words, e.g. "nic_claim=mask deliver_lead_ns=8000") go to every step as
+# --emu-set flags ahead of the step's own, which win where both set a key: a whole script re-run
+# on another emulator setting (docs/testbed.md, re-measuring on a new setting).
 SMOKE_FAILED=0
 step() {
   local name=$1 to=$2; shift 2
-  echo "=== $name: lever hw ep $*" | tee -a "$LOG"
+  local emu=() kv
+  for kv in ${EMU_SETS-}; do emu+=(--emu-set "$kv"); done
+  echo "=== $name: lever hw ep ${emu[*]-} $*" | tee -a "$LOG"
   local s0=$(date +%s)
-  timeout "$to" python3 -m lever.cli hw ep "$@" 2>&1 | tee -a "$LOG"
+  timeout "$to" python3 -m lever.cli hw ep ${emu[@]+"${emu[@]}"} "$@" 2>&1 | tee -a "$LOG"
   local rc=${PIPESTATUS[0]}
   echo "=== $name rc=$rc wall=$(( $(date +%s) - s0 ))s" | tee -a "$LOG"
   [[ $name == smoke* && $rc != 0 ]] && SMOKE_FAILED=1

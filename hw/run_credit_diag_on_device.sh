@@ -17,11 +17,13 @@ echo "git_rev ${LEVER_GIT_REV:-unset}" | tee -a "$LOG"
 t0=$(date +%s)
 timeout 300 python3 -c 'from lever.hw.ep import load_ext; load_ext(); print("ep built")' 2>&1 | tail -2 | tee -a "$LOG"
 echo "build wall $(( $(date +%s) - t0 ))s" | tee -a "$LOG"
-step() {  # name, args...
+step() {  # name, args... ($EMU_SETS ahead of them, as hw/device_lib.sh's step does)
   local name=$1; shift
-  echo "=== $name: lever hw ep $*" | tee -a "$LOG"
+  local emu=() kv
+  for kv in ${EMU_SETS-}; do emu+=(--emu-set "$kv"); done
+  echo "=== $name: lever hw ep ${emu[*]-} $*" | tee -a "$LOG"
   local s0=$(date +%s)
-  timeout 90 python3 -m lever.cli hw ep --iters 50 --profile 2 --out-dir "$REC" --id-prefix "diag-$name" "$@" 2>&1 | tail -4 | tee -a "$LOG"
+  timeout 90 python3 -m lever.cli hw ep ${emu[@]+"${emu[@]}"} --iters 50 --profile 2 --out-dir "$REC" --id-prefix "diag-$name" "$@" 2>&1 | tail -4 | tee -a "$LOG"
   echo "=== $name rc=${PIPESTATUS[0]} wall=$(( $(date +%s) - s0 ))s" | tee -a "$LOG"
 }
 E2="--ranks 2 --gpus 1"

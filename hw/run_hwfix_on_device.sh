@@ -8,6 +8,8 @@
 # (hw/run_credit_diag_on_device.sh). One build serves all three (LEVER_BUILD_DIR). About
 # 8 minutes of device time with the build; $OUT/{bed,v2,diag} come back (7 files).
 # Then, here: python -m lever.hw.install_records --rev REV --from FILES_AT
+# EMU_SETS="KEY=VALUE ..." runs every step on that emulator setting (hw/device_lib.sh): the
+# re-measure a change of hw/emulated_nic.toml's defaults needs, before the file changes.
 # LEVER_GIT_REV must name the clean 40-hex commit the tree came from.
 set -u
 cd "$(dirname "$0")/.."

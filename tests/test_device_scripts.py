@@ -129,3 +129,29 @@ def test_timer_script_runs_each_setting_with_the_part_timers_on_and_off(tmp_path
         assert {k: v for k, v in on.items() if k != "nic_part_timers"} == {
             k: v for k, v in off.items() if k != "nic_part_timers"}
     assert runs[0][1]["nic_fetcher"] == "shared" and runs[-1][1]["nic_fetcher"] == "dedicated"
+
+
+def test_a_step_passes_the_emu_sets_ahead_of_its_own(tmp_path):
+    """hw/device_lib.sh's ``step``: ``$EMU_SETS`` reaches ``lever hw ep`` as ``--emu-set`` flags
+    ahead of the step's own, so a step's own setting wins (a must-fail step keeps its loss) and
+    every other step runs on the new setting; without it (under ``set -u``) nothing is added."""
+    from lever.hw import emulated_nic
+
+    fake = tmp_path / "bin"
+    fake.mkdir()
+    (fake / "python3").write_text('#!/bin/sh\nprintf "%s\\n" "$@" > "$ARGS_OUT"\n')
+    (fake / "python3").chmod(0o755)
+    body = (f"set -u; . {shlex.quote(str(ROOT / 'hw' / 'device_lib.sh'))}; LOG={tmp_path}/log; OUT={tmp_path}/out; "
+            f"REC={tmp_path}/rec; mkdir -p $OUT $REC; step s 10 --ranks 2 --emu-set deliver_lead_ns=3000")
+    p = _ep_parser()
+    for sets, want in (("nic_claim=mask deliver_lead_ns=8000", ("mask", 3000.0)), ("", ("scan", 3000.0))):
+        out = tmp_path / f"args{len(sets)}.txt"
+        r = subprocess.run(["bash", "-c", body], capture_output=True, text=True,
+                           env={"PATH": f"{fake}:/usr/bin:/bin", "EMU_SETS": sets, "ARGS_OUT": str(out)})
+        assert r.returncode == 0, r.stderr
+        args = out.read_text().split("\n")[:-1]
+        assert args[:4] == ["-m", "lever.cli", "hw", "ep"]
+        ns = p.parse_args(args[4:])
+        emu = emulated_nic.load(overrides=emulated_nic.parse_emu_sets(ns.emu_set))
+        assert (emu.nic_claim, emu.deliver_lead_ns) == want
+        assert len(ns.emu_set) == 1 + len(sets.split())

@@ -8,8 +8,11 @@
 #    globaltimer_step_ns (how far the timer moves when it moves);
 #  * the EP2 baseline with the due mask 8 us ahead, batches of two, staged copies, the shared
 #    fetch (the setting closest to the schedule so far), part timers on and off alternately,
-#    REPEATS times each; then the dedicated fetcher, on and off, once each.
-# About 3 minutes with the build. $OUT/records.tgz and $OUT/log.txt come back.
+#    REPEATS times each; then the dedicated fetcher, on and off, once each;
+#  * COMBOS: the EP2 lever sets sealed at 8ec370b and their baselines (README, "Two more
+#    combinations, sealed"), as hw/run_host_engine_on_device.sh runs levers (the same ids);
+#    COMBOS= leaves them out.
+# About 4 minutes with the build. $OUT/records.tgz and $OUT/log.txt come back.
 # LEVER_GIT_REV must name the clean 40-hex commit the tree came from.
 set -u
 cd "$(dirname "$0")/.."
@@ -17,6 +20,7 @@ OUT=${OUT:-/tmp/timer_out}
 REC=/tmp/timer_rec; mkdir -p "$REC" "$OUT"
 . hw/device_lib.sh
 REPEATS=${REPEATS-3}
+COMBOS=${COMBOS-"lazy-completion-dispatch;lazy-completion-dispatch,lazy-completion-combine;put-many;put-many,qp-fanout-fix"}
 device_env
 use_carried_wheels
 LOG="$OUT/log.txt"
@@ -36,6 +40,7 @@ done
 for t in on off; do
   step dedicated-timers-$t 60 $C --emu-set nic_part_timers=$t --id-prefix emu-timers-$t-dedicated-r1- --variants ";"
 done
+[[ -n $COMBOS ]] && step combos 300 --ranks 2 --gpus 1 --iters 40 --out-dir "$REC" --id-prefix emu-host- --variants ";$COMBOS"
 python3 - "$REC" <<'PY' 2>&1 | tee -a "$LOG"
 import json, sys, pathlib
 d = pathlib.Path(sys.argv[1])

@@ -113,11 +113,16 @@ def test_staged_script_steps_parse_and_name_the_runs_as_the_records_do(tmp_path)
 def test_timer_script_runs_each_setting_with_the_part_timers_on_and_off(tmp_path):
     """hw/run_timer_on_device.sh: every step parses with ``lever hw ep``'s parser and the
     emulator's; the same setting runs with the part timers on and off alternately, each run its
-    own id, and nothing else differs between an on run and its off run."""
+    own id, and nothing else differs between an on run and its off run; last, the combinations
+    sealed at 8ec370b with their baselines."""
     from lever.hw import emulated_nic
 
     p = _ep_parser()
     steps = _script_steps(tmp_path, {"REPEATS": "2"}, "run_timer_on_device.sh")
+    combos = p.parse_args(steps.pop())  # the sealed combinations, last: each with its baseline
+    assert combos.id_prefix == "emu-host-" and combos.variants.split(";") == [
+        "", "lazy-completion-dispatch", "lazy-completion-dispatch,lazy-completion-combine", "put-many",
+        "put-many,qp-fanout-fix"]
     runs = []
     for args in steps:
         ns = p.parse_args(args)

@@ -48,14 +48,19 @@ log_header() {
 # $EMU_SETS (KEY=VALUE words, e.g. "nic_claim=mask deliver_lead_ns=8000") go to every step as
 # --emu-set flags ahead of the step's own, which win where both set a key: a whole script re-run
 # on another emulator setting (docs/testbed.md, re-measuring on a new setting).
+# emu_set_args: those flags, into the array EMU_ARGS (every script's step uses it).
+emu_set_args() {
+  EMU_ARGS=()
+  local kv
+  for kv in ${EMU_SETS-}; do EMU_ARGS+=(--emu-set "$kv"); done
+}
 SMOKE_FAILED=0
 step() {
   local name=$1 to=$2; shift 2
-  local emu=() kv
-  for kv in ${EMU_SETS-}; do emu+=(--emu-set "$kv"); done
-  echo "=== $name: lever hw ep ${emu[*]-} $*" | tee -a "$LOG"
+  emu_set_args
+  echo "=== $name: lever hw ep ${EMU_ARGS[*]-} $*" | tee -a "$LOG"
   local s0=$(date +%s)
-  timeout "$to" python3 -m lever.cli hw ep ${emu[@]+"${emu[@]}"} "$@" 2>&1 | tee -a "$LOG"
+  timeout "$to" python3 -m lever.cli hw ep ${EMU_ARGS[@]+"${EMU_ARGS[@]}"} "$@" 2>&1 | tee -a "$LOG"
   local rc=${PIPESTATUS[0]}
   echo "=== $name rc=$rc wall=$(( $(date +%s) - s0 ))s" | tee -a "$LOG"
   [[ $name == smoke* && $rc != 0 ]] && SMOKE_FAILED=1

@@ -10,6 +10,7 @@ set -u
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/diag_out}
 REC=/tmp/diag_rec; mkdir -p "$REC" "$OUT"
+. hw/device_lib.sh  # emu_set_args (its step is replaced below)
 export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 export LEVER_BUILD_DIR=/tmp/lever_build TORCH_CUDA_ARCH_LIST=9.0 MAX_JOBS=16
 LOG="$OUT/log.txt"
@@ -19,11 +20,10 @@ timeout 300 python3 -c 'from lever.hw.ep import load_ext; load_ext(); print("ep 
 echo "build wall $(( $(date +%s) - t0 ))s" | tee -a "$LOG"
 step() {  # name, args... ($EMU_SETS ahead of them, as hw/device_lib.sh's step does)
   local name=$1; shift
-  local emu=() kv
-  for kv in ${EMU_SETS-}; do emu+=(--emu-set "$kv"); done
-  echo "=== $name: lever hw ep ${emu[*]-} $*" | tee -a "$LOG"
+  emu_set_args
+  echo "=== $name: lever hw ep ${EMU_ARGS[*]-} $*" | tee -a "$LOG"
   local s0=$(date +%s)
-  timeout 90 python3 -m lever.cli hw ep ${emu[@]+"${emu[@]}"} --iters 50 --profile 2 --out-dir "$REC" --id-prefix "diag-$name" "$@" 2>&1 | tail -4 | tee -a "$LOG"
+  timeout 90 python3 -m lever.cli hw ep ${EMU_ARGS[@]+"${EMU_ARGS[@]}"} --iters 50 --profile 2 --out-dir "$REC" --id-prefix "diag-$name" "$@" 2>&1 | tail -4 | tee -a "$LOG"
   echo "=== $name rc=${PIPESTATUS[0]} wall=$(( $(date +%s) - s0 ))s" | tee -a "$LOG"
 }
 E2="--ranks 2 --gpus 1"

@@ -26,6 +26,7 @@ FETCHERS = {"dedicated": 1, "shared": 0}
 CLAIMS = {"mask": 1, "scan": 0}
 COPIES = {"one": 0, "staged": 1}
 PART_TIMERS = {"on": 1, "off": 0}
+FENCES = {"sc": 0, "release": 1}
 
 # key -> (section, type, lo, hi): the allowed range of every value (inclusive)
 SCHEMA: dict[str, tuple[str, type, float, float]] = {
@@ -63,6 +64,7 @@ STRINGS: dict[str, tuple[str, tuple[str, ...]]] = {
     "nic_claim": ("schedule", tuple(CLAIMS)),
     "nic_copy": ("schedule", tuple(COPIES)),
     "nic_part_timers": ("schedule", tuple(PART_TIMERS)),
+    "nic_fence": ("schedule", tuple(FENCES)),
     "send_completions": ("nic", ("cq", "counter")),
 }
 
@@ -100,7 +102,7 @@ class EmulatedNic:
             "deliver_lead_ns": v["deliver_lead_ns"], "deliver_batch": v["deliver_batch_count"],
             "dedicated_fetcher": FETCHERS[v["nic_fetcher"]], "claim_mask": CLAIMS[v["nic_claim"]],
             "mirror_poll_gap_ns": v["mirror_poll_gap_ns"], "copy_staged": COPIES[v["nic_copy"]],
-            "part_timers": PART_TIMERS[v["nic_part_timers"]],
+            "part_timers": PART_TIMERS[v["nic_part_timers"]], "fence_release": FENCES[v["nic_fence"]],
             "seed": float(seed + 1),
         }
 

@@ -136,6 +136,34 @@ def test_timer_script_runs_each_setting_with_the_part_timers_on_and_off(tmp_path
     assert runs[0][1]["nic_fetcher"] == "shared" and runs[-1][1]["nic_fetcher"] == "dedicated"
 
 
+def test_spread_script_runs_each_fence_on_four_and_on_eight_nic_blocks(tmp_path):
+    """hw/run_spread_on_device.sh: every step parses with ``lever hw ep``'s parser and the
+    emulator's; a faulted smoke run with the release fence first; then the closest setting with
+    the fence as fence.sc and as a release fence alternately (nothing else differs between the
+    two of a pair), each run its own id; then eight NIC blocks a rank at half the line rate (the
+    same bandwidth a rank) at each lead, each fence."""
+    from lever.hw import emulated_nic
+
+    p = _ep_parser()
+    steps = _script_steps(tmp_path, {"REPEATS": "2", "LEADS8": "4000 6000"}, "run_spread_on_device.sh")
+    smoke = p.parse_args(steps.pop(0))
+    assert smoke.faults and "nic_fence=release" in smoke.emu_set
+    runs = []
+    for args in steps:
+        ns = p.parse_args(args)
+        emu = emulated_nic.load(overrides=emulated_nic.parse_emu_sets(ns.emu_set or []))
+        runs.append((ns.id_prefix, emu.values))
+    assert len(runs) == 2 * 2 + 2 + 2 * 2 and len({i for i, _ in runs}) == len(runs)
+    for (_, sc), (_, rel) in zip(runs[::2], runs[1::2], strict=True):
+        assert sc["nic_fence"] == "sc" and rel["nic_fence"] == "release"
+        assert {k: v for k, v in sc.items() if k != "nic_fence"} == {k: v for k, v in rel.items() if k != "nic_fence"}
+    four, eight = runs[:6], runs[6:]
+    assert all(v["nics_per_rank"] == 4 and v["line_rate_gbps"] == 100.0 for _, v in four)
+    assert all(v["nics_per_rank"] == 8 and v["line_rate_gbps"] == 50.0 for _, v in eight)
+    assert [v["deliver_lead_ns"] for _, v in eight] == [4000.0, 4000.0, 6000.0, 6000.0]
+    assert {v["nic_copy"] for _, v in runs} == {"staged"} and {v["nic_claim"] for _, v in runs} == {"mask"}
+
+
 def test_a_step_passes_the_emu_sets_ahead_of_its_own(tmp_path):
     """hw/device_lib.sh's ``step``: ``$EMU_SETS`` reaches ``lever hw ep`` as ``--emu-set`` flags
     ahead of the step's own, so a step's own setting wins (a must-fail step keeps its loss) and

@@ -205,6 +205,7 @@ static int make_world(int gpu, const IntMap& c, const FloatMap& fab, const std::
   w.fab.mirror_poll_gap_ns = (float)f("mirror_poll_gap_ns");
   w.fab.copy_staged = (int)f("copy_staged");
   w.fab.part_timers = (int)f("part_timers");
+  w.fab.fence_release = (int)f("fence_release");
   w.fab.seed = (unsigned long long)f("seed");
 
   // ---- the NIC tables, whoever filled them (emulated_nic_tables below, or a real device's

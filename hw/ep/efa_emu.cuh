@@ -283,6 +283,9 @@ struct Fabric {  // [platform.fabric] + [platform.nic] + [platform.receiver], ns
   int copy_staged;        // 1: a delivering warp stages its batch's packets in shared memory
                           // (cp.async, all loads in flight at once), then stores them; 0: one
                           // packet after another from registers
+  int fence_release;      // 1: the fence after a batch's copies is a release fence (fence.acq_rel,
+                          // store-store order is all the completions need); 0: fence.sc
+                          // (__threadfence / __threadfence_system)
   unsigned long long seed;
 };
 

@@ -1828,10 +1828,18 @@ __device__ bool nic_deliver(const World& w, NicCtx& c, NicShared& S, bool host_e
     }
     __syncwarp();
     const unsigned long long t_copied = parts ? gtime() : 0ull;
-    // one fence: the batch's packets are visible before any completion that follows
+    // one fence: the batch's packets are visible before any completion that follows. The
+    // completions are stores after it, so a release fence orders them (Fabric::fence_release);
+    // fence.sc also orders later loads, which nothing here needs
     if (__any_sync(0xffffffffu, fate == 3)) {
-      if (one_gpu) __threadfence();
-      else __threadfence_system();
+      if (fb.fence_release) {
+        if (one_gpu) asm volatile("fence.acq_rel.gpu;" ::: "memory");
+        else asm volatile("fence.acq_rel.sys;" ::: "memory");
+      } else if (one_gpu) {
+        __threadfence();
+      } else {
+        __threadfence_system();
+      }
     }
     const unsigned long long t_fenced = parts ? gtime() : 0ull;
     // bookkeeping: each lane its own entry (shared-memory state of its WQE)

@@ -54,6 +54,7 @@ SCHEMA: dict[str, tuple[str, type, float, float]] = {
     "deliver_lead_ns": ("schedule", float, 0.0, 1e6),
     "deliver_batch_count": ("schedule", int, 1, 32),
     "mirror_poll_gap_ns": ("schedule", float, 0.0, 1e6),
+    "blocks_per_nic_count": ("schedule", int, 1, 4),
 }
 STRINGS: dict[str, tuple[str, tuple[str, ...]]] = {
     "jitter_distribution": ("wire", tuple(JITTER_KINDS)),
@@ -103,6 +104,7 @@ class EmulatedNic:
             "dedicated_fetcher": FETCHERS[v["nic_fetcher"]], "claim_mask": CLAIMS[v["nic_claim"]],
             "mirror_poll_gap_ns": v["mirror_poll_gap_ns"], "copy_staged": COPIES[v["nic_copy"]],
             "part_timers": PART_TIMERS[v["nic_part_timers"]], "fence_release": FENCES[v["nic_fence"]],
+            "blocks_per_nic": v["blocks_per_nic_count"],
             "seed": float(seed + 1),
         }
 

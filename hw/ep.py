@@ -405,6 +405,8 @@ class Runner:
         if not 1 <= self.warps <= 8:
             raise EpError(f"design.warps_per_sm {self.warps}: the kernels take 1..8 warps per block")
         self.nics = self.emu.nics_per_rank
+        # NIC blocks a rank: each emulated NIC served by blocks_per_nic_count blocks (SMs)
+        self.nic_units = self.nics * int(self.emu.blocks_per_nic_count)
         self.nic_warps = NIC_WARPS  # every warp of a NIC block delivers packets
         self.depth = self.emu.sq_depth
         # the device generation the emulated NIC plays (hw/emulated_nic.toml [nic]): WQE size,
@@ -466,7 +468,8 @@ class Runner:
                 "nicqp": z(NQ_MAX * 128, u8), "loc_cnt": z(self.n_rxcq, i32),
                 # the NIC's copies of inline payloads (per NIC, per in-flight WQE slot: NWQ 512) and
                 # the send QPs' completion counters (count, errors), both emulated NIC state
-                "nic_inl": z(self.nics * 512 * 128, u8), "cntr": z(NQ_MAX * 2, i64),
+                "nic_inl": z(self.nic_units * 512 * 128, u8), "cntr": z(NQ_MAX * 2, i64),
+                "nic_wire": z(self.nics * 4, i64),
                 "hcount": z(El * R, i32),
                 "bar": z(4, i32), "prof": z(self.prof_cap * 8, i64), "prof_n": z(1, i32),
                 # peer-visible
@@ -499,10 +502,10 @@ class Runner:
             for _ in range(R):
                 self.host.append({k: self.ext.proxy_alloc(n, k in ("psq", "pdb"))
                                   for k, n in self.host_sizes().items()})
-        grid = self.rpg * (self.nb + self.nics)
+        grid = self.rpg * (self.nb + self.nic_units)
         cap = self.ext.coop_max_blocks(0, 32 * max(self.warps, self.nic_warps), self.stage_smem())
         if grid > cap:
-            raise EpError(f"{grid} blocks per GPU ({self.rpg} ranks x ({self.nb} EP + {self.nics} NIC)) "
+            raise EpError(f"{grid} blocks per GPU ({self.rpg} ranks x ({self.nb} EP + {self.nic_units} NIC)) "
                           f"exceed the {cap} co-resident blocks: lower --num-sms or ranks per GPU")
         self.t.cuda.synchronize()
 
@@ -560,7 +563,7 @@ class Runner:
                    "K": s.top_k, "E": s.num_experts, "E_local": s.experts_per_rank, "sq_depth": self.depth,
                    "rx_depth": self.rx_depth, "n_rxcq": self.n_rxcq, "ring_depth": self.ring_depth,
                    "ep_blocks_per_rank": self.nb, "ep_warps": self.warps, "nic_warps": self.nic_warps,
-                   "nic_blocks": self.rpg * self.nics, "timeout_ns": self.timeout_ns, "prof_cap": self.prof_cap,
+                   "nic_blocks": self.rpg * self.nic_units, "timeout_ns": self.timeout_ns, "prof_cap": self.prof_cap,
                    "sq_host": int(self.sq_host), "cq_host": int(self.cq_host), "rx_host": int(self.rx_host),
                    "wqe_size": self.wqe_bytes, "inline_write": self.inline_write, "counters": int(self.counters),
                    "err": gb["err"].data_ptr(), "stats": gb["stats"].data_ptr(),
@@ -931,7 +934,7 @@ def _run_variant(runner: Runner, scn, args, levers: list[str], sets: Mapping[str
     how = {"repetitions": args.iters, "warmup": args.warmup,
            "timer": "CUDA events around each op launch on every GPU after a cross-GPU start barrier; "
                     "per iteration the max over GPUs",
-           "notes": f"{runner.nb} EP blocks x {runner.warps} warps per rank, {runner.nics} NIC blocks per rank; "
+           "notes": f"{runner.nb} EP blocks x {runner.warps} warps per rank, {runner.nic_units} NIC blocks per rank ({runner.nics} NICs); "
                     f"SQ+doorbell in {'write-combined pinned host' if runner.sq_host else 'GPU'} memory, "
                     f"send CQ in {'pinned host' if runner.cq_host else 'GPU'} memory, receive CQs in "
                     f"{'pinned host memory (written by the NIC host engine, polled through PCIe)' if runner.rx_host else 'GPU memory'}; "

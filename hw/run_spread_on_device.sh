@@ -1,15 +1,17 @@
 #!/usr/bin/env bash
 # One device call: what keeps the emulated NIC's delivering warps behind their schedule
-# (docs/testbed.md, "More SMs a NIC"). Six or seven warps on one SM deliver a NIC's packets,
-# about 6 us a batch of two (claim 1.6, copies 2.6, fence 1.7-2.3); the setting closest to
-# the schedule (due mask 8 us ahead, batches of two, staged copies) is 0.70-1.48 us late.
-#  * the fence after a batch's copies as fence.sc (every record) and as a release fence
-#    (`nic_fence = "release"`: the completions after it are stores), alternately, REPEATS
-#    times with the shared fetch, once each with the dedicated fetcher;
-#  * the same NIC spread over twice the SMs: 8 NIC blocks a rank at 50 Gb/s each (the same
-#    100 Gb/s x 4 a rank, half the packets a block), the shared fetch, at LEADS8 (ns ahead),
-#    with each fence;
-#  * a faulted smoke run through the gate with the release fence.
+# (docs/testbed.md, "The fence's strength, and more SMs a NIC"). Six or seven warps on one SM
+# deliver a NIC's packets, about 6 us a batch of two (claim 1.6, copies 2.6, fence 1.7-2.3);
+# the setting closest to the schedule (due mask 8 us ahead, batches of two, staged copies) is
+# 0.70-1.48 us late, and 0.54-0.77 with the same work on eight NICs a rank at half the rate.
+# BLOCKS (default): `blocks_per_nic_count = 2`, p5's four 100 Gb/s NICs each served by two
+# blocks (SMs) sharing one wire:
+#  * faulted smoke runs through the gate with two blocks a NIC: V1 native, V1 proxy, V2 hybrid;
+#  * the closest setting with one and two blocks a NIC alternately, REPEATS times (shared
+#    fetch), then two blocks with the dedicated fetcher, with register copies (each fetcher),
+#    and 6 us ahead.
+# FENCES=1 instead runs what 587fd95 ran: the batch fence as fence.sc and as a release fence
+# (`nic_fence`), alternately, and eight NICs a rank at 50 Gb/s at LEADS8 (ns ahead).
 # About 4 minutes with the build. $OUT/records.tgz and $OUT/log.txt come back.
 # LEVER_GIT_REV must name the clean 40-hex commit the tree came from.
 set -u
@@ -19,31 +21,56 @@ REC=/tmp/spread_rec; mkdir -p "$REC" "$OUT"
 . hw/device_lib.sh
 REPEATS=${REPEATS-3}
 LEADS8=${LEADS8-"4000 8000"}
+FENCES=${FENCES-}
 device_env
 use_carried_wheels
 LOG="$OUT/log.txt"
 log_header
 build_exts
-step smoke-release 60 --ranks 2 --gpus 1 --iters 5 --warmup 1 --profile 0 --faults --out-dir "$REC/smoke" \
-  --emu-set nic_fence=release --emu-set nic_copy=staged --id-prefix smoke-release --variants ";write-imm-counting"
 C="--ranks 2 --gpus 1 --iters 60 --out-dir $REC --emu-set nic_copy=staged --emu-set nic_claim=mask --emu-set deliver_batch_count=2"
-for i in $(seq 1 "$REPEATS"); do
-  for fence in sc release; do
-    step n4-$fence-shared-r$i 60 $C --emu-set deliver_lead_ns=8000 --emu-set nic_fetcher=shared \
-      --emu-set nic_fence=$fence --id-prefix emu-spread-n4-lead8000-$fence-shared-r$i- --variants ";"
+if [[ -n $FENCES ]]; then
+  step smoke-release 60 --ranks 2 --gpus 1 --iters 5 --warmup 1 --profile 0 --faults --out-dir "$REC/smoke" \
+    --emu-set nic_fence=release --emu-set nic_copy=staged --id-prefix smoke-release --variants ";write-imm-counting"
+  for i in $(seq 1 "$REPEATS"); do
+    for fence in sc release; do
+      step n4-$fence-shared-r$i 60 $C --emu-set deliver_lead_ns=8000 --emu-set nic_fetcher=shared \
+        --emu-set nic_fence=$fence --id-prefix emu-spread-n4-lead8000-$fence-shared-r$i- --variants ";"
+    done
   done
-done
-for fence in sc release; do
-  step n4-$fence-dedicated 60 $C --emu-set deliver_lead_ns=8000 --emu-set nic_fetcher=dedicated \
-    --emu-set nic_fence=$fence --id-prefix emu-spread-n4-lead8000-$fence-dedicated-r1- --variants ";"
-done
-for lead in $LEADS8; do
   for fence in sc release; do
-    step n8-lead$lead-$fence 60 $C --emu-set nics_per_rank=8 --emu-set line_rate_gbps=50 \
-      --emu-set deliver_lead_ns=$lead --emu-set nic_fetcher=shared --emu-set nic_fence=$fence \
-      --id-prefix emu-spread-n8-lead$lead-$fence-shared-r1- --variants ";"
+    step n4-$fence-dedicated 60 $C --emu-set deliver_lead_ns=8000 --emu-set nic_fetcher=dedicated \
+      --emu-set nic_fence=$fence --id-prefix emu-spread-n4-lead8000-$fence-dedicated-r1- --variants ";"
   done
-done
+  for lead in $LEADS8; do
+    for fence in sc release; do
+      step n8-lead$lead-$fence 60 $C --emu-set nics_per_rank=8 --emu-set line_rate_gbps=50 \
+        --emu-set deliver_lead_ns=$lead --emu-set nic_fetcher=shared --emu-set nic_fence=$fence \
+        --id-prefix emu-spread-n8-lead$lead-$fence-shared-r1- --variants ";"
+    done
+  done
+else
+  S="--emu-set blocks_per_nic_count=2 --emu-set nic_copy=staged --emu-set nic_claim=mask --emu-set deliver_lead_ns=8000"
+  step smoke-blocks2 60 --ranks 2 --gpus 1 --iters 5 --warmup 1 --profile 0 --faults --out-dir "$REC/smoke" $S \
+    --id-prefix smoke-blocks2- --variants ";write-imm-counting"
+  step smoke-blocks2-proxy 60 --ranks 2 --gpus 1 --iters 5 --warmup 1 --profile 0 --path proxy --out-dir "$REC/smoke" $S \
+    --id-prefix smoke-blocks2- --variants ";"
+  step smoke-blocks2-v2 90 --protocol v2-hybrid --ranks 4 --ranks-per-node 2 --gpus 1 --iters 5 --warmup 1 --profile 0 \
+    --faults --out-dir "$REC/smoke" $S --id-prefix smoke-blocks2-v2- --variants ";write-imm-counting"
+  for i in $(seq 1 "$REPEATS"); do
+    for b in 1 2; do
+      step blocks$b-shared-r$i 60 $C --emu-set deliver_lead_ns=8000 --emu-set nic_fetcher=shared \
+        --emu-set blocks_per_nic_count=$b --id-prefix emu-spread-blocks$b-lead8000-staged-shared-r$i- --variants ";"
+    done
+  done
+  step blocks2-dedicated 60 $C --emu-set deliver_lead_ns=8000 --emu-set nic_fetcher=dedicated \
+    --emu-set blocks_per_nic_count=2 --id-prefix emu-spread-blocks2-lead8000-staged-dedicated-r1- --variants ";"
+  for fetch in shared dedicated; do
+    step blocks2-one-$fetch 60 $C --emu-set nic_copy=one --emu-set deliver_lead_ns=8000 --emu-set nic_fetcher=$fetch \
+      --emu-set blocks_per_nic_count=2 --id-prefix emu-spread-blocks2-lead8000-one-$fetch-r1- --variants ";"
+  done
+  step blocks2-lead6000 60 $C --emu-set deliver_lead_ns=6000 --emu-set nic_fetcher=shared \
+    --emu-set blocks_per_nic_count=2 --id-prefix emu-spread-blocks2-lead6000-staged-shared-r1- --variants ";"
+fi
 python3 - "$REC" <<'PY' 2>&1 | tee -a "$LOG"
 import json, sys, pathlib
 d = pathlib.Path(sys.argv[1])

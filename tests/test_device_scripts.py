@@ -137,7 +137,7 @@ def test_timer_script_runs_each_setting_with_the_part_timers_on_and_off(tmp_path
 
 
 def test_spread_script_runs_each_fence_on_four_and_on_eight_nic_blocks(tmp_path):
-    """hw/run_spread_on_device.sh: every step parses with ``lever hw ep``'s parser and the
+    """hw/run_spread_on_device.sh with FENCES=1 (what 587fd95 ran): every step parses with ``lever hw ep``'s parser and the
     emulator's; a faulted smoke run with the release fence first; then the closest setting with
     the fence as fence.sc and as a release fence alternately (nothing else differs between the
     two of a pair), each run its own id; then eight NIC blocks a rank at half the line rate (the
@@ -145,7 +145,7 @@ def test_spread_script_runs_each_fence_on_four_and_on_eight_nic_blocks(tmp_path)
     from lever.hw import emulated_nic
 
     p = _ep_parser()
-    steps = _script_steps(tmp_path, {"REPEATS": "2", "LEADS8": "4000 6000"}, "run_spread_on_device.sh")
+    steps = _script_steps(tmp_path, {"REPEATS": "2", "LEADS8": "4000 6000", "FENCES": "1"}, "run_spread_on_device.sh")
     smoke = p.parse_args(steps.pop(0))
     assert smoke.faults and "nic_fence=release" in smoke.emu_set
     runs = []
@@ -162,6 +162,37 @@ def test_spread_script_runs_each_fence_on_four_and_on_eight_nic_blocks(tmp_path)
     assert all(v["nics_per_rank"] == 8 and v["line_rate_gbps"] == 50.0 for _, v in eight)
     assert [v["deliver_lead_ns"] for _, v in eight] == [4000.0, 4000.0, 6000.0, 6000.0]
     assert {v["nic_copy"] for _, v in runs} == {"staged"} and {v["nic_claim"] for _, v in runs} == {"mask"}
+
+
+def test_spread_script_runs_one_and_two_blocks_a_nic_alternately(tmp_path):
+    """hw/run_spread_on_device.sh as it ships: faulted smoke runs with two blocks a NIC on V1
+    native, V1 proxy and V2 hybrid first; then the closest setting with one and two blocks a NIC
+    alternately (nothing else differs between the two of a pair), each run its own id; then two
+    blocks with the other fetcher, register copies and a shorter lead. Four NICs a rank at
+    100 Gb/s throughout: the blocks change who delivers, not the wire."""
+    from lever.hw import emulated_nic
+
+    p = _ep_parser()
+    steps = _script_steps(tmp_path, {"REPEATS": "2"}, "run_spread_on_device.sh")
+    smokes = [p.parse_args(steps.pop(0)) for _ in range(3)]
+    assert [s.protocol for s in smokes] == ["v1-ll", "v1-ll", "v2-hybrid"]
+    assert smokes[0].faults and smokes[1].path == "proxy" and smokes[2].faults
+    assert all("blocks_per_nic_count=2" in s.emu_set for s in smokes)
+    runs = []
+    for args in steps:
+        ns = p.parse_args(args)
+        emu = emulated_nic.load(overrides=emulated_nic.parse_emu_sets(ns.emu_set or []))
+        runs.append((ns.id_prefix, emu.values))
+    assert len(runs) == 2 * 2 + 4 and len({i for i, _ in runs}) == len(runs)
+    for (_, one), (_, two) in zip(runs[:4:2], runs[1:4:2], strict=True):
+        assert one["blocks_per_nic_count"] == 1 and two["blocks_per_nic_count"] == 2
+        assert {k: v for k, v in one.items() if k != "blocks_per_nic_count"} == {
+            k: v for k, v in two.items() if k != "blocks_per_nic_count"}
+    assert all(v["blocks_per_nic_count"] == 2 for _, v in runs[4:])
+    assert {(v["nic_fetcher"], v["nic_copy"], v["deliver_lead_ns"]) for _, v in runs[4:]} == {
+        ("dedicated", "staged", 8000.0), ("shared", "one", 8000.0), ("dedicated", "one", 8000.0),
+        ("shared", "staged", 6000.0)}
+    assert all(v["nics_per_rank"] == 4 and v["line_rate_gbps"] == 100.0 for _, v in runs)
 
 
 def test_a_step_passes_the_emu_sets_ahead_of_its_own(tmp_path):

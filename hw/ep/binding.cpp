@@ -206,6 +206,7 @@ static int make_world(int gpu, const IntMap& c, const FloatMap& fab, const std::
   w.fab.copy_staged = (int)f("copy_staged");
   w.fab.part_timers = (int)f("part_timers");
   w.fab.fence_release = (int)f("fence_release");
+  w.fab.blocks_per_nic = (int)f("blocks_per_nic");
   w.fab.seed = (unsigned long long)f("seed");
 
   // ---- the NIC tables, whoever filled them (emulated_nic_tables below, or a real device's
@@ -335,6 +336,9 @@ static int make_world(int gpu, const IntMap& c, const FloatMap& fab, const std::
     r.prof = ptr<unsigned long long>(m, "prof"); r.prof_n = ptr<unsigned>(m, "prof_n");
     r.pring = opt_ptr<emu::ProxyDesc>(m, "pring"); r.pstate = opt_ptr<unsigned long long>(m, "pstate");
     r.nic_inl = opt_ptr<uint8_t>(m, "nic_inl");
+    r.nic_wire = opt_ptr<unsigned long long>(m, "nic_wire");
+    if (w.nic_blocks > 0 && w.fab.blocks_per_nic > 1 && !r.nic_wire)
+      throw std::runtime_error("a NIC served by several blocks needs its nic_wire buffer");
     if (w.nic_blocks > 0 && !r.nic_inl)
       for (int q = 0; q < NQ; ++q)
         if (h_lay[(size_t)R * nrx + i * NQ + q].inline_write_size != 0u)

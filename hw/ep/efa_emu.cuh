@@ -255,8 +255,11 @@ struct RankLocal {
   unsigned* loc_cnt;         // [n_rxcq] write-imm puts the rank copied to itself this op
   unsigned* wqe_done;        // [NQ_MAX][sq_depth] V2: send completions per SQ slot, counted by
                              // whoever consumes the CQE (null for V1: nothing counted)
-  uint8_t* nic_inl;          // [nics_per_rank][512][128] the NIC's copies of inline WQE payloads,
-                             // per NIC and in-flight WQE slot (emulated NIC state)
+  uint8_t* nic_inl;          // [nics_per_rank x blocks_per_nic][512][128] the NIC's copies of
+                             // inline WQE payloads, per NIC block and in-flight WQE slot
+  unsigned long long* nic_wire;  // [nics_per_rank][4] a NIC's wire shared by its blocks
+                                 // (blocks_per_nic > 1): [0] when the line is free, [1] the last
+                                 // WQE's start, [2] the lock of the two; null with one block a NIC
 };
 
 struct Fabric {  // [platform.fabric] + [platform.nic] + [platform.receiver], ns
@@ -283,6 +286,8 @@ struct Fabric {  // [platform.fabric] + [platform.nic] + [platform.receiver], ns
   int copy_staged;        // 1: a delivering warp stages its batch's packets in shared memory
                           // (cp.async, all loads in flight at once), then stores them; 0: one
                           // packet after another from registers
+  int blocks_per_nic;     // NIC blocks (SMs) serving one emulated NIC: its QPs split between
+                          // them, one wire (line rate, message rate) shared in global memory
   int fence_release;      // 1: the fence after a batch's copies is a release fence (fence.acq_rel,
                           // store-store order is all the completions need); 0: fence.sc
                           // (__threadfence / __threadfence_system)

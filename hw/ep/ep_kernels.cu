@@ -1209,7 +1209,8 @@ __device__ __forceinline__ void vstu(unsigned* p, unsigned v) { *reinterpret_cas
 
 struct NicCtx {
   const RankLocal* L;
-  int nic, nics, nq;
+  int nic, nics, nq;  // this NIC block (of nics a rank: NICs x blocks_per_nic) and its QPs' stride
+  int pnic, pnics;    // the emulated NIC it serves (of pnics a rank); sub-block 0 faces the host
   bool proxy;
   const lever_efa_nic_layout* lay;  // [nq] the QPs it serves (native or proxy), as it published them
   const lever_efa_nic_layout* flay; // [nq] where it fetches WQEs and doorbells: its device mirror of a
@@ -1358,6 +1359,29 @@ __device__ int nic_fetch(const World& w, NicCtx& c, NicShared& S) {
       {
         unsigned long long now = __shfl_sync(0xffffffffu, gtime(), 0);
         unsigned long long nf = S.nic_free, lw = S.last_wqe;
+        // a NIC served by several blocks has one wire: its state in global memory, taken under
+        // a lock for this WQE batch (the other block's fetcher waits its turn)
+        unsigned long long* wire = c.L->nic_wire && fb.blocks_per_nic > 1 ? c.L->nic_wire + 4 * c.pnic : nullptr;
+        if (wire) {
+          bool ok = true;
+          if (lane == 0) {
+            const unsigned long long t_lock = gtime();
+            unsigned* lock = reinterpret_cast<unsigned*>(wire + 2);
+            while (atomicCAS(lock, 0u, 1u) != 0u) {
+              if ((long long)(gtime() - t_lock) > w.timeout_ns) {
+                raise_err(w, ERR_TIMEOUT_NIC, L.rank, c.nic, 0, 1, 2000 + c.pnic);
+                ok = false;
+                break;
+              }
+            }
+            __threadfence();
+            nf = vld64(wire);
+            lw = vld64(wire + 1);
+          }
+          if (!__shfl_sync(0xffffffffu, (int)ok, 0)) return -1;
+          nf = __shfl_sync(0xffffffffu, nf, 0);
+          lw = __shfl_sync(0xffffffffu, lw, 0);
+        }
         int m = 0;
         for (int j = 0; j < take; ++j) {
           const unsigned lj = __shfl_sync(0xffffffffu, len, j);
@@ -1375,6 +1399,12 @@ __device__ int nic_fetch(const World& w, NicCtx& c, NicShared& S) {
           }
         }
         if (lane == 0) { S.nic_free = nf; S.last_wqe = lw; }
+        if (wire && lane == 0) {
+          vst64(wire, nf);
+          vst64(wire + 1, lw);
+          __threadfence();
+          atomicExch(reinterpret_cast<unsigned*>(wire + 2), 0u);
+        }
       }
       // find P free entries (only the fetcher allocates; deliverers only free)
       {
@@ -1609,7 +1639,7 @@ __device__ __forceinline__ void entry_requeue(NicShared& S, int e, unsigned kind
 // Returns whether any doorbell had moved.
 __device__ bool nic_mirror(const World& w, NicCtx& c, unsigned& my_mdb) {
   const int lane = lane_id();
-  const int my_q = c.nic + lane * c.nics;
+  const int my_q = c.pnic + lane * c.pnics;  // every QP of the NIC, whichever block fetches it
   const unsigned long long t_pass = gtime();
   unsigned my_hdb = my_mdb;
   if (my_q < c.nq) my_hdb = ld_acq32(reinterpret_cast<const unsigned*>(c.lay[my_q].sq_doorbell_dev));
@@ -1624,7 +1654,7 @@ __device__ bool nic_mirror(const World& w, NicCtx& c, unsigned& my_mdb) {
   while (todo) {
     const int jq = __ffs(todo) - 1;
     todo &= todo - 1;
-    const int q = c.nic + jq * c.nics;
+    const int q = c.pnic + jq * c.pnics;
     const unsigned from = __shfl_sync(0xffffffffu, my_mdb, jq);
     const unsigned to = __shfl_sync(0xffffffffu, my_hdb, jq);
     const unsigned n = (to - from) & 0xffffu;
@@ -1945,7 +1975,10 @@ __device__ void nic_warp(const World& w, const EpFlags& f, int lr, int nic, int 
   NicCtx c;
   c.L = &L;
   c.nic = nic;
-  c.nics = fb.nics_per_rank;
+  c.nics = fb.nics_per_rank * (fb.blocks_per_nic > 1 ? fb.blocks_per_nic : 1);
+  c.pnic = nic % fb.nics_per_rank;
+  c.pnics = fb.nics_per_rank;
+  const bool faces_host = nic < fb.nics_per_rank;  // sub-block 0 of its NIC mirrors the host SQs
   c.nq = f.num_qps < NQ_MAX ? f.num_qps : NQ_MAX;
   c.proxy = f.proxy != 0;
   c.lay = c.proxy ? L.pnic : L.nic;
@@ -1968,8 +2001,8 @@ __device__ void nic_warp(const World& w, const EpFlags& f, int lr, int nic, int 
   const bool dedicated = fb.dedicated_fetcher != 0 && w.nic_warps >= (host_engine ? 3 : 2);
   const bool is_fetcher = dedicated && wib == (host_engine ? 1 : 0);
   unsigned my_mdb = 0;
-  if (is_host && c.sq_host && c.nic + lane * c.nics < c.nq)
-    my_mdb = ld_acq_gpu32(reinterpret_cast<const unsigned*>(c.flay[c.nic + lane * c.nics].sq_doorbell_dev));
+  if (is_host && faces_host && c.sq_host && c.pnic + lane * c.pnics < c.nq)
+    my_mdb = ld_acq_gpu32(reinterpret_cast<const unsigned*>(c.flay[c.pnic + lane * c.pnics].sq_doorbell_dev));
   const unsigned long long lead = (unsigned long long)fb.deliver_lead_ns;
   const int nclaim = fb.deliver_batch < 1 ? 1 : (fb.deliver_batch > 32 ? 32 : fb.deliver_batch);
   // the batch's copies visible before any completion that follows: every observer is a
@@ -1978,8 +2011,10 @@ __device__ void nic_warp(const World& w, const EpFlags& f, int lr, int nic, int 
   const unsigned long long t_start = gtime();
   unsigned rot = (unsigned)wib * 97u;
   while (true) {
-    // 0. the host-facing engine: mirror host SQs (without one, warp 0 does it between batches)
-    const bool mirrored = c.sq_host && (is_host || (!host_engine && wib == 0)) && nic_mirror(w, c, my_mdb);
+    // 0. the host-facing engine: mirror host SQs (without one, warp 0 does it between batches);
+    //    a NIC's other blocks only write its host CQEs with their warp 0
+    const bool mirrored = c.sq_host && faces_host && (is_host || (!host_engine && wib == 0)) &&
+                          nic_mirror(w, c, my_mdb);
     // 1. fetch: the dedicated fetcher, or one warp at a time by try-lock (never the host engine)
     bool fetcher = is_fetcher;
     if (!dedicated) {
@@ -2013,7 +2048,7 @@ __device__ void nic_warp(const World& w, const EpFlags& f, int lr, int nic, int 
     if (__shfl_sync(0xffffffffu, (int)(idle || stop), 0)) break;
     // the host engine found no doorbell moved and nothing to write: it pauses before its next
     // PCIe reads (mirror_poll_gap_ns), sparing the issuers' fences the wait for them
-    if (is_host && c.sq_host && !mirrored && fb.mirror_poll_gap_ns > 0.f)
+    if (is_host && faces_host && c.sq_host && !mirrored && fb.mirror_poll_gap_ns > 0.f)
       __nanosleep((unsigned)fb.mirror_poll_gap_ns);
   }
   // per-lane counters (each lane handled its own entries): warp sums
@@ -2051,8 +2086,10 @@ __device__ __forceinline__ void nic_block(const World& w, const EpFlags& f, NicS
                                           int n_ep_blocks) {
   const int warp = threadIdx.x >> 5;
   const int nb = blockIdx.x - n_ep_blocks;
-  const int lr = nb / w.fab.nics_per_rank;
-  const int nic = nb % w.fab.nics_per_rank;
+  // NIC blocks a rank: NIC n's sub-block b is block n + b x nics_per_rank
+  const int per_rank = w.fab.nics_per_rank * (w.fab.blocks_per_nic > 1 ? w.fab.blocks_per_nic : 1);
+  const int lr = nb / per_rank;
+  const int nic = nb % per_rank;
   for (int i = threadIdx.x; i < NP; i += blockDim.x) {
     s_nic.state[i] = ES_FREE;
     s_nic.due[i] = ~0ull;

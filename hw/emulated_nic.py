@@ -27,6 +27,7 @@ CLAIMS = {"mask": 1, "scan": 0}
 COPIES = {"one": 0, "staged": 1}
 PART_TIMERS = {"on": 1, "off": 0}
 FENCES = {"sc": 0, "release": 1}
+SHARES = {"qps": 0, "table": 1}
 
 # key -> (section, type, lo, hi): the allowed range of every value (inclusive)
 SCHEMA: dict[str, tuple[str, type, float, float]] = {
@@ -66,6 +67,7 @@ STRINGS: dict[str, tuple[str, tuple[str, ...]]] = {
     "nic_copy": ("schedule", tuple(COPIES)),
     "nic_part_timers": ("schedule", tuple(PART_TIMERS)),
     "nic_fence": ("schedule", tuple(FENCES)),
+    "nic_share": ("schedule", tuple(SHARES)),
     "send_completions": ("nic", ("cq", "counter")),
 }
 
@@ -104,7 +106,7 @@ class EmulatedNic:
             "dedicated_fetcher": FETCHERS[v["nic_fetcher"]], "claim_mask": CLAIMS[v["nic_claim"]],
             "mirror_poll_gap_ns": v["mirror_poll_gap_ns"], "copy_staged": COPIES[v["nic_copy"]],
             "part_timers": PART_TIMERS[v["nic_part_timers"]], "fence_release": FENCES[v["nic_fence"]],
-            "blocks_per_nic": v["blocks_per_nic_count"],
+            "blocks_per_nic": v["blocks_per_nic_count"], "share_table": SHARES[v["nic_share"]],
             "seed": float(seed + 1),
         }
 

@@ -288,6 +288,9 @@ struct Fabric {  // [platform.fabric] + [platform.nic] + [platform.receiver], ns
                           // packet after another from registers
   int blocks_per_nic;     // NIC blocks (SMs) serving one emulated NIC: its QPs split between
                           // them, one wire (line rate, message rate) shared in global memory
+  int share_table;        // with blocks_per_nic > 1: 1 the NIC's tables in its first block's shared
+                          // memory, the other blocks of its cluster deliver from them; 0 its QPs
+                          // split between the blocks, each with its own tables
   int fence_release;      // 1: the fence after a batch's copies is a release fence (fence.acq_rel,
                           // store-store order is all the completions need); 0: fence.sc
                           // (__threadfence / __threadfence_system)

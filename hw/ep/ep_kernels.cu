@@ -24,6 +24,7 @@
 // in World::err (code, rank, expert/QP, counter seen, counter expected).
 #include "efa_emu.cuh"
 
+#include <cooperative_groups.h>
 #include <cuda_runtime.h>
 #include <stdio.h>
 
@@ -1206,6 +1207,16 @@ __device__ __forceinline__ void vst64(unsigned long long* p, unsigned long long 
   *reinterpret_cast<volatile unsigned long long*>(p) = v;
 }
 __device__ __forceinline__ void vstu(unsigned* p, unsigned v) { *reinterpret_cast<volatile unsigned*>(p) = v; }
+// Whether a NIC's tables are shared by a cluster of blocks (Fabric::blocks_per_nic > 1 with
+// Fabric::share_table): the second block's warps reach the first block's shared memory
+// (distributed shared memory), so the orderings on the tables are at cluster scope.
+__device__ __forceinline__ bool tab_shared(const Fabric& fb) { return fb.blocks_per_nic > 1 && fb.share_table; }
+// Order this thread's writes to the NIC's tables before its later ones: block scope for a
+// table only its own block touches, cluster scope for one a cluster shares.
+__device__ __forceinline__ void tab_fence(const Fabric& fb) {
+  if (tab_shared(fb)) asm volatile("fence.acq_rel.cluster;" ::: "memory");
+  else __threadfence_block();
+}
 
 struct NicCtx {
   const RankLocal* L;
@@ -1361,7 +1372,8 @@ __device__ int nic_fetch(const World& w, NicCtx& c, NicShared& S) {
         unsigned long long nf = S.nic_free, lw = S.last_wqe;
         // a NIC served by several blocks has one wire: its state in global memory, taken under
         // a lock for this WQE batch (the other block's fetcher waits its turn)
-        unsigned long long* wire = c.L->nic_wire && fb.blocks_per_nic > 1 ? c.L->nic_wire + 4 * c.pnic : nullptr;
+        unsigned long long* wire =
+            c.L->nic_wire && fb.blocks_per_nic > 1 && !fb.share_table ? c.L->nic_wire + 4 * c.pnic : nullptr;
         if (wire) {
           bool ok = true;
           if (lane == 0) {
@@ -1500,7 +1512,7 @@ __device__ int nic_fetch(const World& w, NicCtx& c, NicShared& S) {
           S.meta[e] = EK_DATA | (hi << 2) | (p << 3) | ((unsigned)q << 8) | (de << 16) | (dq << 24);
         }
       }
-      __threadfence_block();
+      tab_fence(fb);
       __syncwarp();
       for (int m = lane; m < P; m += 32) vstu(&S.state[S.eidx[m]], ES_PENDING);
       if (lane == 0) {
@@ -1617,17 +1629,18 @@ __device__ __forceinline__ void copy_staged(NicShared& S, unsigned lanes, int mi
   if (staged) stage_flush(S, stage, staged, mine, lane);
 }
 
-__device__ __forceinline__ void entry_free(NicShared& S, int e) {
+__device__ __forceinline__ void entry_free(const Fabric& fb, NicShared& S, int e) {
   vst64(&S.due[e], ~0ull);
-  __threadfence_block();
+  tab_fence(fb);
   vstu(&S.state[e], ES_FREE);
   atomicAdd(&S.nfree, 1);
   atomicSub(&S.inflight, 1);
 }
-__device__ __forceinline__ void entry_requeue(NicShared& S, int e, unsigned kind, unsigned long long due) {
+__device__ __forceinline__ void entry_requeue(const Fabric& fb, NicShared& S, int e, unsigned kind,
+                                              unsigned long long due) {
   S.meta[e] = (S.meta[e] & ~3u) | kind;
   vst64(&S.due[e], due);
-  __threadfence_block();
+  tab_fence(fb);
   vstu(&S.state[e], ES_PENDING);
 }
 
@@ -1718,12 +1731,12 @@ __device__ void nic_account(const World& w, NicShared& S, int e, unsigned long l
   const int ws = S.ws[e];
   if (err) atomicOr(&S.w_flags[ws], WF_ERR);
   atomicMax(&S.w_ackt[ws], (unsigned)(ack_t - S.t0));
-  __threadfence_block();  // this packet's ACK time before its count: the last one reads the max
+  tab_fence(w.fab);  // this packet's ACK time before its count: the last one reads the max
   if (atomicSub(&S.w_ack[ws], 1) == 1) {
     const unsigned long long last = S.t0 + atomicAdd(&S.w_ackt[ws], 0u);
-    entry_requeue(S, e, EK_SEND_CQE, last + (unsigned long long)w.fab.completion_ns);
+    entry_requeue(w.fab, S, e, EK_SEND_CQE, last + (unsigned long long)w.fab.completion_ns);
   } else {
-    entry_free(S, e);
+    entry_free(w.fab, S, e);
   }
 }
 
@@ -1746,7 +1759,7 @@ __device__ void nic_ack(const World& w, NicCtx& c, NicShared& S, int e, int q, u
     ++c.n_retx;
     const unsigned long long resend = S.sent[e] + (unsigned long long)fb.rto_ns;
     S.sent[e] = resend;
-    entry_requeue(S, e, EK_DATA, resend + (unsigned long long)flight_ns(fb, r));
+    entry_requeue(fb, S, e, EK_DATA, resend + (unsigned long long)flight_ns(fb, r));
     return;
   }
   nic_account(w, S, e, t + (unsigned long long)flight_ns(fb, r), false);
@@ -1793,7 +1806,7 @@ __device__ bool nic_deliver(const World& w, NicCtx& c, NicShared& S, bool host_e
         cand &= cand - 1u;
         const int e = (int)((rot + (unsigned)(k * 32 + lane)) % NP);
         if (atomicCAS(&S.state[e], ES_PENDING, ES_CLAIMED) == ES_PENDING) {
-          __threadfence_block();
+          tab_fence(fb);
           if (claimable(ES_PENDING, vldu(&S.meta[e]), vld64(&S.due[e]))) mine = e;
           else vstu(&S.state[e], ES_PENDING);
         }
@@ -1825,7 +1838,7 @@ __device__ bool nic_deliver(const World& w, NicCtx& c, NicShared& S, bool host_e
     // the parts' timestamps (Fabric::part_timers; off: not read, the parts' counters stay 0)
     const bool parts = fb.part_timers != 0;
     const unsigned long long t_claimed = parts ? gtime() : 0ull;
-    __threadfence_block();
+    tab_fence(fb);
     // the wire: a data transmission is dropped (drawn per transmission), or reaches the
     // receiver, which discards a duplicate (its landed bitmap has the packet) and copies
     // a new packet
@@ -1893,7 +1906,7 @@ __device__ bool nic_deliver(const World& w, NicCtx& c, NicShared& S, bool host_e
           Rng r = event_rng(c, q, wi, p, 3u, tries + 1u);
           const unsigned long long resend = S.sent[e] + (unsigned long long)fb.rto_ns;
           S.sent[e] = resend;
-          entry_requeue(S, e, EK_DATA, (resend > t ? resend : t) + (unsigned long long)flight_ns(fb, r));
+          entry_requeue(fb, S, e, EK_DATA, (resend > t ? resend : t) + (unsigned long long)flight_ns(fb, r));
         }
       } else if (kind == EK_DATA && fate == 2) {  // a duplicate: discarded, ACKed again
         ++c.n_dup;
@@ -1923,7 +1936,7 @@ __device__ bool nic_deliver(const World& w, NicCtx& c, NicShared& S, bool host_e
         const int rem = atomicSub(&S.w_land[ws], 1);
         if (rem == 1 && (meta & 4u)) {  // write with immediate: receive completion at the target
           vst64(&S.src[e], t_land);
-          entry_requeue(S, e, EK_RECV_CQE, t_land + (unsigned long long)fb.recv_completion_ns);
+          entry_requeue(fb, S, e, EK_RECV_CQE, t_land + (unsigned long long)fb.recv_completion_ns);
         } else {
           nic_ack(w, c, S, e, q, wi, p, t_land);
         }
@@ -1954,9 +1967,9 @@ __device__ bool nic_deliver(const World& w, NicCtx& c, NicShared& S, bool host_e
         __threadfence();
         write_send_cqe(c, q, wi, (vldu(&S.w_flags[ws]) & WF_ERR) != 0u);
         vstu(&S.w_flags[ws], 0u);  // the WQE's slot is free again
-        __threadfence_block();
+        tab_fence(fb);
         atomicAdd(&S.wfree, 1);
-        entry_free(S, e);
+        entry_free(fb, S, e);
       }
     }
     __syncwarp();
@@ -1975,7 +1988,9 @@ __device__ void nic_warp(const World& w, const EpFlags& f, int lr, int nic, int 
   NicCtx c;
   c.L = &L;
   c.nic = nic;
-  c.nics = fb.nics_per_rank * (fb.blocks_per_nic > 1 ? fb.blocks_per_nic : 1);
+  // QPs split between a NIC's blocks: each block serves the QPs of its own index (stride
+  // nics x blocks); a shared table (or one block a NIC): the NIC's QPs, stride nics
+  c.nics = fb.nics_per_rank * (fb.blocks_per_nic > 1 && !fb.share_table ? fb.blocks_per_nic : 1);
   c.pnic = nic % fb.nics_per_rank;
   c.pnics = fb.nics_per_rank;
   const bool faces_host = nic < fb.nics_per_rank;  // sub-block 0 of its NIC mirrors the host SQs
@@ -2026,7 +2041,7 @@ __device__ void nic_warp(const World& w, const EpFlags& f, int lr, int nic, int 
       fetched = nic_fetch(w, c, S);
       __syncwarp();
       if (!dedicated && lane == 0) {
-        __threadfence_block();
+        tab_fence(fb);
         atomicExch(&S.fetch_lock, 0u);
       }
       if (fetched < 0) break;
@@ -2080,16 +2095,7 @@ __device__ __forceinline__ void ep_block_done(const World& w) {
   }
 }
 
-// A NIC block of a launch (V1's and V2's): its packet table reset, then its warps are the
-// emulated NIC of (local rank, NIC) until every EP block is done.
-__device__ __forceinline__ void nic_block(const World& w, const EpFlags& f, NicShared& s_nic,
-                                          int n_ep_blocks) {
-  const int warp = threadIdx.x >> 5;
-  const int nb = blockIdx.x - n_ep_blocks;
-  // NIC blocks a rank: NIC n's sub-block b is block n + b x nics_per_rank
-  const int per_rank = w.fab.nics_per_rank * (w.fab.blocks_per_nic > 1 ? w.fab.blocks_per_nic : 1);
-  const int lr = nb / per_rank;
-  const int nic = nb % per_rank;
+__device__ __forceinline__ void nic_tables_reset(NicShared& s_nic) {
   for (int i = threadIdx.x; i < NP; i += blockDim.x) {
     s_nic.state[i] = ES_FREE;
     s_nic.due[i] = ~0ull;
@@ -2107,6 +2113,46 @@ __device__ __forceinline__ void nic_block(const World& w, const EpFlags& f, NicS
     s_nic.cursor = 0;
     s_nic.wcursor = 0;
   }
+}
+
+// A NIC whose tables a cluster of blocks shares (Fabric::share_table): the cluster's first
+// block keeps the tables in its shared memory and runs the NIC as one block does (host engine,
+// fetcher, delivering warps); every warp of the others delivers from those tables through
+// distributed shared memory, so a burst of one QP's packets is spread over both SMs. The
+// launch made the clusters (emu_host::launch_coop); the first block's shared memory outlives the
+// others' last access (the closing cluster barrier).
+__device__ __forceinline__ void nic_cluster(const World& w, const EpFlags& f, NicShared& s_nic, int nb,
+                                            int n_ep_blocks) {
+  namespace cg = cooperative_groups;
+  cg::cluster_group cl = cg::this_cluster();
+  const int warp = threadIdx.x >> 5;
+  const int sub = (int)cl.block_rank();
+  const int unit = nb / w.fab.blocks_per_nic;  // the NIC, over every rank of this GPU
+  const int lr = unit / w.fab.nics_per_rank;
+  const int nic = unit % w.fab.nics_per_rank;
+  NicShared* S = cl.map_shared_rank(&s_nic, 0);
+  if (sub == 0) nic_tables_reset(s_nic);
+  cl.sync();  // the tables ready (and visible cluster wide) before any warp of the cluster uses them
+  if (warp < w.nic_warps && lr < w.ranks_per_gpu)
+    nic_warp(w, f, lr, nic, sub * w.nic_warps + warp, *S, (unsigned)n_ep_blocks);
+  cl.sync();
+}
+
+// A NIC block of a launch (V1's and V2's): its packet table reset, then its warps are the
+// emulated NIC of (local rank, NIC) until every EP block is done.
+__device__ __forceinline__ void nic_block(const World& w, const EpFlags& f, NicShared& s_nic,
+                                          int n_ep_blocks) {
+  const int warp = threadIdx.x >> 5;
+  const int nb = blockIdx.x - n_ep_blocks;
+  if (w.fab.blocks_per_nic > 1 && w.fab.share_table) {
+    nic_cluster(w, f, s_nic, nb, n_ep_blocks);
+    return;
+  }
+  // NIC blocks a rank: NIC n's sub-block b is block n + b x nics_per_rank
+  const int per_rank = w.fab.nics_per_rank * (w.fab.blocks_per_nic > 1 ? w.fab.blocks_per_nic : 1);
+  const int lr = nb / per_rank;
+  const int nic = nb % per_rank;
+  nic_tables_reset(s_nic);
   __syncthreads();
   if (warp < w.nic_warps && lr < w.ranks_per_gpu)
     nic_warp(w, f, lr, nic, warp, s_nic, (unsigned)n_ep_blocks);
@@ -2183,6 +2229,31 @@ int stage_smem(const World& w, const void* kernel) {
   return bytes;
 }
 
+// A cooperative launch (every block co-resident: the NIC blocks and the EP blocks wait on each
+// other), in clusters of a NIC's blocks where they share its tables (Fabric::share_table;
+// the grid is EP blocks then NIC blocks, both counts multiples of the cluster).
+int launch_coop(const void* kernel, const World& w, int grid, int threads, void** args, int smem, void* stream) {
+  const int cluster = w.fab.blocks_per_nic > 1 && w.fab.share_table ? w.fab.blocks_per_nic : 1;
+  if (cluster == 1)
+    return (int)cudaLaunchCooperativeKernel(kernel, dim3(grid), dim3(threads), args, smem, (cudaStream_t)stream);
+  if ((w.ranks_per_gpu * w.ep_blocks_per_rank) % cluster != 0 || grid % cluster != 0) return -4;
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = dim3(grid);
+  cfg.blockDim = dim3(threads);
+  cfg.dynamicSmemBytes = (size_t)smem;
+  cfg.stream = (cudaStream_t)stream;
+  cudaLaunchAttribute at[2];
+  at[0].id = cudaLaunchAttributeCooperative;
+  at[0].val.cooperative = 1;
+  at[1].id = cudaLaunchAttributeClusterDimension;
+  at[1].val.clusterDim.x = (unsigned)cluster;
+  at[1].val.clusterDim.y = 1;
+  at[1].val.clusterDim.z = 1;
+  cfg.attrs = at;
+  cfg.numAttrs = 2;
+  return (int)cudaLaunchKernelExC(&cfg, kernel, args);
+}
+
 }  // namespace emu_host
 
 #include "v2_kernels.cuh"  // DeepEP V2 hybrid/direct: the same issuer and NIC agent
@@ -2212,9 +2283,7 @@ int launch_op(const World& w, int op, unsigned epoch, const EpFlags& f, void* st
   EpFlags fc = f;
   void* args[] = {(void*)&wc, (void*)&op, (void*)&epoch, (void*)&fc};
   const int smem = stage_smem(w, (const void*)ep_op_kernel);
-  cudaError_t e = cudaLaunchCooperativeKernel((const void*)ep_op_kernel, dim3(grid), dim3(threads),
-                                              args, smem, (cudaStream_t)stream);
-  return (int)e;
+  return launch_coop((const void*)ep_op_kernel, w, grid, threads, args, smem, stream);
 }
 
 int enable_peer(int dev, int peer) {

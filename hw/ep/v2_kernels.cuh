@@ -1156,8 +1156,7 @@ int launch_v2_op(const emu::World& w, const emu2::V2World& v, int op, unsigned e
   V2Run rc = r;
   void* args[] = {(void*)&wc, (void*)&vc, (void*)&op, (void*)&epoch, (void*)&fc, (void*)&rc};
   const int smem = stage_smem(w, (const void*)v2_op_kernel);
-  return (int)cudaLaunchCooperativeKernel((const void*)v2_op_kernel, dim3(grid), dim3(threads), args, smem,
-                                          (cudaStream_t)stream);
+  return launch_coop((const void*)v2_op_kernel, w, grid, threads, args, smem, stream);
 }
 
 }  // namespace emu_host

@@ -4,14 +4,17 @@
 # deliver a NIC's packets, about 6 us a batch of two (claim 1.6, copies 2.6, fence 1.7-2.3);
 # the setting closest to the schedule (due mask 8 us ahead, batches of two, staged copies) is
 # 0.70-1.48 us late, and 0.54-0.77 with the same work on eight NICs a rank at half the rate.
-# BLOCKS (default): `blocks_per_nic_count = 2`, p5's four 100 Gb/s NICs each served by two
-# blocks (SMs) sharing one wire:
-#  * faulted smoke runs through the gate with two blocks a NIC: V1 native, V1 proxy, V2 hybrid;
-#  * the closest setting with one and two blocks a NIC alternately, REPEATS times (shared
-#    fetch), then two blocks with the dedicated fetcher, with register copies (each fetcher),
-#    and 6 us ahead.
-# FENCES=1 instead runs what 587fd95 ran: the batch fence as fence.sc and as a release fence
-# (`nic_fence`), alternately, and eight NICs a rank at 50 Gb/s at LEADS8 (ns ahead).
+# WHAT=blocks: `blocks_per_nic_count = 2`, p5's four 100 Gb/s NICs each served by two blocks
+# (SMs): faulted smoke runs through the gate with two blocks a NIC (V1 native, V1 proxy, V2
+# hybrid), the closest setting with one and two blocks a NIC alternately, REPEATS times (shared
+# fetch), then two blocks with the dedicated fetcher, register copies (each fetcher), 6 us ahead.
+# WHAT picks the comparison: "edf" (default), the due mask claiming earliest due first
+# (`nic_claim = "edf"`) against the mask's table order, alternately, REPEATS times (shared
+# fetch, staged copies, one block a NIC), then edf with the dedicated fetcher and 6 and 10 us
+# ahead, after faulted smoke runs through the gate with it (V1, V2 hybrid); "blocks", what
+# e630a54 and 7bb366f ran (above, with nic_share "qps" and "table"); "fences", what 587fd95 ran: the batch fence as fence.sc and
+# as a release fence (`nic_fence`), alternately, and eight NICs a rank at 50 Gb/s at LEADS8
+# (ns ahead).
 # About 4 minutes with the build. $OUT/records.tgz and $OUT/log.txt come back.
 # LEVER_GIT_REV must name the clean 40-hex commit the tree came from.
 set -u
@@ -21,14 +24,14 @@ REC=/tmp/spread_rec; mkdir -p "$REC" "$OUT"
 . hw/device_lib.sh
 REPEATS=${REPEATS-3}
 LEADS8=${LEADS8-"4000 8000"}
-FENCES=${FENCES-}
+WHAT=${WHAT-edf}
 device_env
 use_carried_wheels
 LOG="$OUT/log.txt"
 log_header
 build_exts
 C="--ranks 2 --gpus 1 --iters 60 --out-dir $REC --emu-set nic_copy=staged --emu-set nic_claim=mask --emu-set deliver_batch_count=2"
-if [[ -n $FENCES ]]; then
+if [[ $WHAT == fences ]]; then
   step smoke-release 60 --ranks 2 --gpus 1 --iters 5 --warmup 1 --profile 0 --faults --out-dir "$REC/smoke" \
     --emu-set nic_fence=release --emu-set nic_copy=staged --id-prefix smoke-release --variants ";write-imm-counting"
   for i in $(seq 1 "$REPEATS"); do
@@ -47,6 +50,26 @@ if [[ -n $FENCES ]]; then
         --emu-set deliver_lead_ns=$lead --emu-set nic_fetcher=shared --emu-set nic_fence=$fence \
         --id-prefix emu-spread-n8-lead$lead-$fence-shared-r1- --variants ";"
     done
+  done
+elif [[ $WHAT == edf ]]; then
+  step smoke-edf 60 --ranks 2 --gpus 1 --iters 5 --warmup 1 --profile 0 --faults --out-dir "$REC/smoke" \
+    --emu-set nic_claim=edf --emu-set nic_copy=staged --emu-set deliver_lead_ns=8000 --id-prefix smoke-edf- \
+    --variants ";write-imm-counting"
+  step smoke-edf-v2 90 --protocol v2-hybrid --ranks 4 --ranks-per-node 2 --gpus 1 --iters 5 --warmup 1 --profile 0 \
+    --faults --out-dir "$REC/smoke" --emu-set nic_claim=edf --emu-set nic_copy=staged --emu-set deliver_lead_ns=8000 \
+    --id-prefix smoke-edf-v2- --variants ";write-imm-counting"
+  E="--ranks 2 --gpus 1 --iters 60 --out-dir $REC --emu-set nic_copy=staged --emu-set deliver_batch_count=2"
+  for i in $(seq 1 "$REPEATS"); do
+    for claim in mask edf; do
+      step $claim-shared-r$i 60 $E --emu-set nic_claim=$claim --emu-set deliver_lead_ns=8000 --emu-set nic_fetcher=shared \
+        --id-prefix emu-claim-$claim-lead8000-shared-r$i- --variants ";"
+    done
+  done
+  step edf-dedicated 60 $E --emu-set nic_claim=edf --emu-set deliver_lead_ns=8000 --emu-set nic_fetcher=dedicated \
+    --id-prefix emu-claim-edf-lead8000-dedicated-r1- --variants ";"
+  for lead in 6000 10000; do
+    step edf-lead$lead 60 $E --emu-set nic_claim=edf --emu-set deliver_lead_ns=$lead --emu-set nic_fetcher=shared \
+      --id-prefix emu-claim-edf-lead$lead-shared-r1- --variants ";"
   done
 else
   S="--emu-set blocks_per_nic_count=2 --emu-set nic_copy=staged --emu-set nic_claim=mask --emu-set deliver_lead_ns=8000"

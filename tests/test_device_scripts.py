@@ -137,7 +137,7 @@ def test_timer_script_runs_each_setting_with_the_part_timers_on_and_off(tmp_path
 
 
 def test_spread_script_runs_each_fence_on_four_and_on_eight_nic_blocks(tmp_path):
-    """hw/run_spread_on_device.sh with FENCES=1 (what 587fd95 ran): every step parses with ``lever hw ep``'s parser and the
+    """hw/run_spread_on_device.sh with WHAT=fences (what 587fd95 ran): every step parses with ``lever hw ep``'s parser and the
     emulator's; a faulted smoke run with the release fence first; then the closest setting with
     the fence as fence.sc and as a release fence alternately (nothing else differs between the
     two of a pair), each run its own id; then eight NIC blocks a rank at half the line rate (the
@@ -145,7 +145,7 @@ def test_spread_script_runs_each_fence_on_four_and_on_eight_nic_blocks(tmp_path)
     from lever.hw import emulated_nic
 
     p = _ep_parser()
-    steps = _script_steps(tmp_path, {"REPEATS": "2", "LEADS8": "4000 6000", "FENCES": "1"}, "run_spread_on_device.sh")
+    steps = _script_steps(tmp_path, {"REPEATS": "2", "LEADS8": "4000 6000", "WHAT": "fences"}, "run_spread_on_device.sh")
     smoke = p.parse_args(steps.pop(0))
     assert smoke.faults and "nic_fence=release" in smoke.emu_set
     runs = []
@@ -165,7 +165,7 @@ def test_spread_script_runs_each_fence_on_four_and_on_eight_nic_blocks(tmp_path)
 
 
 def test_spread_script_runs_one_and_two_blocks_a_nic_alternately(tmp_path):
-    """hw/run_spread_on_device.sh as it ships: faulted smoke runs with two blocks a NIC on V1
+    """hw/run_spread_on_device.sh with WHAT=blocks (what e630a54 and 7bb366f ran): faulted smoke runs with two blocks a NIC on V1
     native, V1 proxy and V2 hybrid first; then the closest setting with one and two blocks a NIC
     alternately (nothing else differs between the two of a pair), each run its own id; then two
     blocks with the other fetcher, register copies and a shorter lead. Four NICs a rank at
@@ -173,7 +173,7 @@ def test_spread_script_runs_one_and_two_blocks_a_nic_alternately(tmp_path):
     from lever.hw import emulated_nic
 
     p = _ep_parser()
-    steps = _script_steps(tmp_path, {"REPEATS": "2"}, "run_spread_on_device.sh")
+    steps = _script_steps(tmp_path, {"REPEATS": "2", "WHAT": "blocks"}, "run_spread_on_device.sh")
     smokes = [p.parse_args(steps.pop(0)) for _ in range(3)]
     assert [s.protocol for s in smokes] == ["v1-ll", "v1-ll", "v2-hybrid"]
     assert smokes[0].faults and smokes[1].path == "proxy" and smokes[2].faults
@@ -193,6 +193,33 @@ def test_spread_script_runs_one_and_two_blocks_a_nic_alternately(tmp_path):
         ("dedicated", "staged", 8000.0), ("shared", "one", 8000.0), ("dedicated", "one", 8000.0),
         ("shared", "staged", 6000.0)}
     assert all(v["nics_per_rank"] == 4 and v["line_rate_gbps"] == 100.0 for _, v in runs)
+
+
+def test_spread_script_runs_the_mask_and_earliest_due_first_alternately(tmp_path):
+    """hw/run_spread_on_device.sh as it ships (WHAT=edf): faulted smoke runs claiming earliest
+    due first on V1 and V2 hybrid; then the due mask in table order and earliest due first
+    alternately (nothing else differs between the two of a pair), each run its own id; then
+    earliest due first with the dedicated fetcher and at 6 and 10 us ahead."""
+    from lever.hw import emulated_nic
+
+    p = _ep_parser()
+    steps = _script_steps(tmp_path, {"REPEATS": "2"}, "run_spread_on_device.sh")
+    smokes = [p.parse_args(steps.pop(0)) for _ in range(2)]
+    assert [s.protocol for s in smokes] == ["v1-ll", "v2-hybrid"] and all(s.faults for s in smokes)
+    assert all("nic_claim=edf" in s.emu_set for s in smokes)
+    runs = []
+    for args in steps:
+        ns = p.parse_args(args)
+        emu = emulated_nic.load(overrides=emulated_nic.parse_emu_sets(ns.emu_set or []))
+        runs.append((ns.id_prefix, emu.values))
+    assert len(runs) == 2 * 2 + 3 and len({i for i, _ in runs}) == len(runs)
+    for (_, mask), (_, edf) in zip(runs[:4:2], runs[1:4:2], strict=True):
+        assert mask["nic_claim"] == "mask" and edf["nic_claim"] == "edf"
+        assert {k: v for k, v in mask.items() if k != "nic_claim"} == {k: v for k, v in edf.items() if k != "nic_claim"}
+    assert [(v["nic_fetcher"], v["deliver_lead_ns"]) for _, v in runs[4:]] == [
+        ("dedicated", 8000.0), ("shared", 6000.0), ("shared", 10000.0)]
+    assert all(v["nic_claim"] == "edf" for _, v in runs[4:])
+    assert all(v["blocks_per_nic_count"] == 1 and v["nic_copy"] == "staged" for _, v in runs)
 
 
 def test_a_step_passes_the_emu_sets_ahead_of_its_own(tmp_path):

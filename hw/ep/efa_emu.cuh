@@ -278,7 +278,8 @@ struct Fabric {  // [platform.fabric] + [platform.nic] + [platform.receiver], ns
   int dedicated_fetcher;  // 1: one NIC warp only fetches WQEs, the others only deliver;
                           // 0: whichever warp wins a try-lock fetches between its deliveries
   int claim_mask;         // 1: a delivering warp loads its share of the packet table at once and
-                          // claims from the due mask; 0: it scans the table 32 entries a step
+                          // claims from the due mask; 2: the same, earliest due first; 0: it
+                          // scans the table 32 entries a step
   float mirror_poll_gap_ns;  // the host engine's pause after a pass that saw no new doorbell
                              // (0: it reads the host doorbells back to back)
   int part_timers;        // 1: a delivering warp times its batch's claim, copies and fence

@@ -1796,7 +1796,50 @@ __device__ bool nic_deliver(const World& w, NicCtx& c, NicShared& S, bool host_e
       const int e = (int)((rot + (unsigned)(k * 32 + lane)) % NP);
       if (claimable(vldu(&S.state[e]), vldu(&S.meta[e]), vld64(&S.due[e]))) cand |= 1u << k;
     }
-    while (true) {
+    if (fb.claim_mask == 2) {
+      // earliest due first (nic_claim = "edf"): each lane's earliest candidate, then the lanes
+      // holding none claim in the order of those dues, the warp's earliest first, so a packet
+      // due now is not passed over for one due a lead later. A lane whose claim failed takes
+      // its next earliest.
+      auto earliest = [&](unsigned m, int& bk) {
+        unsigned long long bd = ~0ull;
+        bk = -1;
+        while (m) {
+          const int k = __ffs(m) - 1;
+          m &= m - 1u;
+          const unsigned long long d = vld64(&S.due[(rot + (unsigned)(k * 32 + lane)) % NP]);
+          if (d < bd) {
+            bd = d;
+            bk = k;
+          }
+        }
+        return bd;
+      };
+      int bk;
+      unsigned long long bd = earliest(cand, bk);
+      while (true) {
+        if (__popc(__ballot_sync(0xffffffffu, mine >= 0)) >= nclaim) break;
+        const unsigned long long v = (mine < 0 && bk >= 0) ? bd : ~0ull;
+        unsigned long long mn = v;
+#pragma unroll
+        for (int o = 16; o; o >>= 1) {
+          const unsigned long long x = __shfl_xor_sync(0xffffffffu, mn, o);
+          mn = x < mn ? x : mn;
+        }
+        if (mn == ~0ull) break;
+        if (lane == __ffs(__ballot_sync(0xffffffffu, v == mn)) - 1) {
+          const int e = (int)((rot + (unsigned)(bk * 32 + lane)) % NP);
+          cand &= ~(1u << bk);
+          if (atomicCAS(&S.state[e], ES_PENDING, ES_CLAIMED) == ES_PENDING) {
+            tab_fence(fb);
+            if (claimable(ES_PENDING, vldu(&S.meta[e]), vld64(&S.due[e]))) mine = e;
+            else vstu(&S.state[e], ES_PENDING);
+          }
+          if (mine < 0) bd = earliest(cand, bk);
+        }
+      }
+    }
+    while (fb.claim_mask != 2) {
       const unsigned held = __ballot_sync(0xffffffffu, mine >= 0);
       const unsigned want = __ballot_sync(0xffffffffu, mine < 0 && cand != 0u);
       const int room = nclaim - __popc(held);

@@ -511,9 +511,9 @@ class Runner:
 
     def stage_smem(self) -> int:
         """Dynamic shared memory a launch takes: the delivering warps' staging slices where the
-        emulated NIC stages its copies (``nic_copy = "staged"``), else none (the kernels' own
+        emulated NIC stages its copies (``nic_copy = "staged"`` or ``"bulk"``), else none (the kernels' own
         ``stage_smem``; the co-residency check must count it)."""
-        if self.emu.nic_copy != "staged":
+        if self.emu.nic_copy not in ("staged", "bulk"):
             return 0
         return self.nic_warps * int(self.ext.layout_sizes()["stage_bytes_per_warp"])
 

@@ -8,7 +8,11 @@
 # (SMs): faulted smoke runs through the gate with two blocks a NIC (V1 native, V1 proxy, V2
 # hybrid), the closest setting with one and two blocks a NIC alternately, REPEATS times (shared
 # fetch), then two blocks with the dedicated fetcher, register copies (each fetcher), 6 us ahead.
-# WHAT picks the comparison: "edf" (default), the due mask claiming earliest due first
+# WHAT picks the comparison: "bulk" (default), the delivering warps' copies handed to the copy
+# engine (`nic_copy = "bulk"`: TMA bulk copies, one lane issuing) against staged copies,
+# alternately, REPEATS times (due mask 8 us ahead, batches of two, shared fetch), then bulk with
+# the dedicated fetcher and 6 us ahead, after faulted smoke runs through the gate with it (V1,
+# V2 hybrid); "edf", what e46346f ran: the due mask claiming earliest due first
 # (`nic_claim = "edf"`) against the mask's table order, alternately, REPEATS times (shared
 # fetch, staged copies, one block a NIC), then edf with the dedicated fetcher and 6 and 10 us
 # ahead, after faulted smoke runs through the gate with it (V1, V2 hybrid); "blocks", what
@@ -24,7 +28,7 @@ REC=/tmp/spread_rec; mkdir -p "$REC" "$OUT"
 . hw/device_lib.sh
 REPEATS=${REPEATS-3}
 LEADS8=${LEADS8-"4000 8000"}
-WHAT=${WHAT-edf}
+WHAT=${WHAT-bulk}
 device_env
 use_carried_wheels
 LOG="$OUT/log.txt"
@@ -51,6 +55,24 @@ if [[ $WHAT == fences ]]; then
         --id-prefix emu-spread-n8-lead$lead-$fence-shared-r1- --variants ";"
     done
   done
+elif [[ $WHAT == bulk ]]; then
+  step smoke-bulk 60 --ranks 2 --gpus 1 --iters 5 --warmup 1 --profile 0 --faults --out-dir "$REC/smoke" \
+    --emu-set nic_copy=bulk --emu-set nic_claim=mask --emu-set deliver_lead_ns=8000 --id-prefix smoke-bulk- \
+    --variants ";write-imm-counting"
+  step smoke-bulk-v2 90 --protocol v2-hybrid --ranks 4 --ranks-per-node 2 --gpus 1 --iters 5 --warmup 1 --profile 0 \
+    --faults --out-dir "$REC/smoke" --emu-set nic_copy=bulk --emu-set nic_claim=mask --emu-set deliver_lead_ns=8000 \
+    --id-prefix smoke-bulk-v2- --variants ";write-imm-counting"
+  K="--ranks 2 --gpus 1 --iters 60 --out-dir $REC --emu-set nic_claim=mask --emu-set deliver_batch_count=2"
+  for i in $(seq 1 "$REPEATS"); do
+    for copy in staged bulk; do
+      step $copy-shared-r$i 60 $K --emu-set nic_copy=$copy --emu-set deliver_lead_ns=8000 --emu-set nic_fetcher=shared \
+        --id-prefix emu-copy-$copy-lead8000-shared-r$i- --variants ";"
+    done
+  done
+  step bulk-dedicated 60 $K --emu-set nic_copy=bulk --emu-set deliver_lead_ns=8000 --emu-set nic_fetcher=dedicated \
+    --id-prefix emu-copy-bulk-lead8000-dedicated-r1- --variants ";"
+  step bulk-lead6000 60 $K --emu-set nic_copy=bulk --emu-set deliver_lead_ns=6000 --emu-set nic_fetcher=shared \
+    --id-prefix emu-copy-bulk-lead6000-shared-r1- --variants ";"
 elif [[ $WHAT == edf ]]; then
   step smoke-edf 60 --ranks 2 --gpus 1 --iters 5 --warmup 1 --profile 0 --faults --out-dir "$REC/smoke" \
     --emu-set nic_claim=edf --emu-set nic_copy=staged --emu-set deliver_lead_ns=8000 --id-prefix smoke-edf- \

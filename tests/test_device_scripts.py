@@ -196,14 +196,14 @@ def test_spread_script_runs_one_and_two_blocks_a_nic_alternately(tmp_path):
 
 
 def test_spread_script_runs_the_mask_and_earliest_due_first_alternately(tmp_path):
-    """hw/run_spread_on_device.sh as it ships (WHAT=edf): faulted smoke runs claiming earliest
+    """hw/run_spread_on_device.sh with WHAT=edf (what e46346f ran): faulted smoke runs claiming earliest
     due first on V1 and V2 hybrid; then the due mask in table order and earliest due first
     alternately (nothing else differs between the two of a pair), each run its own id; then
     earliest due first with the dedicated fetcher and at 6 and 10 us ahead."""
     from lever.hw import emulated_nic
 
     p = _ep_parser()
-    steps = _script_steps(tmp_path, {"REPEATS": "2"}, "run_spread_on_device.sh")
+    steps = _script_steps(tmp_path, {"REPEATS": "2", "WHAT": "edf"}, "run_spread_on_device.sh")
     smokes = [p.parse_args(steps.pop(0)) for _ in range(2)]
     assert [s.protocol for s in smokes] == ["v1-ll", "v2-hybrid"] and all(s.faults for s in smokes)
     assert all("nic_claim=edf" in s.emu_set for s in smokes)
@@ -220,6 +220,33 @@ def test_spread_script_runs_the_mask_and_earliest_due_first_alternately(tmp_path
         ("dedicated", 8000.0), ("shared", 6000.0), ("shared", 10000.0)]
     assert all(v["nic_claim"] == "edf" for _, v in runs[4:])
     assert all(v["blocks_per_nic_count"] == 1 and v["nic_copy"] == "staged" for _, v in runs)
+
+
+def test_spread_script_runs_staged_and_bulk_copies_alternately(tmp_path):
+    """hw/run_spread_on_device.sh as it ships (WHAT=bulk): faulted smoke runs with bulk copies
+    on V1 and V2 hybrid; then staged and bulk copies alternately (nothing else differs between
+    the two of a pair), each run its own id; then bulk copies with the dedicated fetcher and
+    6 us ahead; one block a NIC, the due mask, batches of two throughout."""
+    from lever.hw import emulated_nic
+
+    p = _ep_parser()
+    steps = _script_steps(tmp_path, {"REPEATS": "2"}, "run_spread_on_device.sh")
+    smokes = [p.parse_args(steps.pop(0)) for _ in range(2)]
+    assert [s.protocol for s in smokes] == ["v1-ll", "v2-hybrid"] and all(s.faults for s in smokes)
+    assert all("nic_copy=bulk" in s.emu_set for s in smokes)
+    runs = []
+    for args in steps:
+        ns = p.parse_args(args)
+        emu = emulated_nic.load(overrides=emulated_nic.parse_emu_sets(ns.emu_set or []))
+        runs.append((ns.id_prefix, emu.values))
+    assert len(runs) == 2 * 2 + 2 and len({i for i, _ in runs}) == len(runs)
+    for (_, staged), (_, bulk) in zip(runs[:4:2], runs[1:4:2], strict=True):
+        assert staged["nic_copy"] == "staged" and bulk["nic_copy"] == "bulk"
+        assert {k: v for k, v in staged.items() if k != "nic_copy"} == {
+            k: v for k, v in bulk.items() if k != "nic_copy"}
+    assert [(v["nic_fetcher"], v["deliver_lead_ns"]) for _, v in runs[4:]] == [("dedicated", 8000.0), ("shared", 6000.0)]
+    assert all(v["nic_claim"] == "mask" and v["deliver_batch_count"] == 2 and v["blocks_per_nic_count"] == 1
+               for _, v in runs)
 
 
 def test_a_step_passes_the_emu_sets_ahead_of_its_own(tmp_path):

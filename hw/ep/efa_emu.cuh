@@ -285,8 +285,9 @@ struct Fabric {  // [platform.fabric] + [platform.nic] + [platform.receiver], ns
   int part_timers;        // 1: a delivering warp times its batch's claim, copies and fence
                           // (three %globaltimer reads a batch); 0: it does not
   int copy_staged;        // 1: a delivering warp stages its batch's packets in shared memory
-                          // (cp.async, all loads in flight at once), then stores them; 0: one
-                          // packet after another from registers
+                          // (cp.async, all loads in flight at once), then stores them; 2: the
+                          // same through the copy engine (TMA bulk copies, one lane issuing);
+                          // 0: one packet after another from registers
   int blocks_per_nic;     // NIC blocks (SMs) serving one emulated NIC: its QPs split between
                           // them, one wire (line rate, message rate) shared in global memory
   int share_table;        // with blocks_per_nic > 1: 1 the NIC's tables in its first block's shared

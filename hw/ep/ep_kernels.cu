@@ -1629,6 +1629,97 @@ __device__ __forceinline__ void copy_staged(NicShared& S, unsigned lanes, int mi
   if (staged) stage_flush(S, stage, staged, mine, lane);
 }
 
+// A delivering warp's bulk copies (Fabric::copy_staged == 2, nic_copy = "bulk"): the copy
+// engine (TMA) moves the packets, not the warp's load/store instructions. One lane hands it
+// each packet of the batch that fits the warp's stage (global to shared memory, counted on the
+// warp's mbarrier), waits for them, then hands it the stores (shared to global) and waits for
+// their completion; the other lanes issue nothing. The staged and register copies keep the
+// SM's load/store pipe busy with every 16 bytes, which a claim's shared-memory loads then queue
+// behind (docs/testbed.md, The fence's strength, and more SMs a NIC).
+__shared__ __align__(8) unsigned long long emu_mbar[MAXW];
+__shared__ unsigned emu_mbar_phase[MAXW];
+
+__device__ __forceinline__ unsigned smem_u32(const void* p) { return (unsigned)__cvta_generic_to_shared(p); }
+
+// The warp's mbarrier, made once a launch (lane 0), before its first bulk copy.
+__device__ __forceinline__ void bulk_init(int lane) {
+  const int wv = threadIdx.x >> 5;
+  if (lane == 0) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(smem_u32(&emu_mbar[wv])) : "memory");
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+    emu_mbar_phase[wv] = 0u;
+  }
+  __syncwarp();
+}
+
+// Lane 0: the loads of a round are issued (each with its bytes expected on the mbarrier); wait
+// for all of them, issue the stores of the packets in `staged` (lane order, as loaded), wait
+// for the stores to complete, and order them (async proxy) before the generic fence after.
+__device__ __forceinline__ void bulk_flush(NicShared& S, uint4* stage, unsigned staged, int mine, int lane) {
+  const int wv = threadIdx.x >> 5;
+  const unsigned mb = smem_u32(&emu_mbar[wv]);
+  if (lane == 0) {
+    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(mb) : "memory");
+    const unsigned ph = emu_mbar_phase[wv];
+    asm volatile(
+        "{\n .reg .pred p;\n"
+        "BULK_WAIT%=:\n mbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n"
+        " @!p bra BULK_WAIT%=;\n}\n" ::"r"(mb), "r"(ph) : "memory");
+    emu_mbar_phase[wv] = ph ^ 1u;
+  }
+  __syncwarp();
+  unsigned off = 0;
+  while (staged) {
+    const int sl = __ffs(staged) - 1;
+    staged &= staged - 1;
+    const int e = __shfl_sync(0xffffffffu, mine, sl);
+    const unsigned n = vldu(&S.len[e]);
+    if (lane == 0)
+      asm volatile("cp.async.bulk.global.shared::cta.bulk_group [%0], [%1], %2;" ::"l"(vld64(&S.dst[e])),
+                   "r"(smem_u32(stage + off)), "r"(n) : "memory");
+    off += n >> 4;
+  }
+  if (lane == 0) {
+    asm volatile("cp.async.bulk.commit_group;" ::: "memory");
+    asm volatile("cp.async.bulk.wait_group 0;" ::: "memory");
+    asm volatile("fence.proxy.async.global;" ::: "memory");
+  }
+  __syncwarp();
+}
+
+__device__ __forceinline__ void copy_bulk(NicShared& S, unsigned lanes, int mine, int lane) {
+  uint4* stage = emu_stage + (size_t)(threadIdx.x >> 5) * STAGE_V;
+  const unsigned mb = smem_u32(&emu_mbar[threadIdx.x >> 5]);
+  unsigned staged = 0u, used = 0u;
+  while (lanes) {
+    const int sl = __ffs(lanes) - 1;
+    lanes &= lanes - 1;
+    const int e = __shfl_sync(0xffffffffu, mine, sl);
+    const uint8_t* src = reinterpret_cast<const uint8_t*>(vld64(&S.src[e]));
+    uint8_t* dst = reinterpret_cast<uint8_t*>(vld64(&S.dst[e]));
+    const unsigned n = vldu(&S.len[e]);
+    if (((reinterpret_cast<uintptr_t>(src) | reinterpret_cast<uintptr_t>(dst) | n) & 15u) != 0u ||
+        (n >> 4) > STAGE_V) {
+      copy_packet(src, dst, n, lane);
+      continue;
+    }
+    const unsigned nv = n >> 4;
+    if (used + nv > STAGE_V) {
+      bulk_flush(S, stage, staged, mine, lane);
+      staged = 0u;
+      used = 0u;
+    }
+    if (lane == 0) {
+      asm volatile("mbarrier.expect_tx.relaxed.cta.shared::cta.b64 [%0], %1;" ::"r"(mb), "r"(n) : "memory");
+      asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(
+                       smem_u32(stage + used)), "l"(src), "r"(n), "r"(mb) : "memory");
+    }
+    staged |= 1u << sl;
+    used += nv;
+  }
+  if (staged) bulk_flush(S, stage, staged, mine, lane);
+}
+
 __device__ __forceinline__ void entry_free(const Fabric& fb, NicShared& S, int e) {
   vst64(&S.due[e], ~0ull);
   tab_fence(fb);
@@ -1901,7 +1992,10 @@ __device__ bool nic_deliver(const World& w, NicCtx& c, NicShared& S, bool host_e
       }
     }
     unsigned g2 = __ballot_sync(0xffffffffu, fate == 3);  // copies start <= deliver_lead_ns early
-    if (fb.copy_staged) {
+    if (fb.copy_staged == 2) {
+      copy_bulk(S, g2, mine, lane);
+      g2 = 0u;
+    } else if (fb.copy_staged) {
       copy_staged(S, g2, mine, lane);
       g2 = 0u;
     }
@@ -2067,6 +2161,7 @@ __device__ void nic_warp(const World& w, const EpFlags& f, int lr, int nic, int 
   // thread of this GPU when the world has one GPU (gpu scope), else peers too (system)
   const bool one_gpu = w.num_gpus == 1;
   const unsigned long long t_start = gtime();
+  if (fb.copy_staged == 2) bulk_init(lane);
   unsigned rot = (unsigned)wib * 97u;
   while (true) {
     // 0. the host-facing engine: mirror host SQs (without one, warp 0 does it between batches);

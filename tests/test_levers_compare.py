@@ -141,6 +141,17 @@ def test_cli_compare_ok_and_refusals(tmp_path, capsys):
     assert lever_main(["compare", pp2, *paths]) == 2
     err = capsys.readouterr().err.strip()
     assert "platform digest" in err and "\n" not in err
+    # the same prediction judged as sealed when asked: its own numbers, both digests named
+    assert lever_main(["compare", pp2, *paths, "--json", "--sealed-platform"]) == 0
+    cap = capsys.readouterr()
+    got = json.loads(cap.out)
+    assert got["ops"]["dispatch"]["verdict"] == "validated"
+    assert got["ops"]["dispatch"]["predicted_delta_us"] == other["predictions"]["dispatch"]["delta_us"]
+    assert got["platform_digest_now"] != other["platform_digest"] and "judged as sealed" in cap.err
+    # still refused when tampered, asked or not
+    (tmp_path / "prereg.json").write_text(json.dumps(t))
+    assert lever_main(["compare", pp, *paths, "--sealed-platform"]) == 2
+    assert "sha256" in capsys.readouterr().err
 
 
 def test_emulated_records_never_judge_an_efa_prediction(tmp_path, capsys):

@@ -43,6 +43,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     c.add_argument("records", nargs="+", help="measured run records: the baseline and the lever's")
     c.add_argument("--json", action="store_true")
     c.add_argument("--plot", metavar="OUT.png", type=output_file(".png"))
+    c.add_argument("--sealed-platform", action="store_true",
+                   help="judge a prediction sealed on an earlier version of its platform file (the "
+                        "platform was re-fitted since): the sealed numbers stand, and the result "
+                        "names both digests; without it such a prediction is refused")
     c.set_defaults(func=main_compare)
 
 
@@ -210,10 +214,17 @@ def main_compare(args: argparse.Namespace) -> int:
         raise UserError(f"{args.prereg}: not valid JSON: {e.msg} at line {e.lineno}") from None
     cmp.check_prereg(prereg, None, args.prereg)
     scn = levers_mod.load_with_levers(prereg["baseline"], [], prereg_sets(prereg, args.prereg))
-    cmp.check_prereg(prereg, scn_mod.platform_digest(scn), args.prereg)
+    digest_now = scn_mod.platform_digest(scn)
+    # a sealed prediction outlives a re-fit of its platform only when asked: its numbers were
+    # sealed before the measurement and stand as sealed; the result says the file moved since
+    cmp.check_prereg(prereg, None if args.sealed_platform else digest_now, args.prereg)
     records = [load_record(p) for p in args.records]
     check_nic(scn.platform.nic_kind, records, args.prereg, "judge")
     res = cmp.compare(prereg, records)
+    if prereg.get("platform_digest") != digest_now:
+        res["platform_digest_now"] = digest_now
+        print(f"note: {args.prereg}: sealed on platform digest {str(prereg.get('platform_digest'))[:12]}, "
+              f"the platform file is {digest_now[:12]} now: judged as sealed", file=sys.stderr)
     if args.plot:
         from lever.reports.plot import plot_compare
 

@@ -78,8 +78,8 @@ STAT_NAMES = ["stamp_bad_dispatch", "stamp_bad_combine", "packets", "retransmits
               "descriptors", "ring_polls", "nic_late_ns", "drops", "duplicates", "error_cqes",
               "nic_early_ns", "local_puts", "mirrored_wqes", "nic_claim_lag_ns", "nic_deliver_ns",
               "nic_scan_ns", "nic_copy_ns", "nic_fence_ns", "host_passes", "host_qp_copies",
-              "host_read_ns", "host_copy_ns", "host_cqe_ns", "host_idle_ns"]
-ST_WORDS = 33  # hw/ep/efa_emu.cuh ST_NUM
+              "host_read_ns", "host_copy_ns", "host_cqe_ns", "host_idle_ns", "nic_claim_load_ns"]
+ST_WORDS = 34  # hw/ep/efa_emu.cuh ST_NUM
 
 
 def cqe_status_name(st: int) -> str:
@@ -879,6 +879,10 @@ def _run_variant(runner: Runner, scn, args, levers: list[str], sets: Mapping[str
         if runner.emu.nic_part_timers == "on":
             for part in ("scan", "copy", "fence"):
                 metrics[f"nic_{part}_per_packet_ns"] = {"median": round(st[f"nic_{part}_ns"] / st["packets"], 1)}
+            # the claim's loads and due mask (the rest of the scan is its CAS rounds); 0 for
+            # the table walk, whose loads and claims interleave
+            metrics["nic_claim_load_per_packet_ns"] = {
+                "median": round(st["nic_claim_load_ns"] / st["packets"], 1)}
     if st["host_passes"]:
         # the NIC's host-facing engine: how many QP mirror copies a pass makes and a WQE needs
         # (several WQEs of one QP rung between two passes share one copy), and what its time

@@ -138,7 +138,11 @@ enum Stat : int {
   ST_HOST_COPY_NS = 30,
   ST_HOST_CQE_NS = 31,
   ST_HOST_IDLE_NS = 32,
-  ST_NUM = 33,
+  // the claim's first part, summed as the parts above (due mask and earliest due first): the
+  // loads of the warp's share of the packet table and the due mask made of them; the rest of
+  // ST_NIC_SCAN_NS is the claims (CAS rounds) and the release of entries beyond the batch
+  ST_NIC_CLAIM_LOAD_NS = 33,
+  ST_NUM = 34,
 };
 
 // Send CQE status the emulated NIC writes when a packet's retries run out (rdma-core

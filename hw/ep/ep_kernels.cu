@@ -1231,7 +1231,7 @@ struct NicCtx {
   unsigned long long seed;
   unsigned long long n_pkt, n_retx, n_cqe, n_rx, n_reord, n_wqe, n_late;
   unsigned long long n_drop, n_dup, n_err, n_early, n_mirror, n_claim_lag, n_deliver;
-  unsigned long long n_scan, n_copy, n_fence;
+  unsigned long long n_scan, n_copy, n_fence, n_claim_load;
   // the host-facing engine's own time (lane 0 only; 0 on every other warp): doorbell-read
   // passes, the QPs they found moved (one mirror copy each, however many WQEs it carries),
   // and where its time went: the doorbell reads, the copies, CQE passes that wrote, empty ones
@@ -1876,6 +1876,7 @@ __device__ bool nic_deliver(const World& w, NicCtx& c, NicShared& S, bool host_e
     const bool for_me = is_host ? host_kind : !host_kind;
     return st == ES_PENDING && for_me && (kind == EK_DATA ? due <= now + lead : due <= now);
   };
+  unsigned long long t_loaded = now;  // the claim's loads done (mask, edf; the walk: none apart)
   if (fb.claim_mask) {
     // the lane's 16 entries loaded at once (independent loads, one latency), a due mask,
     // then claims from it until the warp holds nclaim or no lane has a candidate left. A
@@ -1887,6 +1888,7 @@ __device__ bool nic_deliver(const World& w, NicCtx& c, NicShared& S, bool host_e
       const int e = (int)((rot + (unsigned)(k * 32 + lane)) % NP);
       if (claimable(vldu(&S.state[e]), vldu(&S.meta[e]), vld64(&S.due[e]))) cand |= 1u << k;
     }
+    if (fb.part_timers) t_loaded = gtime();
     if (fb.claim_mask == 2) {
       // earliest due first (nic_claim = "edf"): each lane's earliest candidate, then the lanes
       // holding none claim in the order of those dues, the warp's earliest first, so a packet
@@ -2063,6 +2065,7 @@ __device__ bool nic_deliver(const World& w, NicCtx& c, NicShared& S, bool host_e
         if (now > ready) c.n_claim_lag += now - ready;
         c.n_deliver += t - now;
         if (parts) {
+          c.n_claim_load += t_loaded - now;
           c.n_scan += t_claimed - now;
           c.n_copy += t_copied - t_claimed;
           c.n_fence += t_fenced - t_copied;
@@ -2141,7 +2144,7 @@ __device__ void nic_warp(const World& w, const EpFlags& f, int lr, int nic, int 
   c.seed = mix64(fb.seed ^ ((unsigned long long)nic << 36));
   c.n_pkt = c.n_retx = c.n_cqe = c.n_rx = c.n_reord = c.n_wqe = c.n_late = 0;
   c.n_drop = c.n_dup = c.n_err = c.n_early = c.n_mirror = c.n_claim_lag = c.n_deliver = 0;
-  c.n_scan = c.n_copy = c.n_fence = 0;
+  c.n_scan = c.n_copy = c.n_fence = c.n_claim_load = 0;
   c.n_hpass = c.n_hcopy = c.n_hread_ns = c.n_hcopy_ns = c.n_hcqe_ns = c.n_hidle_ns = 0;
   // warp 0 faces the host when a queue is there: it mirrors host SQs and writes host CQEs
   // (send and receive), so no data warp waits on PCIe (its fences would wait for posted
@@ -2205,18 +2208,18 @@ __device__ void nic_warp(const World& w, const EpFlags& f, int lr, int nic, int 
       __nanosleep((unsigned)fb.mirror_poll_gap_ns);
   }
   // per-lane counters (each lane handled its own entries): warp sums
-  unsigned long long* cs[22] = {&c.n_pkt, &c.n_retx, &c.n_cqe, &c.n_rx, &c.n_reord, &c.n_late,
+  unsigned long long* cs[23] = {&c.n_pkt, &c.n_retx, &c.n_cqe, &c.n_rx, &c.n_reord, &c.n_late,
                                 &c.n_drop, &c.n_dup, &c.n_err, &c.n_early, &c.n_mirror,
                                 &c.n_claim_lag, &c.n_deliver, &c.n_scan, &c.n_copy, &c.n_fence,
                                 &c.n_hpass, &c.n_hcopy, &c.n_hread_ns, &c.n_hcopy_ns, &c.n_hcqe_ns,
-                                &c.n_hidle_ns};
-  const int st_idx[22] = {ST_PACKETS, ST_RETRANSMITS, ST_CQES, ST_RX_CQES, ST_REORDERED, ST_NIC_LATE_NS,
+                                &c.n_hidle_ns, &c.n_claim_load};
+  const int st_idx[23] = {ST_PACKETS, ST_RETRANSMITS, ST_CQES, ST_RX_CQES, ST_REORDERED, ST_NIC_LATE_NS,
                           ST_DROPS, ST_DUPS, ST_ERR_CQES, ST_NIC_EARLY_NS, ST_MIRRORED,
                           ST_NIC_CLAIM_LAG_NS, ST_NIC_DELIVER_NS, ST_NIC_SCAN_NS, ST_NIC_COPY_NS,
                           ST_NIC_FENCE_NS, ST_HOST_PASSES, ST_HOST_QP_COPIES, ST_HOST_READ_NS,
-                          ST_HOST_COPY_NS, ST_HOST_CQE_NS, ST_HOST_IDLE_NS};
+                          ST_HOST_COPY_NS, ST_HOST_CQE_NS, ST_HOST_IDLE_NS, ST_NIC_CLAIM_LOAD_NS};
 #pragma unroll
-  for (int i = 0; i < 22; ++i) {
+  for (int i = 0; i < 23; ++i) {
     unsigned long long v = *cs[i];
     for (int o = 16; o; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
     if (lane == 0 && v) atomicAdd(&w.stats[st_idx[i]], v);

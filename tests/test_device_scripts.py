@@ -85,6 +85,19 @@ def _script_steps(tmp_path: Path, env: dict[str, str], script: str = "run_staged
     return [[a for a in line.split("\0") if a] for line in log.read_text().splitlines()]
 
 
+def _emu_runs(p: argparse.ArgumentParser, steps: list[list[str]]) -> list[tuple[str, dict]]:
+    """Each step parsed with ``lever hw ep``'s parser and its ``--emu-set``s with the emulator's
+    own loader (a bad key or value fails here): (its id prefix, the emulator values it runs)."""
+    from lever.hw import emulated_nic
+
+    out = []
+    for args in steps:
+        ns = p.parse_args(args)
+        emu = emulated_nic.load(overrides=emulated_nic.parse_emu_sets(ns.emu_set or []))
+        out.append((ns.id_prefix, emu.values))
+    return out
+
+
 def test_staged_script_steps_parse_and_name_the_runs_as_the_records_do(tmp_path):
     """hw/run_staged_on_device.sh: every step parses with ``lever hw ep``'s parser and its
     ``--emu-set``s with the emulator's; run as the first call ran it, its ids are those of the
@@ -115,7 +128,6 @@ def test_timer_script_runs_each_setting_with_the_part_timers_on_and_off(tmp_path
     emulator's; the same setting runs with the part timers on and off alternately, each run its
     own id, and nothing else differs between an on run and its off run; last, the combinations
     sealed at 8ec370b with their baselines."""
-    from lever.hw import emulated_nic
 
     p = _ep_parser()
     steps = _script_steps(tmp_path, {"REPEATS": "2"}, "run_timer_on_device.sh")
@@ -123,11 +135,7 @@ def test_timer_script_runs_each_setting_with_the_part_timers_on_and_off(tmp_path
     assert combos.id_prefix == "emu-host-" and combos.variants.split(";") == [
         "", "lazy-completion-dispatch", "lazy-completion-dispatch,lazy-completion-combine", "put-many",
         "put-many,qp-fanout-fix"]
-    runs = []
-    for args in steps:
-        ns = p.parse_args(args)
-        emu = emulated_nic.load(overrides=emulated_nic.parse_emu_sets(ns.emu_set or []))
-        runs.append((ns.id_prefix, emu.values))
+    runs = _emu_runs(p, steps)
     assert len(runs) == 2 * 2 + 2 and len({i for i, _ in runs}) == len(runs)
     for (_, on), (_, off) in zip(runs[::2], runs[1::2], strict=True):
         assert on["nic_part_timers"] == "on" and off["nic_part_timers"] == "off"
@@ -142,17 +150,12 @@ def test_spread_script_runs_each_fence_on_four_and_on_eight_nic_blocks(tmp_path)
     the fence as fence.sc and as a release fence alternately (nothing else differs between the
     two of a pair), each run its own id; then eight NIC blocks a rank at half the line rate (the
     same bandwidth a rank) at each lead, each fence."""
-    from lever.hw import emulated_nic
 
     p = _ep_parser()
     steps = _script_steps(tmp_path, {"REPEATS": "2", "LEADS8": "4000 6000", "WHAT": "fences"}, "run_spread_on_device.sh")
     smoke = p.parse_args(steps.pop(0))
     assert smoke.faults and "nic_fence=release" in smoke.emu_set
-    runs = []
-    for args in steps:
-        ns = p.parse_args(args)
-        emu = emulated_nic.load(overrides=emulated_nic.parse_emu_sets(ns.emu_set or []))
-        runs.append((ns.id_prefix, emu.values))
+    runs = _emu_runs(p, steps)
     assert len(runs) == 2 * 2 + 2 + 2 * 2 and len({i for i, _ in runs}) == len(runs)
     for (_, sc), (_, rel) in zip(runs[::2], runs[1::2], strict=True):
         assert sc["nic_fence"] == "sc" and rel["nic_fence"] == "release"
@@ -170,7 +173,6 @@ def test_spread_script_runs_one_and_two_blocks_a_nic_alternately(tmp_path):
     alternately (nothing else differs between the two of a pair), each run its own id; then two
     blocks with the other fetcher, register copies and a shorter lead. Four NICs a rank at
     100 Gb/s throughout: the blocks change who delivers, not the wire."""
-    from lever.hw import emulated_nic
 
     p = _ep_parser()
     steps = _script_steps(tmp_path, {"REPEATS": "2", "WHAT": "blocks"}, "run_spread_on_device.sh")
@@ -178,11 +180,7 @@ def test_spread_script_runs_one_and_two_blocks_a_nic_alternately(tmp_path):
     assert [s.protocol for s in smokes] == ["v1-ll", "v1-ll", "v2-hybrid"]
     assert smokes[0].faults and smokes[1].path == "proxy" and smokes[2].faults
     assert all("blocks_per_nic_count=2" in s.emu_set for s in smokes)
-    runs = []
-    for args in steps:
-        ns = p.parse_args(args)
-        emu = emulated_nic.load(overrides=emulated_nic.parse_emu_sets(ns.emu_set or []))
-        runs.append((ns.id_prefix, emu.values))
+    runs = _emu_runs(p, steps)
     assert len(runs) == 2 * 2 + 4 and len({i for i, _ in runs}) == len(runs)
     for (_, one), (_, two) in zip(runs[:4:2], runs[1:4:2], strict=True):
         assert one["blocks_per_nic_count"] == 1 and two["blocks_per_nic_count"] == 2
@@ -200,18 +198,13 @@ def test_spread_script_runs_the_mask_and_earliest_due_first_alternately(tmp_path
     due first on V1 and V2 hybrid; then the due mask in table order and earliest due first
     alternately (nothing else differs between the two of a pair), each run its own id; then
     earliest due first with the dedicated fetcher and at 6 and 10 us ahead."""
-    from lever.hw import emulated_nic
 
     p = _ep_parser()
     steps = _script_steps(tmp_path, {"REPEATS": "2", "WHAT": "edf"}, "run_spread_on_device.sh")
     smokes = [p.parse_args(steps.pop(0)) for _ in range(2)]
     assert [s.protocol for s in smokes] == ["v1-ll", "v2-hybrid"] and all(s.faults for s in smokes)
     assert all("nic_claim=edf" in s.emu_set for s in smokes)
-    runs = []
-    for args in steps:
-        ns = p.parse_args(args)
-        emu = emulated_nic.load(overrides=emulated_nic.parse_emu_sets(ns.emu_set or []))
-        runs.append((ns.id_prefix, emu.values))
+    runs = _emu_runs(p, steps)
     assert len(runs) == 2 * 2 + 3 and len({i for i, _ in runs}) == len(runs)
     for (_, mask), (_, edf) in zip(runs[:4:2], runs[1:4:2], strict=True):
         assert mask["nic_claim"] == "mask" and edf["nic_claim"] == "edf"
@@ -227,18 +220,13 @@ def test_spread_script_runs_staged_and_bulk_copies_alternately(tmp_path):
     on V1 and V2 hybrid; then staged and bulk copies alternately (nothing else differs between
     the two of a pair), each run its own id; then bulk copies with the dedicated fetcher and
     6 us ahead; one block a NIC, the due mask, batches of two throughout."""
-    from lever.hw import emulated_nic
 
     p = _ep_parser()
     steps = _script_steps(tmp_path, {"REPEATS": "2"}, "run_spread_on_device.sh")
     smokes = [p.parse_args(steps.pop(0)) for _ in range(2)]
     assert [s.protocol for s in smokes] == ["v1-ll", "v2-hybrid"] and all(s.faults for s in smokes)
     assert all("nic_copy=bulk" in s.emu_set for s in smokes)
-    runs = []
-    for args in steps:
-        ns = p.parse_args(args)
-        emu = emulated_nic.load(overrides=emulated_nic.parse_emu_sets(ns.emu_set or []))
-        runs.append((ns.id_prefix, emu.values))
+    runs = _emu_runs(p, steps)
     assert len(runs) == 2 * 2 + 2 and len({i for i, _ in runs}) == len(runs)
     for (_, staged), (_, bulk) in zip(runs[:4:2], runs[1:4:2], strict=True):
         assert staged["nic_copy"] == "staged" and bulk["nic_copy"] == "bulk"

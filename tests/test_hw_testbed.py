@@ -967,6 +967,33 @@ def _model_band_prereg(name: str, rev: str) -> dict:
     return prereg
 
 
+def _judge_sealed_combo(name: str, prereg: dict, folder: str, rev: str, levers: tuple[str, str],
+                        verdicts: tuple[str, str], shipped_too: bool) -> None:
+    """A sealed EP2 combination judged against one call's records: the baseline's and the run's
+    records gate-passed, clean, H100, made after the seal at ``rev``; `lever compare` gives
+    ``verdicts`` (dispatch, combine); every band that claims a sign has the measured sign; and
+    where ``shipped_too``, the committed ``NAME.compare.json`` is this judgement."""
+    from lever.calibration.compare import compare
+
+    recs = [load_record(BED / folder / f"emu-host-2-native-{v}.json") for v in levers]
+    for r in recs:
+        assert r.gate.passed is True and not r.provenance.dirty and "H100" in r.what.platform.gpu, r.id
+        assert r.provenance.date > prereg["date"] and r.provenance.git_rev.startswith(rev), r.id
+    got = compare(prereg, recs)
+    assert tuple(got["ops"][op]["verdict"] for op in ("dispatch", "combine")) == verdicts, got["ops"]
+    for op, o in got["ops"].items():
+        lo, hi = o["predicted_band_us"]
+        if lo > 0 or hi < 0:
+            assert o["predicted_delta_us"] * o["measured_delta_us"] > 0, (name, op)
+    if not shipped_too:
+        return
+    shipped = json.loads((PREDICTIONS / f"{name}.compare.json").read_text())
+    assert shipped["prereg_sha256"] == got["prereg_sha256"]
+    for op in ("dispatch", "combine"):
+        assert shipped["ops"][op]["verdict"] == got["ops"][op]["verdict"]
+        assert shipped["ops"][op]["measured_delta_us"] == pytest.approx(got["ops"][op]["measured_delta_us"])
+
+
 SEALED_COMBOS = {  # preregistration -> (the baseline's levers, the run's levers), as hw/ep names them
     "lazy-completion-dispatch-on-put-many-emu-ep2": ("put-many", "put-many-lazy-completion-dispatch"),
     "lazy-completion-combine-on-put-many-emu-ep2": ("put-many", "put-many-lazy-completion-combine"),
@@ -988,27 +1015,9 @@ def test_the_combinations_sealed_with_the_model_band_judged_against_their_runs(n
     compare` validates all six deltas, as the shipped compare files and the README say, and
     the one band that claims a sign (lazy completion's dispatch gain on put-many) has the
     measured sign."""
-    from lever.calibration.compare import compare
-
     prereg = _model_band_prereg(name, "7c479ec")
-    base, run = SEALED_COMBOS[name]
-    recs = [load_record(BED / folder / f"emu-host-2-native-{v}.json") for v in (base, run)]
-    for r in recs:
-        assert r.gate.passed is True and not r.provenance.dirty and "H100" in r.what.platform.gpu, r.id
-        assert r.provenance.date > prereg["date"] and r.provenance.git_rev.startswith(folder[-7:]), r.id
-    got = compare(prereg, recs)
-    assert all(got["ops"][op]["verdict"] == "validated" for op in ("dispatch", "combine")), got["ops"]
-    for op, o in got["ops"].items():
-        lo, hi = o["predicted_band_us"]
-        if lo > 0 or hi < 0:
-            assert o["predicted_delta_us"] * o["measured_delta_us"] > 0, (name, op)
-    if folder != COMBOS_RUNS[0]:
-        return
-    shipped = json.loads((PREDICTIONS / f"{name}.compare.json").read_text())
-    assert shipped["prereg_sha256"] == got["prereg_sha256"]
-    for op in ("dispatch", "combine"):
-        assert shipped["ops"][op]["verdict"] == got["ops"][op]["verdict"]
-        assert shipped["ops"][op]["measured_delta_us"] == pytest.approx(got["ops"][op]["measured_delta_us"])
+    _judge_sealed_combo(name, prereg, folder, folder[-7:], SEALED_COMBOS[name], ("validated", "validated"),
+                        folder == COMBOS_RUNS[0])
 
 
 SEALED_NEXT = {  # preregistration -> (the baseline's levers, the run's levers), as hw/ep names them
@@ -1036,28 +1045,10 @@ def test_the_combinations_sealed_at_8ec370b_judged_against_their_runs(name, fold
     validated, the fan-out fix's dispatch gain on put-many refuted by being larger than the
     band (-374 / -413 us against -245 [-341, -149]). Every band that claims a sign has the
     measured sign, the refuted one included."""
-    from lever.calibration.compare import compare
-
     prereg = _model_band_prereg(name, "8ec370b")
     assert any(lo > 0 or hi < 0 for lo, hi in (p["band_us"] for p in prereg["predictions"].values()))
-    base, run = SEALED_NEXT[name]
-    recs = [load_record(BED / folder / f"emu-host-2-native-{v}.json") for v in (base, run)]
-    for r in recs:
-        assert r.gate.passed is True and not r.provenance.dirty and "H100" in r.what.platform.gpu, r.id
-        assert r.provenance.date > prereg["date"] and r.provenance.git_rev.startswith("ac71c83"), r.id
-    got = compare(prereg, recs)
-    assert tuple(got["ops"][op]["verdict"] for op in ("dispatch", "combine")) == NEXT_VERDICTS[name]
-    for op, o in got["ops"].items():
-        lo, hi = o["predicted_band_us"]
-        if lo > 0 or hi < 0:
-            assert o["predicted_delta_us"] * o["measured_delta_us"] > 0, (name, op)
-    if folder != NEXT_RUNS[0]:
-        return
-    shipped = json.loads((PREDICTIONS / f"{name}.compare.json").read_text())
-    assert shipped["prereg_sha256"] == got["prereg_sha256"]
-    for op in ("dispatch", "combine"):
-        assert shipped["ops"][op]["verdict"] == got["ops"][op]["verdict"]
-        assert shipped["ops"][op]["measured_delta_us"] == pytest.approx(got["ops"][op]["measured_delta_us"])
+    _judge_sealed_combo(name, prereg, folder, "ac71c83", SEALED_NEXT[name], NEXT_VERDICTS[name],
+                        folder == NEXT_RUNS[0])
 
 
 def _metric(path: Path, key: str, rev: str) -> float:

@@ -19,6 +19,9 @@
 # e630a54 and 7bb366f ran (above, with nic_share "qps" and "table"); "fences", what 587fd95 ran: the batch fence as fence.sc and
 # as a release fence (`nic_fence`), alternately, and eight NICs a rank at 50 Gb/s at LEADS8
 # (ns ahead).
+# COMBOS (after any WHAT): EP2 lever sets with their baselines, as hw/run_host_engine_on_device.sh
+# runs levers (the same ids); by default the two combinations sealed at a4ece16 (README, "Two
+# combinations sealed at a4ece16"); COMBOS= leaves them out.
 # About 4 minutes with the build. $OUT/records.tgz and $OUT/log.txt come back.
 # LEVER_GIT_REV must name the clean 40-hex commit the tree came from.
 set -u
@@ -29,6 +32,7 @@ REC=/tmp/spread_rec; mkdir -p "$REC" "$OUT"
 REPEATS=${REPEATS-3}
 LEADS8=${LEADS8-"4000 8000"}
 WHAT=${WHAT-bulk}
+COMBOS=${COMBOS-"lazy-completion-dispatch;lazy-completion-dispatch,qp-fanout-fix;lazy-completion-dispatch,write-imm-counting"}
 device_env
 use_carried_wheels
 LOG="$OUT/log.txt"
@@ -116,6 +120,7 @@ else
   step blocks2-lead6000 60 $C --emu-set deliver_lead_ns=6000 --emu-set nic_fetcher=shared \
     --emu-set blocks_per_nic_count=2 --id-prefix emu-spread-blocks2-lead6000-staged-shared-r1- --variants ";"
 fi
+[[ -n $COMBOS ]] && step combos 300 --ranks 2 --gpus 1 --iters 40 --out-dir "$REC" --id-prefix emu-host- --variants ";$COMBOS"
 python3 - "$REC" <<'PY' 2>&1 | tee -a "$LOG"
 import json, sys, pathlib
 d = pathlib.Path(sys.argv[1])

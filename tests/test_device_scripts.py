@@ -152,7 +152,7 @@ def test_spread_script_runs_each_fence_on_four_and_on_eight_nic_blocks(tmp_path)
     same bandwidth a rank) at each lead, each fence."""
 
     p = _ep_parser()
-    steps = _script_steps(tmp_path, {"REPEATS": "2", "LEADS8": "4000 6000", "WHAT": "fences"}, "run_spread_on_device.sh")
+    steps = _script_steps(tmp_path, {"REPEATS": "2", "LEADS8": "4000 6000", "WHAT": "fences", "COMBOS": ""}, "run_spread_on_device.sh")
     smoke = p.parse_args(steps.pop(0))
     assert smoke.faults and "nic_fence=release" in smoke.emu_set
     runs = _emu_runs(p, steps)
@@ -175,7 +175,7 @@ def test_spread_script_runs_one_and_two_blocks_a_nic_alternately(tmp_path):
     100 Gb/s throughout: the blocks change who delivers, not the wire."""
 
     p = _ep_parser()
-    steps = _script_steps(tmp_path, {"REPEATS": "2", "WHAT": "blocks"}, "run_spread_on_device.sh")
+    steps = _script_steps(tmp_path, {"REPEATS": "2", "WHAT": "blocks", "COMBOS": ""}, "run_spread_on_device.sh")
     smokes = [p.parse_args(steps.pop(0)) for _ in range(3)]
     assert [s.protocol for s in smokes] == ["v1-ll", "v1-ll", "v2-hybrid"]
     assert smokes[0].faults and smokes[1].path == "proxy" and smokes[2].faults
@@ -200,7 +200,7 @@ def test_spread_script_runs_the_mask_and_earliest_due_first_alternately(tmp_path
     earliest due first with the dedicated fetcher and at 6 and 10 us ahead."""
 
     p = _ep_parser()
-    steps = _script_steps(tmp_path, {"REPEATS": "2", "WHAT": "edf"}, "run_spread_on_device.sh")
+    steps = _script_steps(tmp_path, {"REPEATS": "2", "WHAT": "edf", "COMBOS": ""}, "run_spread_on_device.sh")
     smokes = [p.parse_args(steps.pop(0)) for _ in range(2)]
     assert [s.protocol for s in smokes] == ["v1-ll", "v2-hybrid"] and all(s.faults for s in smokes)
     assert all("nic_claim=edf" in s.emu_set for s in smokes)
@@ -219,13 +219,18 @@ def test_spread_script_runs_staged_and_bulk_copies_alternately(tmp_path):
     """hw/run_spread_on_device.sh as it ships (WHAT=bulk): faulted smoke runs with bulk copies
     on V1 and V2 hybrid; then staged and bulk copies alternately (nothing else differs between
     the two of a pair), each run its own id; then bulk copies with the dedicated fetcher and
-    6 us ahead; one block a NIC, the due mask, batches of two throughout."""
+    6 us ahead; one block a NIC, the due mask, batches of two throughout; last, the EP2
+    combinations sealed at a4ece16 with their baseline."""
 
     p = _ep_parser()
     steps = _script_steps(tmp_path, {"REPEATS": "2"}, "run_spread_on_device.sh")
     smokes = [p.parse_args(steps.pop(0)) for _ in range(2)]
     assert [s.protocol for s in smokes] == ["v1-ll", "v2-hybrid"] and all(s.faults for s in smokes)
     assert all("nic_copy=bulk" in s.emu_set for s in smokes)
+    combos = p.parse_args(steps.pop())  # last: the combinations sealed at a4ece16, each with its baseline
+    assert combos.id_prefix == "emu-host-" and combos.variants.split(";") == [
+        "", "lazy-completion-dispatch", "lazy-completion-dispatch,qp-fanout-fix",
+        "lazy-completion-dispatch,write-imm-counting"]
     runs = _emu_runs(p, steps)
     assert len(runs) == 2 * 2 + 2 and len({i for i, _ in runs}) == len(runs)
     for (_, staged), (_, bulk) in zip(runs[:4:2], runs[1:4:2], strict=True):

@@ -1166,6 +1166,27 @@ def test_the_copy_engine_shortens_copies_not_claims():
     assert len(smokes) == 4 and all(json.loads(p.read_text())["gate"]["passed"] is True for p in smokes)
 
 
+SEALED_A4ECE16 = {  # preregistration -> (the baseline's levers, the run's levers), as hw/ep names them
+    "qp-fanout-fix-on-lazy-completion-dispatch-emu-ep2": (
+        "lazy-completion-dispatch", "lazy-completion-dispatch-qp-fanout-fix"),
+    "write-imm-counting-on-lazy-completion-dispatch-emu-ep2": (
+        "lazy-completion-dispatch", "lazy-completion-dispatch-write-imm-counting"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(SEALED_A4ECE16))
+def test_the_combinations_sealed_at_a4ece16_are_intact_and_await_their_runs(name):
+    """Two EP2 combinations sealed at a4ece16 with the model's delta error in their bands,
+    before any run of them (README, "Two combinations sealed at a4ece16"): each preregistration
+    is intact, names a clean 40-hex revision, every band is at least its 90% width, each claims
+    a sign (so a run can refute it), and no record of its run exists yet. When the runs come
+    (hw/run_spread_on_device.sh runs them last), this becomes their compare test."""
+    prereg = _model_band_prereg(name, "a4ece16")
+    assert any(lo > 0 or hi < 0 for lo, hi in (p["band_us"] for p in prereg["predictions"].values()))
+    _, run = SEALED_A4ECE16[name]
+    assert not list(BED.glob(f"*/emu-*-native-{run}.json")) and not list(BED.glob(f"*/*/emu-*-native-{run}.json"))
+
+
 LATER_COPY_FOLDERS = ("h100-b049be2", "h100-ee46732", "h100-d39d4a9", "h100-4c1aec3", "h100-ac71c83",
                       "h100-e7d3cc3", "h100-587fd95", "h100-e630a54", "h100-7bb366f",
                       "h100-e46346f", "h100-3d80107")  # measured after the sourced line

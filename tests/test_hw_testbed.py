@@ -1197,7 +1197,7 @@ def test_a_host_engine_copy_grows_with_the_wqes_it_carries_across_the_h100_recor
     engine's copies is the measurement nic.host_mirror_copy_per_wqe_ns cites (0 as shipped):
     291.5 ns a WQE on a 5.9 us base, reproduced here from the folders it was drawn from
     (63 records now, within 2%). The two later folders (put-many and lazy completion runs at
-    11-12 WQEs a copy, cheaper than the line) and eleven more bring it to 160.1 ns a WQE through 169 records
+    11-12 WQEs a copy, cheaper than the line) and nine more bring it to 160.1 ns a WQE through 169 records
     (README and docs/physics.md say so): a copy grows with its WQEs, by how much is not
     settled. The line recovers a known one exactly."""
     mod = load_benchmark("host_copy_per_wqe")

@@ -513,7 +513,9 @@ class Runner:
         """Dynamic shared memory a launch takes: the delivering warps' staging slices where the
         emulated NIC stages its copies (``nic_copy = "staged"`` or ``"bulk"``), else none (the kernels' own
         ``stage_smem``; the co-residency check must count it)."""
-        if self.emu.nic_copy not in ("staged", "bulk"):
+        from lever.hw.emulated_nic import COPIES
+
+        if not COPIES[self.emu.nic_copy]:  # the kernels' Fabric::copy_staged
             return 0
         return self.nic_warps * int(self.ext.layout_sizes()["stage_bytes_per_warp"])
 

@@ -1210,7 +1210,14 @@ __device__ __forceinline__ void vstu(unsigned* p, unsigned v) { *reinterpret_cas
 // Whether a NIC's tables are shared by a cluster of blocks (Fabric::blocks_per_nic > 1 with
 // Fabric::share_table): the second block's warps reach the first block's shared memory
 // (distributed shared memory), so the orderings on the tables are at cluster scope.
-__device__ __forceinline__ bool tab_shared(const Fabric& fb) { return fb.blocks_per_nic > 1 && fb.share_table; }
+__host__ __device__ __forceinline__ bool tab_shared(const Fabric& fb) {
+  return fb.blocks_per_nic > 1 && fb.share_table;
+}
+// NIC blocks a rank that act as NICs of their own (each its QPs, its table): a NIC's blocks
+// when they split its QPs (Fabric::share_table 0), else one a NIC (a cluster shares one table).
+__device__ __forceinline__ int nic_units(const Fabric& fb) {
+  return fb.nics_per_rank * (fb.blocks_per_nic > 1 && !fb.share_table ? fb.blocks_per_nic : 1);
+}
 // Order this thread's writes to the NIC's tables before its later ones: block scope for a
 // table only its own block touches, cluster scope for one a cluster shares.
 __device__ __forceinline__ void tab_fence(const Fabric& fb) {
@@ -1370,10 +1377,11 @@ __device__ int nic_fetch(const World& w, NicCtx& c, NicShared& S) {
       {
         unsigned long long now = __shfl_sync(0xffffffffu, gtime(), 0);
         unsigned long long nf = S.nic_free, lw = S.last_wqe;
-        // a NIC served by several blocks has one wire: its state in global memory, taken under
-        // a lock for this WQE batch (the other block's fetcher waits its turn)
+        // a NIC whose blocks split its QPs (more blocks than NICs: c.nics > c.pnics) has one
+        // wire: its state in global memory, taken under a lock for this WQE batch (the other
+        // block's fetcher waits its turn)
         unsigned long long* wire =
-            c.L->nic_wire && fb.blocks_per_nic > 1 && !fb.share_table ? c.L->nic_wire + 4 * c.pnic : nullptr;
+            c.L->nic_wire && c.nics > c.pnics ? c.L->nic_wire + 4 * c.pnic : nullptr;
         if (wire) {
           bool ok = true;
           if (lane == 0) {
@@ -1597,38 +1605,6 @@ __device__ __forceinline__ void stage_flush(NicShared& S, uint4* stage, unsigned
   __syncwarp();
 }
 
-// Copy the packets of the lanes in `lanes` (each lane's claimed entry `mine`) through the warp's
-// stage; a packet not 16-byte aligned takes copy_packet.
-__device__ __forceinline__ void copy_staged(NicShared& S, unsigned lanes, int mine, int lane) {
-  uint4* stage = emu_stage + (size_t)(threadIdx.x >> 5) * STAGE_V;
-  unsigned staged = 0u, used = 0u;
-  while (lanes) {
-    const int sl = __ffs(lanes) - 1;
-    lanes &= lanes - 1;
-    const int e = __shfl_sync(0xffffffffu, mine, sl);
-    const uint8_t* src = reinterpret_cast<const uint8_t*>(vld64(&S.src[e]));
-    uint8_t* dst = reinterpret_cast<uint8_t*>(vld64(&S.dst[e]));
-    const unsigned n = vldu(&S.len[e]);
-    if (((reinterpret_cast<uintptr_t>(src) | reinterpret_cast<uintptr_t>(dst) | n) & 15u) != 0u ||
-        (n >> 4) > STAGE_V) {
-      copy_packet(src, dst, n, lane);
-      continue;
-    }
-    const unsigned nv = n >> 4;
-    if (used + nv > STAGE_V) {
-      stage_flush(S, stage, staged, mine, lane);
-      staged = 0u;
-      used = 0u;
-    }
-    const uint4* s4 = reinterpret_cast<const uint4*>(src);
-#pragma unroll 2
-    for (unsigned i = (unsigned)lane; i < nv; i += 32u) cp_async16(stage + used + i, s4 + i);
-    staged |= 1u << sl;
-    used += nv;
-  }
-  if (staged) stage_flush(S, stage, staged, mine, lane);
-}
-
 // A delivering warp's bulk copies (Fabric::copy_staged == 2, nic_copy = "bulk"): the copy
 // engine (TMA) moves the packets, not the warp's load/store instructions. One lane hands it
 // each packet of the batch that fits the warp's stage (global to shared memory, counted on the
@@ -1687,10 +1663,18 @@ __device__ __forceinline__ void bulk_flush(NicShared& S, uint4* stage, unsigned 
   __syncwarp();
 }
 
-__device__ __forceinline__ void copy_bulk(NicShared& S, unsigned lanes, int mine, int lane) {
+// Copy the packets of the lanes in `lanes` (each lane's claimed entry `mine`) through the warp's
+// stage, by the warp's own loads (cp.async, every lane) or by the copy engine (`bulk`: TMA, lane
+// 0, each packet's bytes expected on the warp's mbarrier); a round ends when the stage is full,
+// and a packet not 16-byte aligned takes copy_packet.
+__device__ __forceinline__ void copy_staged(NicShared& S, unsigned lanes, int mine, int lane, bool bulk) {
   uint4* stage = emu_stage + (size_t)(threadIdx.x >> 5) * STAGE_V;
   const unsigned mb = smem_u32(&emu_mbar[threadIdx.x >> 5]);
   unsigned staged = 0u, used = 0u;
+  auto flush = [&] {
+    if (bulk) bulk_flush(S, stage, staged, mine, lane);
+    else stage_flush(S, stage, staged, mine, lane);
+  };
   while (lanes) {
     const int sl = __ffs(lanes) - 1;
     lanes &= lanes - 1;
@@ -1705,19 +1689,25 @@ __device__ __forceinline__ void copy_bulk(NicShared& S, unsigned lanes, int mine
     }
     const unsigned nv = n >> 4;
     if (used + nv > STAGE_V) {
-      bulk_flush(S, stage, staged, mine, lane);
+      flush();
       staged = 0u;
       used = 0u;
     }
-    if (lane == 0) {
-      asm volatile("mbarrier.expect_tx.relaxed.cta.shared::cta.b64 [%0], %1;" ::"r"(mb), "r"(n) : "memory");
-      asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(
-                       smem_u32(stage + used)), "l"(src), "r"(n), "r"(mb) : "memory");
+    if (bulk) {
+      if (lane == 0) {
+        asm volatile("mbarrier.expect_tx.relaxed.cta.shared::cta.b64 [%0], %1;" ::"r"(mb), "r"(n) : "memory");
+        asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(
+                         smem_u32(stage + used)), "l"(src), "r"(n), "r"(mb) : "memory");
+      }
+    } else {
+      const uint4* s4 = reinterpret_cast<const uint4*>(src);
+#pragma unroll 2
+      for (unsigned i = (unsigned)lane; i < nv; i += 32u) cp_async16(stage + used + i, s4 + i);
     }
     staged |= 1u << sl;
     used += nv;
   }
-  if (staged) bulk_flush(S, stage, staged, mine, lane);
+  if (staged) flush();
 }
 
 __device__ __forceinline__ void entry_free(const Fabric& fb, NicShared& S, int e) {
@@ -1994,11 +1984,8 @@ __device__ bool nic_deliver(const World& w, NicCtx& c, NicShared& S, bool host_e
       }
     }
     unsigned g2 = __ballot_sync(0xffffffffu, fate == 3);  // copies start <= deliver_lead_ns early
-    if (fb.copy_staged == 2) {
-      copy_bulk(S, g2, mine, lane);
-      g2 = 0u;
-    } else if (fb.copy_staged) {
-      copy_staged(S, g2, mine, lane);
+    if (fb.copy_staged) {
+      copy_staged(S, g2, mine, lane, fb.copy_staged == 2);
       g2 = 0u;
     }
     while (g2) {
@@ -2130,7 +2117,7 @@ __device__ void nic_warp(const World& w, const EpFlags& f, int lr, int nic, int 
   c.nic = nic;
   // QPs split between a NIC's blocks: each block serves the QPs of its own index (stride
   // nics x blocks); a shared table (or one block a NIC): the NIC's QPs, stride nics
-  c.nics = fb.nics_per_rank * (fb.blocks_per_nic > 1 && !fb.share_table ? fb.blocks_per_nic : 1);
+  c.nics = nic_units(fb);
   c.pnic = nic % fb.nics_per_rank;
   c.pnics = fb.nics_per_rank;
   const bool faces_host = nic < fb.nics_per_rank;  // sub-block 0 of its NIC mirrors the host SQs
@@ -2285,14 +2272,13 @@ __device__ __forceinline__ void nic_block(const World& w, const EpFlags& f, NicS
                                           int n_ep_blocks) {
   const int warp = threadIdx.x >> 5;
   const int nb = blockIdx.x - n_ep_blocks;
-  if (w.fab.blocks_per_nic > 1 && w.fab.share_table) {
+  if (tab_shared(w.fab)) {
     nic_cluster(w, f, s_nic, nb, n_ep_blocks);
     return;
   }
   // NIC blocks a rank: NIC n's sub-block b is block n + b x nics_per_rank
-  const int per_rank = w.fab.nics_per_rank * (w.fab.blocks_per_nic > 1 ? w.fab.blocks_per_nic : 1);
-  const int lr = nb / per_rank;
-  const int nic = nb % per_rank;
+  const int lr = nb / nic_units(w.fab);
+  const int nic = nb % nic_units(w.fab);
   nic_tables_reset(s_nic);
   __syncthreads();
   if (warp < w.nic_warps && lr < w.ranks_per_gpu)
@@ -2374,7 +2360,7 @@ int stage_smem(const World& w, const void* kernel) {
 // other), in clusters of a NIC's blocks where they share its tables (Fabric::share_table;
 // the grid is EP blocks then NIC blocks, both counts multiples of the cluster).
 int launch_coop(const void* kernel, const World& w, int grid, int threads, void** args, int smem, void* stream) {
-  const int cluster = w.fab.blocks_per_nic > 1 && w.fab.share_table ? w.fab.blocks_per_nic : 1;
+  const int cluster = tab_shared(w.fab) ? w.fab.blocks_per_nic : 1;
   if (cluster == 1)
     return (int)cudaLaunchCooperativeKernel(kernel, dim3(grid), dim3(threads), args, smem, (cudaStream_t)stream);
   if ((w.ranks_per_gpu * w.ep_blocks_per_rank) % cluster != 0 || grid % cluster != 0) return -4;

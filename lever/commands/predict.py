@@ -217,7 +217,8 @@ def main_compare(args: argparse.Namespace) -> int:
     digest_now = scn_mod.platform_digest(scn)
     # a sealed prediction outlives a re-fit of its platform only when asked: its numbers were
     # sealed before the measurement and stand as sealed; the result says the file moved since
-    cmp.check_prereg(prereg, None if args.sealed_platform else digest_now, args.prereg)
+    if not args.sealed_platform:  # intact already (checked above): now its platform too
+        cmp.check_prereg(prereg, digest_now, args.prereg)
     records = [load_record(p) for p in args.records]
     check_nic(scn.platform.nic_kind, records, args.prereg, "judge")
     res = cmp.compare(prereg, records)

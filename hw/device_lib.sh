@@ -67,3 +67,20 @@ step() {
   tar czf "$OUT/records.tgz" -C "$(dirname "$REC")" "$(basename "$REC")"
   return 0
 }
+
+# metric_table DIR KEY...: one line a record DIR/emu-*.json, into $LOG: its dispatch and combine
+# medians (us) and each KEY's median (a record metric, or an emulator part: late -> its
+# nic_late_per_packet_ns; nan where the record has none), headed by the keys as given.
+metric_table() {
+  python3 - "$@" <<'PY' 2>&1 | tee -a "$LOG"
+import json, sys, pathlib
+d, keys = pathlib.Path(sys.argv[1]), sys.argv[2:]
+print(f"{'record':52s} {'disp':>7s} {'comb':>7s}" + "".join(f" {k[:8]:>8s}" for k in keys))
+for p in sorted(d.glob("emu-*.json")):
+    j = json.loads(p.read_text())
+    m, lat = j.get("metrics", {}), j.get("latency_us", {})
+    vals = [m.get(k if k in m else f"nic_{k}_per_packet_ns", {}).get("median", float("nan")) for k in keys]
+    print(f"{p.stem[:52]:52s} {lat.get('dispatch', {}).get('median', 0):7.1f} {lat.get('combine', {}).get('median', 0):7.1f}"
+          + "".join(f" {v:8.0f}" for v in vals))
+PY
+}

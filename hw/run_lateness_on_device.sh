@@ -46,18 +46,6 @@ for gap in $GAPS; do
   [[ -n $LEVERS ]] && step gap$gap-levers 150 $C --emu-set mirror_poll_gap_ns=$gap --id-prefix emu-gap$gap- --variants ";$LEVERS"
 done
 [[ -n $FAULTS ]] && step faults-gap2000 60 $C --faults --emu-set mirror_poll_gap_ns=2000 --id-prefix emu-gap2000-faults- --variants ";write-imm-counting"
-python3 - "$REC" <<'PY' 2>&1 | tee -a "$LOG"
-import json, sys, pathlib
-d = pathlib.Path(sys.argv[1])
-print(f"{'record':52s} {'disp':>7s} {'comb':>7s}" + "".join(f" {k:>8s}" for k in ("late", "early", "clag", "scan", "copy", "fence", "chain1", "chainwqe", "credrd", "mirror")))
-for p in sorted(d.glob("emu-*.json")):
-    j = json.loads(p.read_text())
-    m, lat = j.get("metrics", {}), j.get("latency_us", {})
-    g = lambda k: m.get(k, {}).get("median", float("nan"))
-    vals = [g(f"nic_{k}_per_packet_ns") for k in ("late", "early", "claim_lag", "scan", "copy", "fence")]
-    vals += [g("dispatch_post_chain_b1_ns"), g("dispatch_post_chain_per_wqe_ns"), g("dispatch_credit_read_ns"), g("mirrored_wqes_per_iteration_count")]
-    print(f"{p.stem[:52]:52s} {lat.get('dispatch', {}).get('median', 0):7.1f} {lat.get('combine', {}).get('median', 0):7.1f}"
-          + "".join(f" {v:8.0f}" for v in vals))
-PY
+metric_table "$REC" late early claim_lag scan copy fence dispatch_post_chain_b1_ns dispatch_post_chain_per_wqe_ns dispatch_credit_read_ns mirrored_wqes_per_iteration_count
 tar czf "$OUT/records.tgz" -C /tmp late_rec
 echo "done" | tee -a "$LOG"

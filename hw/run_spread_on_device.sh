@@ -121,17 +121,6 @@ else
     --emu-set blocks_per_nic_count=2 --id-prefix emu-spread-blocks2-lead6000-staged-shared-r1- --variants ";"
 fi
 [[ -n $COMBOS ]] && step combos 300 --ranks 2 --gpus 1 --iters 40 --out-dir "$REC" --id-prefix emu-host- --variants ";$COMBOS"
-python3 - "$REC" <<'PY' 2>&1 | tee -a "$LOG"
-import json, sys, pathlib
-d = pathlib.Path(sys.argv[1])
-print(f"{'record':52s} {'disp':>7s} {'comb':>7s}" + "".join(f" {k:>8s}" for k in ("late", "early", "clag", "scan", "load", "copy", "fence")))
-for p in sorted(d.glob("emu-*.json")):
-    j = json.loads(p.read_text())
-    m, lat = j.get("metrics", {}), j.get("latency_us", {})
-    g = lambda k: m.get(k, {}).get("median", float("nan"))
-    vals = [g(f"nic_{k}_per_packet_ns") for k in ("late", "early", "claim_lag", "scan", "claim_load", "copy", "fence")]
-    print(f"{p.stem[:52]:52s} {lat.get('dispatch', {}).get('median', 0):7.1f} {lat.get('combine', {}).get('median', 0):7.1f}"
-          + "".join(f" {v:8.0f}" for v in vals))
-PY
+metric_table "$REC" late early claim_lag scan claim_load copy fence
 tar czf "$OUT/records.tgz" -C /tmp spread_rec
 echo "done" | tee -a "$LOG"

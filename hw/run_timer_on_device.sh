@@ -41,23 +41,15 @@ for t in on off; do
   step dedicated-timers-$t 60 $C --emu-set nic_part_timers=$t --id-prefix emu-timers-$t-dedicated-r1- --variants ";"
 done
 [[ -n $COMBOS ]] && step combos 300 --ranks 2 --gpus 1 --iters 40 --out-dir "$REC" --id-prefix emu-host- --variants ";$COMBOS"
-python3 - "$REC" <<'PY' 2>&1 | tee -a "$LOG"
+python3 - "$REC/primitives-latency.json" <<'PY' 2>&1 | tee -a "$LOG"
 import json, sys, pathlib
-d = pathlib.Path(sys.argv[1])
-p = d / "primitives-latency.json"
+p = pathlib.Path(sys.argv[1])
 if p.exists():
     m = json.loads(p.read_text())["metrics"]
     for k in ("globaltimer_read_ns", "globaltimer_step_ns", "device_load_ns"):
         if k in m:
             print(f"{k:24s} median {m[k]['median']:.1f} p10 {m[k]['p10']:.1f} p90 {m[k]['p90']:.1f}")
-print(f"{'record':44s} {'disp':>7s} {'comb':>7s}" + "".join(f" {k:>8s}" for k in ("late", "early", "clag", "deliver")))
-for p in sorted(d.glob("emu-*.json")):
-    j = json.loads(p.read_text())
-    m, lat = j.get("metrics", {}), j.get("latency_us", {})
-    g = lambda k: m.get(k, {}).get("median", float("nan"))
-    vals = [g(f"nic_{k}_per_packet_ns") for k in ("late", "early", "claim_lag", "deliver")]
-    print(f"{p.stem[:44]:44s} {lat.get('dispatch', {}).get('median', 0):7.1f} {lat.get('combine', {}).get('median', 0):7.1f}"
-          + "".join(f" {v:8.0f}" for v in vals))
 PY
+metric_table "$REC" late early claim_lag deliver
 tar czf "$OUT/records.tgz" -C /tmp timer_rec
 echo "done" | tee -a "$LOG"

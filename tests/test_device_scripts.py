@@ -5,6 +5,7 @@ arguments ``lever hw ep`` accepts."""
 from __future__ import annotations
 
 import argparse
+import json
 import shlex
 import subprocess
 from pathlib import Path
@@ -78,6 +79,7 @@ def _script_steps(tmp_path: Path, env: dict[str, str], script: str = "run_staged
     (hw / "device_lib.sh").write_text(
         "SMOKE_FAILED=0\n"
         "device_env() { :; }\nuse_carried_wheels() { :; }\nlog_header() { :; }\nbuild_exts() { :; }\n"
+        "metric_table() { :; }\n"
         f"step() {{ shift 2; printf '%s\\0' \"$@\" >> {shlex.quote(str(log))}; printf '\\n' >> {shlex.quote(str(log))}; }}\n")
     r = subprocess.run(["bash", str(hw / script)], capture_output=True, text=True,
                        env={"PATH": "/usr/bin:/bin", "OUT": str(tmp_path / "out"), **env}, cwd=tmp_path)
@@ -240,6 +242,24 @@ def test_spread_script_runs_staged_and_bulk_copies_alternately(tmp_path):
     assert [(v["nic_fetcher"], v["deliver_lead_ns"]) for _, v in runs[4:]] == [("dedicated", 8000.0), ("shared", 6000.0)]
     assert all(v["nic_claim"] == "mask" and v["deliver_batch_count"] == 2 and v["blocks_per_nic_count"] == 1
                for _, v in runs)
+
+
+def test_the_metric_table_reads_each_record_and_resolves_the_nic_parts(tmp_path):
+    """hw/device_lib.sh's ``metric_table``: a line a record with its dispatch and combine and
+    each key's median, an emulator part named short (``late`` is nic_late_per_packet_ns), a
+    record metric named in full, nan for a key the record lacks; into $LOG too."""
+    rec = {"latency_us": {"dispatch": {"median": 1234.5}, "combine": {"median": 678.9}},
+           "metrics": {"nic_late_per_packet_ns": {"median": 812.0}, "dispatch_credit_read_ns": {"median": 4491.0}}}
+    (tmp_path / "emu-x-2-native-baseline.json").write_text(json.dumps(rec))
+    (tmp_path / "other.json").write_text("{}")  # not a run record: not read
+    body = (f"set -u; . {shlex.quote(str(ROOT / 'hw' / 'device_lib.sh'))}; LOG={tmp_path}/log; "
+            f"metric_table {tmp_path} late dispatch_credit_read_ns fence")
+    r = subprocess.run(["bash", "-c", body], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    head, line = r.stdout.splitlines()
+    assert head.split() == ["record", "disp", "comb", "late", "dispatch", "fence"]  # keys cut to 8 characters
+    assert line.split() == ["emu-x-2-native-baseline", "1234.5", "678.9", "812", "4491", "nan"]
+    assert (tmp_path / "log").read_text() == r.stdout
 
 
 def test_a_step_passes_the_emu_sets_ahead_of_its_own(tmp_path):

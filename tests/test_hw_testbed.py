@@ -1051,10 +1051,28 @@ def test_the_combinations_sealed_at_8ec370b_judged_against_their_runs(name, fold
                         folder == NEXT_RUNS[0])
 
 
-def _metric(path: Path, key: str, rev: str) -> float:
+def _run(path: Path, rev: str = "") -> dict:
+    """A committed testbed record, gate-passed, from a clean tree at ``rev`` (any when empty)."""
     rec = json.loads(path.read_text())
     assert rec["gate"]["passed"] is True and not rec["provenance"]["dirty"] and rec["provenance"]["git_rev"].startswith(rev)
+    return rec
+
+
+def _metric(path: Path, key: str, rev: str) -> float:
+    """A record's metric median (``nic_*``) or op latency median (dispatch, combine)."""
+    rec = _run(path, rev)
     return rec["metrics"][key]["median"] if key.startswith("nic_") else rec["latency_us"][key]["median"]
+
+
+def _fab(path: Path) -> dict:
+    """The emulator values a record ran (what.emulated_fabric)."""
+    return json.loads(path.read_text())["what"]["emulated_fabric"]["values"]
+
+
+def _smokes_pass(folder: Path, pattern: str, n: int) -> None:
+    """The ``n`` faulted smoke records ``folder/smoke/pattern`` all passed their gates."""
+    smokes = sorted((folder / "smoke").glob(pattern))
+    assert len(smokes) == n and all(json.loads(p.read_text())["gate"]["passed"] is True for p in smokes)
 
 
 def test_more_sms_a_nic_keep_the_schedule_and_the_fence_strength_does_not():
@@ -1074,7 +1092,7 @@ def test_more_sms_a_nic_keep_the_schedule_and_the_fence_strength_does_not():
             for f in ("shared", "dedicated") for i in (1, 2)]
     eight = [b / "n8" / p.name for p in four]
     for p in eight:
-        fab = json.loads(p.read_text())["what"]["emulated_fabric"]["values"]
+        fab = _fab(p)
         assert fab["nics_per_rank"] == 8 and fab["line_rate_gbps"] == 50.0 and fab["deliver_lead_ns"] == 8000.0
     late4 = [_metric(p, "nic_late_per_packet_ns", "e7d3cc3") for p in four]
     late8 = [_metric(p, "nic_late_per_packet_ns", "e7d3cc3") for p in eight]
@@ -1105,7 +1123,7 @@ def test_two_blocks_a_nic_are_later_either_way():
         two = [BED / folder / run.format(2, "staged-shared", i) for i in (1, 2, 3)]
         two += [BED / folder / run.format(2, v, 1) for v in ("staged-dedicated", "one-shared", "one-dedicated")]
         for p in one + two:
-            fab = json.loads(p.read_text())["what"]["emulated_fabric"]["values"]
+            fab = _fab(p)
             assert fab["blocks_per_nic_count"] == (1 if p in one else 2) and fab.get("nic_share") == share
             assert fab["nics_per_rank"] == 4 and fab["line_rate_gbps"] == 100.0
         rev = folder[-7:]
@@ -1117,8 +1135,7 @@ def test_two_blocks_a_nic_are_later_either_way():
             assert max(disp2) < min(disp1)
         else:
             assert min(disp2) > max(disp1) and min(claim2) > 2 * max(claim1)
-        smokes = sorted((BED / folder / "smoke").glob("smoke-blocks2*.json"))
-        assert len(smokes) == 5 and all(json.loads(p.read_text())["gate"]["passed"] is True for p in smokes)
+        _smokes_pass(BED / folder, "smoke-blocks2*.json", 5)
 
 
 def test_earliest_due_first_claims_cost_more_than_they_order():
@@ -1131,8 +1148,7 @@ def test_earliest_due_first_claims_cost_more_than_they_order():
     run = "emu-claim-{}-lead8000-shared-r{}-2-native-baseline.json"
     for claim in ("mask", "edf"):
         for i in (1, 2, 3):
-            assert json.loads((f / run.format(claim, i)).read_text())["what"]["emulated_fabric"]["values"][
-                "nic_claim"] == claim
+            assert _fab(f / run.format(claim, i))["nic_claim"] == claim
     m = {c: {k: [_metric(f / run.format(c, i), k, "e46346f") for i in (1, 2, 3)]
              for k in ("nic_late_per_packet_ns", "nic_early_per_packet_ns", "nic_scan_per_packet_ns", "dispatch",
                        "combine")} for c in ("mask", "edf")}
@@ -1141,8 +1157,7 @@ def test_earliest_due_first_claims_cost_more_than_they_order():
     assert max(m["edf"]["nic_early_per_packet_ns"]) < min(m["mask"]["nic_early_per_packet_ns"])
     for op in ("dispatch", "combine"):
         assert min(m["edf"][op]) > max(m["mask"][op])
-    smokes = sorted((f / "smoke").glob("smoke-edf*.json"))
-    assert len(smokes) == 4 and all(json.loads(p.read_text())["gate"]["passed"] is True for p in smokes)
+    _smokes_pass(f, "smoke-edf*.json", 4)
 
 
 def test_the_copy_engine_shortens_copies_not_claims():
@@ -1157,13 +1172,12 @@ def test_the_copy_engine_shortens_copies_not_claims():
          for c in ("staged", "bulk")}
     for c in m:
         for i in (1, 2):
-            assert json.loads((f / run.format(c, i)).read_text())["what"]["emulated_fabric"]["values"]["nic_copy"] == c
+            assert _fab(f / run.format(c, i))["nic_copy"] == c
     assert max(m["bulk"]["nic_copy_per_packet_ns"]) < min(m["staged"]["nic_copy_per_packet_ns"])
     claims = m["bulk"]["nic_scan_per_packet_ns"] + m["staged"]["nic_scan_per_packet_ns"]
     assert max(claims) < 1.02 * min(claims)
     assert min(m["bulk"]["nic_late_per_packet_ns"]) > 1000 and min(m["staged"]["nic_late_per_packet_ns"]) > 1000
-    smokes = sorted((f / "smoke").glob("smoke-bulk*.json"))
-    assert len(smokes) == 4 and all(json.loads(p.read_text())["gate"]["passed"] is True for p in smokes)
+    _smokes_pass(f, "smoke-bulk*.json", 4)
 
 
 SEALED_A4ECE16 = {  # preregistration -> (the baseline's levers, the run's levers), as hw/ep names them
@@ -1210,7 +1224,7 @@ def test_the_schedule_table_puts_every_lateness_run_under_its_setting():
     assert first["under_1us"] == 0 and first["late_min"] > 3000
     # a record made before a key existed reads as the file's value then: the closest setting's
     # runs include records that name nic_fence = "sc" (587fd95 on) and records without the key
-    fences = {json.loads(Path(r["path"]).read_text())["what"]["emulated_fabric"]["values"].get("nic_fence")
+    fences = {_fab(Path(r["path"])).get("nic_fence")
               for r in rs if dict(zip(mod.SETTING, r["setting"], strict=True)) == closest["setting"]}
     assert fences == {None, "sc"}
 
@@ -1253,9 +1267,7 @@ def test_every_fabric_value_the_harness_passes_is_one_the_binding_reads():
 
 
 def _late(folder: str, stem: str) -> float:
-    rec = json.loads((BED / folder / f"emu-copy-{stem}-2-native-baseline.json").read_text())
-    assert rec["gate"]["passed"] is True and not rec["provenance"]["dirty"]
-    return rec["metrics"]["nic_late_per_packet_ns"]["median"]
+    return _metric(BED / folder / f"emu-copy-{stem}-2-native-baseline.json", "nic_late_per_packet_ns", folder[-7:])
 
 
 def test_the_delivery_settings_that_come_closest_to_the_schedule():
@@ -1285,10 +1297,7 @@ def test_the_delivery_settings_that_come_closest_to_the_schedule():
 
 
 def _timer_run(folder: str, timers: str, fetch: str) -> dict:
-    rec = json.loads((BED / folder / f"emu-timers-{timers}-{fetch}-2-native-baseline.json").read_text())
-    assert rec["gate"]["passed"] is True and not rec["provenance"]["dirty"]
-    assert rec["provenance"]["git_rev"].startswith("ac71c83")
-    return rec
+    return _run(BED / folder / f"emu-timers-{timers}-{fetch}-2-native-baseline.json", "ac71c83")
 
 
 def test_what_a_timestamp_costs():

@@ -24,8 +24,9 @@ SETTING: dict[str, Any] = {
     "nics_per_rank": 4, "line_rate_gbps": 100.0, "nic_claim": "scan", "deliver_lead_ns": 900.0,
     "deliver_batch_count": 2, "nic_copy": "one", "nic_fetcher": "dedicated", "nic_fence": "sc",
     "blocks_per_nic_count": 1, "nic_share": "qps", "mirror_poll_gap_ns": 0.0, "nic_part_timers": "on",
+    "nic_claim_loads": "volatile",
 }
-PARTS = ("late", "early", "claim_lag", "scan", "copy", "fence")
+PARTS = ("late", "early", "claim_lag", "scan", "claim_load", "copy", "fence")
 
 
 def runs(pattern: str) -> list[dict[str, Any]]:
@@ -94,12 +95,12 @@ def main() -> None:
     rows = table(runs(a.glob))
     fmt = lambda v: "" if v is None else f"{v:.0f}"  # noqa: E731
     print("| setting (keys unlike scan / 0.9 us / one / dedicated / 4 x 100 Gb/s) | runs | under 1 us | late ns "
-          "(median, range) | early | claim lag | claim | copies | fence | dispatch us |")
-    print("|---|---|---|---|---|---|---|---|---|---|")
+          "(median, range) | early | claim lag | claim | its loads | copies | fence | dispatch us |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         print(f"| {_differs(r['setting'])} | {r['runs']} | {r['under_1us']} | {r['late_median']:.0f} "
               f"({r['late_min']:.0f}-{r['late_max']:.0f}) | {fmt(r['early'])} | {fmt(r['claim_lag'])} | "
-              f"{fmt(r['scan'])} | {fmt(r['copy'])} | {fmt(r['fence'])} | {r['dispatch_us']:.0f} |")
+              f"{fmt(r['scan'])} | {fmt(r['claim_load'])} | {fmt(r['copy'])} | {fmt(r['fence'])} | {r['dispatch_us']:.0f} |")
     n = sum(r["runs"] for r in rows)
     kept = [r for r in rows if r["under_1us"] == r["runs"] and r["runs"] >= 2]
     print(f"\n{n} runs in {len(rows)} settings; every run under 1 us, in two runs or more: "

@@ -28,6 +28,7 @@ COPIES = {"one": 0, "staged": 1, "bulk": 2}
 PART_TIMERS = {"on": 1, "off": 0}
 FENCES = {"sc": 0, "release": 1}
 SHARES = {"qps": 0, "table": 1}
+CLAIM_LOADS = {"volatile": 0, "wide": 1}
 
 # key -> (section, type, lo, hi): the allowed range of every value (inclusive)
 SCHEMA: dict[str, tuple[str, type, float, float]] = {
@@ -68,6 +69,7 @@ STRINGS: dict[str, tuple[str, tuple[str, ...]]] = {
     "nic_part_timers": ("schedule", tuple(PART_TIMERS)),
     "nic_fence": ("schedule", tuple(FENCES)),
     "nic_share": ("schedule", tuple(SHARES)),
+    "nic_claim_loads": ("schedule", tuple(CLAIM_LOADS)),
     "send_completions": ("nic", ("cq", "counter")),
 }
 
@@ -107,6 +109,7 @@ class EmulatedNic:
             "mirror_poll_gap_ns": v["mirror_poll_gap_ns"], "copy_staged": COPIES[v["nic_copy"]],
             "part_timers": PART_TIMERS[v["nic_part_timers"]], "fence_release": FENCES[v["nic_fence"]],
             "blocks_per_nic": v["blocks_per_nic_count"], "share_table": SHARES[v["nic_share"]],
+            "claim_loads": CLAIM_LOADS[v["nic_claim_loads"]],
             "seed": float(seed + 1),
         }
 

@@ -218,21 +218,16 @@ def test_spread_script_runs_the_mask_and_earliest_due_first_alternately(tmp_path
 
 
 def test_spread_script_runs_staged_and_bulk_copies_alternately(tmp_path):
-    """hw/run_spread_on_device.sh as it ships (WHAT=bulk): faulted smoke runs with bulk copies
-    on V1 and V2 hybrid; then staged and bulk copies alternately (nothing else differs between
-    the two of a pair), each run its own id; then bulk copies with the dedicated fetcher and
-    6 us ahead; one block a NIC, the due mask, batches of two throughout; last, the EP2
-    combinations sealed at a4ece16 with their baseline."""
+    """hw/run_spread_on_device.sh with WHAT=bulk (what 3d80107 and bce0d7b ran): faulted smoke
+    runs with bulk copies on V1 and V2 hybrid; then staged and bulk copies alternately (nothing
+    else differs between the two of a pair), each run its own id; then bulk copies with the
+    dedicated fetcher and 6 us ahead; one block a NIC, the due mask, batches of two throughout."""
 
     p = _ep_parser()
-    steps = _script_steps(tmp_path, {"REPEATS": "2"}, "run_spread_on_device.sh")
+    steps = _script_steps(tmp_path, {"REPEATS": "2", "WHAT": "bulk", "COMBOS": ""}, "run_spread_on_device.sh")
     smokes = [p.parse_args(steps.pop(0)) for _ in range(2)]
     assert [s.protocol for s in smokes] == ["v1-ll", "v2-hybrid"] and all(s.faults for s in smokes)
     assert all("nic_copy=bulk" in s.emu_set for s in smokes)
-    combos = p.parse_args(steps.pop())  # last: the combinations sealed at a4ece16, each with its baseline
-    assert combos.id_prefix == "emu-host-" and combos.variants.split(";") == [
-        "", "lazy-completion-dispatch", "lazy-completion-dispatch,qp-fanout-fix",
-        "lazy-completion-dispatch,write-imm-counting"]
     runs = _emu_runs(p, steps)
     assert len(runs) == 2 * 2 + 2 and len({i for i, _ in runs}) == len(runs)
     for (_, staged), (_, bulk) in zip(runs[:4:2], runs[1:4:2], strict=True):
@@ -242,6 +237,43 @@ def test_spread_script_runs_staged_and_bulk_copies_alternately(tmp_path):
     assert [(v["nic_fetcher"], v["deliver_lead_ns"]) for _, v in runs[4:]] == [("dedicated", 8000.0), ("shared", 6000.0)]
     assert all(v["nic_claim"] == "mask" and v["deliver_batch_count"] == 2 and v["blocks_per_nic_count"] == 1
                for _, v in runs)
+
+
+def test_spread_script_runs_volatile_and_wide_claim_loads_alternately(tmp_path):
+    """hw/run_spread_on_device.sh as it ships (WHAT=loads): faulted smoke runs with the wide
+    claim loads on V1 and V2 hybrid; then volatile and wide loads alternately (nothing else
+    differs between the two of a pair), each run its own id; then wide loads with the dedicated
+    fetcher and 6 and 4 us ahead; the due mask, staged copies, batches of two, one block a NIC
+    throughout; last, the sealed EP2 combinations, each with its baseline in the same step."""
+
+    p = _ep_parser()
+    steps = _script_steps(tmp_path, {"REPEATS": "2"}, "run_spread_on_device.sh")
+    smokes = [p.parse_args(steps.pop(0)) for _ in range(2)]
+    assert [s.protocol for s in smokes] == ["v1-ll", "v2-hybrid"] and all(s.faults for s in smokes)
+    assert all("nic_claim_loads=wide" in s.emu_set for s in smokes)
+    combos = p.parse_args(steps.pop())
+    variants = combos.variants.split(";")
+    assert combos.id_prefix == "emu-host-" and variants[0] == ""
+    for name, (base, run) in SEALED_NEXT_RUN.items():
+        assert base in variants and run in variants, name
+    runs = _emu_runs(p, steps)
+    assert len(runs) == 2 * 2 + 3 and len({i for i, _ in runs}) == len(runs)
+    for (_, vol), (_, wide) in zip(runs[:4:2], runs[1:4:2], strict=True):
+        assert vol["nic_claim_loads"] == "volatile" and wide["nic_claim_loads"] == "wide"
+        assert {k: v for k, v in vol.items() if k != "nic_claim_loads"} == {
+            k: v for k, v in wide.items() if k != "nic_claim_loads"}
+    assert [(v["nic_fetcher"], v["deliver_lead_ns"]) for _, v in runs[4:]] == [
+        ("dedicated", 8000.0), ("shared", 6000.0), ("shared", 4000.0)]
+    assert all(v["nic_claim"] == "mask" and v["nic_copy"] == "staged" and v["deliver_batch_count"] == 2
+               and v["blocks_per_nic_count"] == 1 for _, v in runs)
+
+
+SEALED_NEXT_RUN = {  # the combinations the shipped spread script measures: (baseline, run) as hw/ep names them
+    "qp-fanout-fix-on-lazy-completion-both-emu-ep2": (
+        "lazy-completion-dispatch,lazy-completion-combine", "lazy-completion-dispatch,lazy-completion-combine,qp-fanout-fix"),
+    "batched-doorbells-on-lazy-completion-dispatch-qp-fanout-fix-emu-ep2": (
+        "lazy-completion-dispatch,qp-fanout-fix", "lazy-completion-dispatch,qp-fanout-fix,batched-doorbells"),
+}
 
 
 def test_the_metric_table_reads_each_record_and_resolves_the_nic_parts(tmp_path):

@@ -208,6 +208,7 @@ static int make_world(int gpu, const IntMap& c, const FloatMap& fab, const std::
   w.fab.fence_release = (int)f("fence_release");
   w.fab.blocks_per_nic = (int)f("blocks_per_nic");
   w.fab.share_table = (int)f("share_table");
+  w.fab.claim_loads = (int)f("claim_loads");
   w.fab.seed = (unsigned long long)f("seed");
 
   // ---- the NIC tables, whoever filled them (emulated_nic_tables below, or a real device's

@@ -300,6 +300,9 @@ struct Fabric {  // [platform.fabric] + [platform.nic] + [platform.receiver], ns
   int fence_release;      // 1: the fence after a batch's copies is a release fence (fence.acq_rel,
                           // store-store order is all the completions need); 0: fence.sc
                           // (__threadfence / __threadfence_system)
+  int claim_loads;        // with claim_mask: 1 a lane reads a run of 16 packet-table entries as
+                          // 16-byte volatile vectors (16 loads), all issued before any is
+                          // tested; 0 every 32nd entry, 48 volatile loads, each tested in turn
   unsigned long long seed;
 };
 

@@ -1160,6 +1160,7 @@ __device__ void combine_rank(const World& w, const EpFlags& f, const EpCtx& e, P
 // rate) in SQ order, each packet with its own path, jitter and losses (retransmit after the
 // RTO). Where host queues exist, warp 0 is the host-facing engine (nic_mirror, host CQEs).
 #define NP 512      // packet-table entries per NIC block
+static_assert(NP % 128 == 0, "a lane's run of NP / 32 entries is whole 16-byte vectors");
 #define NWQ 512     // WQE-table slots per NIC block: WQEs in flight at most (each has >= 1 packet)
 // entries a warp delivers per batch: Fabric::deliver_batch (a packet's lateness includes its batch)
 #define FETCH_MAXP 64
@@ -1167,7 +1168,8 @@ __device__ void combine_rank(const World& w, const EpFlags& f, const EpCtx& e, P
 enum : unsigned { ES_FREE = 0, ES_PENDING = 1, ES_CLAIMED = 2 };
 enum : unsigned { EK_DATA = 0, EK_SEND_CQE = 1, EK_RECV_CQE = 2 };
 
-struct NicShared {
+// 16-byte aligned: the wide claim reads its state, meta and due arrays as 16-byte vectors
+struct alignas(16) NicShared {
   unsigned long long due[NP];
   unsigned long long src[NP];   // data: source address; recv CQE: time of the last packet
   unsigned long long dst[NP];
@@ -1198,6 +1200,19 @@ enum : unsigned { WF_USED = 1u, WF_ERR = 2u };
 
 __device__ __forceinline__ unsigned long long vld64(const unsigned long long* p) {
   return *reinterpret_cast<const volatile unsigned long long*>(p);
+}
+// 16-byte volatile vector loads (generic addresses: the packet table is in this block's shared
+// memory, or its cluster's first block's): the wide claim's (nic_claim_loads = "wide")
+__device__ __forceinline__ uint4 vld_v4(const unsigned* p) {
+  uint4 v;
+  asm volatile("ld.volatile.v4.u32 {%0, %1, %2, %3}, [%4];"
+               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p) : "memory");
+  return v;
+}
+__device__ __forceinline__ ulonglong2 vld_v2_64(const unsigned long long* p) {
+  ulonglong2 v;
+  asm volatile("ld.volatile.v2.u64 {%0, %1}, [%2];" : "=l"(v.x), "=l"(v.y) : "l"(p) : "memory");
+  return v;
 }
 __device__ __forceinline__ int ldvi(const int* p) { return *reinterpret_cast<const volatile int*>(p); }
 __device__ __forceinline__ unsigned vldu(const unsigned* p) {
@@ -1866,6 +1881,12 @@ __device__ bool nic_deliver(const World& w, NicCtx& c, NicShared& S, bool host_e
     const bool for_me = is_host ? host_kind : !host_kind;
     return st == ES_PENDING && for_me && (kind == EK_DATA ? due <= now + lead : due <= now);
   };
+  // the k-th of the lane's NP/32 entries this pass: every 32nd from the rotation (volatile
+  // loads), or, with wide loads, the k-th of a run of NP/32 (the runs rotate with the pass)
+  auto ent = [&](int k) {
+    return fb.claim_loads ? (int)((((rot >> 5) + (unsigned)lane) & 31u) * (NP / 32) + (unsigned)k)
+                          : (int)((rot + (unsigned)(k * 32 + lane)) % NP);
+  };
   unsigned long long t_loaded = now;  // the claim's loads done (mask, edf; the walk: none apart)
   if (fb.claim_mask) {
     // the lane's 16 entries loaded at once (independent loads, one latency), a due mask,
@@ -1873,10 +1894,40 @@ __device__ bool nic_deliver(const World& w, NicCtx& c, NicShared& S, bool host_e
     // claimed entry is checked again after its CAS: another warp may have delivered and
     // requeued it (a later due) between the loads and the claim.
     unsigned cand = 0u;
+    if (fb.claim_loads) {
+      // wide loads (nic_claim_loads = "wide"): the lane's 16 entries are one run of the table
+      // (ent below), read as 16-byte volatile vectors, 4 of states, 4 of metas, 8 of dues, all
+      // issued before any is tested. Volatile keeps each pass's values fresh; the test has no
+      // branch (claimable's short-circuits make one an entry, and the compiler then waits on an
+      // entry's loads before issuing the next entry's: 48 loads in series, 1.1 us measured).
+      const int base = ent(0);
+      uint4 st4[NP / 128], mt4[NP / 128];
+      ulonglong2 du2[NP / 64];
 #pragma unroll
-    for (int k = 0; k < NP / 32; ++k) {
-      const int e = (int)((rot + (unsigned)(k * 32 + lane)) % NP);
-      if (claimable(vldu(&S.state[e]), vldu(&S.meta[e]), vld64(&S.due[e]))) cand |= 1u << k;
+      for (int j = 0; j < NP / 128; ++j) {
+        st4[j] = vld_v4(&S.state[base + 4 * j]);
+        mt4[j] = vld_v4(&S.meta[base + 4 * j]);
+      }
+#pragma unroll
+      for (int j = 0; j < NP / 64; ++j) du2[j] = vld_v2_64(&S.due[base + 2 * j]);
+      const bool sq_h = host_engine && c.cq_host, rx_h = host_engine && c.rx_host;
+      const unsigned long long due_data = now + lead;
+#pragma unroll
+      for (int k = 0; k < NP / 32; ++k) {
+        const uint4 sv = st4[k / 4], mv = mt4[k / 4];
+        const unsigned st = (k & 3) == 0 ? sv.x : (k & 3) == 1 ? sv.y : (k & 3) == 2 ? sv.z : sv.w;
+        const unsigned kind = ((k & 3) == 0 ? mv.x : (k & 3) == 1 ? mv.y : (k & 3) == 2 ? mv.z : mv.w) & 3u;
+        const unsigned long long du = (k & 1) ? du2[k / 2].y : du2[k / 2].x;
+        const bool host_kind = (sq_h & (kind == EK_SEND_CQE)) | (rx_h & (kind == EK_RECV_CQE));
+        const bool ok = (st == ES_PENDING) & (host_kind == is_host) & (du <= (kind == EK_DATA ? due_data : now));
+        cand |= (unsigned)ok << k;
+      }
+    } else {
+#pragma unroll
+      for (int k = 0; k < NP / 32; ++k) {
+        const int e = (int)((rot + (unsigned)(k * 32 + lane)) % NP);
+        if (claimable(vldu(&S.state[e]), vldu(&S.meta[e]), vld64(&S.due[e]))) cand |= 1u << k;
+      }
     }
     if (fb.part_timers) t_loaded = gtime();
     if (fb.claim_mask == 2) {
@@ -1890,7 +1941,7 @@ __device__ bool nic_deliver(const World& w, NicCtx& c, NicShared& S, bool host_e
         while (m) {
           const int k = __ffs(m) - 1;
           m &= m - 1u;
-          const unsigned long long d = vld64(&S.due[(rot + (unsigned)(k * 32 + lane)) % NP]);
+          const unsigned long long d = vld64(&S.due[ent(k)]);
           if (d < bd) {
             bd = d;
             bk = k;
@@ -1911,7 +1962,7 @@ __device__ bool nic_deliver(const World& w, NicCtx& c, NicShared& S, bool host_e
         }
         if (mn == ~0ull) break;
         if (lane == __ffs(__ballot_sync(0xffffffffu, v == mn)) - 1) {
-          const int e = (int)((rot + (unsigned)(bk * 32 + lane)) % NP);
+          const int e = ent(bk);
           cand &= ~(1u << bk);
           if (atomicCAS(&S.state[e], ES_PENDING, ES_CLAIMED) == ES_PENDING) {
             tab_fence(fb);
@@ -1930,7 +1981,7 @@ __device__ bool nic_deliver(const World& w, NicCtx& c, NicShared& S, bool host_e
       if (mine < 0 && cand != 0u && __popc(want & ((1u << lane) - 1u)) < room) {
         const int k = __ffs(cand) - 1;
         cand &= cand - 1u;
-        const int e = (int)((rot + (unsigned)(k * 32 + lane)) % NP);
+        const int e = ent(k);
         if (atomicCAS(&S.state[e], ES_PENDING, ES_CLAIMED) == ES_PENDING) {
           tab_fence(fb);
           if (claimable(ES_PENDING, vldu(&S.meta[e]), vld64(&S.due[e]))) mine = e;

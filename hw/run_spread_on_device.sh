@@ -8,7 +8,12 @@
 # (SMs): faulted smoke runs through the gate with two blocks a NIC (V1 native, V1 proxy, V2
 # hybrid), the closest setting with one and two blocks a NIC alternately, REPEATS times (shared
 # fetch), then two blocks with the dedicated fetcher, register copies (each fetcher), 6 us ahead.
-# WHAT picks the comparison: "loads" (default), how the due mask's claim reads the packet table
+# WHAT picks the comparison: "wide-edf" (default), the claim reading wide and taking the earliest
+# due first from the dues it loaded (`nic_claim_loads = "wide"`, `nic_claim = "edf"`) against
+# the due mask's volatile loads in table order, alternately, REPEATS times (8 us ahead, batches
+# of two, staged copies, shared fetch), then wide edf with the dedicated fetcher and 6 and 4 us
+# ahead, after faulted smoke runs through the gate with it (V1, V2 hybrid); "loads", what a72025c
+# ran: how the due mask's claim reads the packet table
 # (`nic_claim_loads`): "volatile", every 32nd entry in 48 volatile loads, each tested in turn (the
 # compiler waits on an entry's loads before issuing the next: 1.13-1.15 us of the claim's 1.75 at
 # bce0d7b), against "wide", a run of 16 entries in 16-byte vectors, alternately, REPEATS times (due
@@ -26,8 +31,10 @@
 # as a release fence (`nic_fence`), alternately, and eight NICs a rank at 50 Gb/s at LEADS8
 # (ns ahead).
 # COMBOS (after any WHAT): EP2 lever sets with their baselines, as hw/run_host_engine_on_device.sh
-# runs levers (the same ids); by default the two combinations sealed before this call (README,
-# "Two combinations on the fan-out fix, sealed"); COMBOS= leaves them out.
+# runs levers (the same ids), e.g. what a72025c ran (the two combinations sealed at 5462b22, each
+# with its baseline): COMBOS="lazy-completion-dispatch,lazy-completion-combine;lazy-completion-dispatch,
+# lazy-completion-combine,qp-fanout-fix;lazy-completion-dispatch,qp-fanout-fix;lazy-completion-dispatch,
+# qp-fanout-fix,batched-doorbells" (one line); none by default.
 # About 4 minutes with the build. $OUT/records.tgz and $OUT/log.txt come back.
 # LEVER_GIT_REV must name the clean 40-hex commit the tree came from.
 set -u
@@ -37,8 +44,8 @@ REC=/tmp/spread_rec; mkdir -p "$REC" "$OUT"
 . hw/device_lib.sh
 REPEATS=${REPEATS-3}
 LEADS8=${LEADS8-"4000 8000"}
-WHAT=${WHAT-loads}
-COMBOS=${COMBOS-"lazy-completion-dispatch,lazy-completion-combine;lazy-completion-dispatch,lazy-completion-combine,qp-fanout-fix;lazy-completion-dispatch,qp-fanout-fix;lazy-completion-dispatch,qp-fanout-fix,batched-doorbells"}
+WHAT=${WHAT-wide-edf}
+COMBOS=${COMBOS-}
 device_env
 use_carried_wheels
 LOG="$OUT/log.txt"
@@ -64,6 +71,25 @@ if [[ $WHAT == fences ]]; then
         --emu-set deliver_lead_ns=$lead --emu-set nic_fetcher=shared --emu-set nic_fence=$fence \
         --id-prefix emu-spread-n8-lead$lead-$fence-shared-r1- --variants ";"
     done
+  done
+elif [[ $WHAT == wide-edf ]]; then
+  WE="--emu-set nic_claim_loads=wide --emu-set nic_claim=edf --emu-set nic_copy=staged --emu-set deliver_lead_ns=8000"
+  step smoke-wedf 60 --ranks 2 --gpus 1 --iters 5 --warmup 1 --profile 0 --faults --out-dir "$REC/smoke" $WE \
+    --id-prefix smoke-wedf- --variants ";write-imm-counting"
+  step smoke-wedf-v2 90 --protocol v2-hybrid --ranks 4 --ranks-per-node 2 --gpus 1 --iters 5 --warmup 1 --profile 0 \
+    --faults --out-dir "$REC/smoke" $WE --id-prefix smoke-wedf-v2- --variants ";write-imm-counting"
+  E2="--ranks 2 --gpus 1 --iters 60 --out-dir $REC --emu-set nic_copy=staged --emu-set deliver_batch_count=2"
+  for i in $(seq 1 "$REPEATS"); do
+    step mask-volatile-r$i 60 $E2 --emu-set nic_claim=mask --emu-set nic_claim_loads=volatile --emu-set deliver_lead_ns=8000 \
+      --emu-set nic_fetcher=shared --id-prefix emu-wedf-mask-volatile-lead8000-shared-r$i- --variants ";"
+    step edf-wide-r$i 60 $E2 --emu-set nic_claim=edf --emu-set nic_claim_loads=wide --emu-set deliver_lead_ns=8000 \
+      --emu-set nic_fetcher=shared --id-prefix emu-wedf-edf-wide-lead8000-shared-r$i- --variants ";"
+  done
+  step edf-wide-dedicated 60 $E2 --emu-set nic_claim=edf --emu-set nic_claim_loads=wide --emu-set deliver_lead_ns=8000 \
+    --emu-set nic_fetcher=dedicated --id-prefix emu-wedf-edf-wide-lead8000-dedicated-r1- --variants ";"
+  for lead in 6000 4000; do
+    step edf-wide-lead$lead 60 $E2 --emu-set nic_claim=edf --emu-set nic_claim_loads=wide --emu-set deliver_lead_ns=$lead \
+      --emu-set nic_fetcher=shared --id-prefix emu-wedf-edf-wide-lead$lead-shared-r1- --variants ";"
   done
 elif [[ $WHAT == loads ]]; then
   W="--emu-set nic_claim_loads=wide --emu-set nic_copy=staged --emu-set nic_claim=mask --emu-set deliver_lead_ns=8000"

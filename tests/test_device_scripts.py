@@ -240,21 +240,23 @@ def test_spread_script_runs_staged_and_bulk_copies_alternately(tmp_path):
 
 
 def test_spread_script_runs_volatile_and_wide_claim_loads_alternately(tmp_path):
-    """hw/run_spread_on_device.sh as it ships (WHAT=loads): faulted smoke runs with the wide
-    claim loads on V1 and V2 hybrid; then volatile and wide loads alternately (nothing else
-    differs between the two of a pair), each run its own id; then wide loads with the dedicated
-    fetcher and 6 and 4 us ahead; the due mask, staged copies, batches of two, one block a NIC
-    throughout; last, the sealed EP2 combinations, each with its baseline in the same step."""
+    """hw/run_spread_on_device.sh with WHAT=loads and the combinations a72025c ran: faulted
+    smoke runs with the wide claim loads on V1 and V2 hybrid; then volatile and wide loads
+    alternately (nothing else differs between the two of a pair), each run its own id; then wide
+    loads with the dedicated fetcher and 6 and 4 us ahead; the due mask, staged copies, batches of
+    two, one block a NIC throughout; last, the sealed EP2 combinations, each with its baseline in
+    the same step."""
 
     p = _ep_parser()
-    steps = _script_steps(tmp_path, {"REPEATS": "2"}, "run_spread_on_device.sh")
+    combos = ";".join(v for pair in SEALED_5462B22.values() for v in pair)
+    steps = _script_steps(tmp_path, {"REPEATS": "2", "WHAT": "loads", "COMBOS": combos}, "run_spread_on_device.sh")
     smokes = [p.parse_args(steps.pop(0)) for _ in range(2)]
     assert [s.protocol for s in smokes] == ["v1-ll", "v2-hybrid"] and all(s.faults for s in smokes)
     assert all("nic_claim_loads=wide" in s.emu_set for s in smokes)
-    combos = p.parse_args(steps.pop())
-    variants = combos.variants.split(";")
-    assert combos.id_prefix == "emu-host-" and variants[0] == ""
-    for name, (base, run) in SEALED_NEXT_RUN.items():
+    last = p.parse_args(steps.pop())
+    variants = last.variants.split(";")
+    assert last.id_prefix == "emu-host-" and variants[0] == ""
+    for name, (base, run) in SEALED_5462B22.items():
         assert base in variants and run in variants, name
     runs = _emu_runs(p, steps)
     assert len(runs) == 2 * 2 + 3 and len({i for i, _ in runs}) == len(runs)
@@ -268,7 +270,32 @@ def test_spread_script_runs_volatile_and_wide_claim_loads_alternately(tmp_path):
                and v["blocks_per_nic_count"] == 1 for _, v in runs)
 
 
-SEALED_NEXT_RUN = {  # the combinations the shipped spread script measures: (baseline, run) as hw/ep names them
+def test_spread_script_runs_the_volatile_mask_and_the_wide_earliest_due_first_alternately(tmp_path):
+    """hw/run_spread_on_device.sh as it ships (WHAT=wide-edf, no combinations): faulted smoke
+    runs with wide loads claiming earliest due first on V1 and V2 hybrid; then the due mask with
+    volatile loads and edf with wide loads alternately, the pair differing in those two keys
+    only; then wide edf with the dedicated fetcher and 6 and 4 us ahead; staged copies, batches of
+    two, one block a NIC throughout."""
+
+    p = _ep_parser()
+    steps = _script_steps(tmp_path, {"REPEATS": "2"}, "run_spread_on_device.sh")
+    smokes = [p.parse_args(steps.pop(0)) for _ in range(2)]
+    assert [s.protocol for s in smokes] == ["v1-ll", "v2-hybrid"] and all(s.faults for s in smokes)
+    assert all("nic_claim_loads=wide" in s.emu_set and "nic_claim=edf" in s.emu_set for s in smokes)
+    runs = _emu_runs(p, steps)
+    assert len(runs) == 2 * 2 + 3 and len({i for i, _ in runs}) == len(runs)
+    keys = ("nic_claim", "nic_claim_loads")
+    for (_, old), (_, new) in zip(runs[:4:2], runs[1:4:2], strict=True):
+        assert (old["nic_claim"], old["nic_claim_loads"]) == ("mask", "volatile")
+        assert (new["nic_claim"], new["nic_claim_loads"]) == ("edf", "wide")
+        assert {k: v for k, v in old.items() if k not in keys} == {k: v for k, v in new.items() if k not in keys}
+    assert [(v["nic_fetcher"], v["deliver_lead_ns"], v["nic_claim"]) for _, v in runs[4:]] == [
+        ("dedicated", 8000.0, "edf"), ("shared", 6000.0, "edf"), ("shared", 4000.0, "edf")]
+    assert all(v["nic_copy"] == "staged" and v["deliver_batch_count"] == 2 and v["blocks_per_nic_count"] == 1
+               for _, v in runs)
+
+
+SEALED_5462B22 = {  # the combinations a72025c measured: (baseline, run) as hw/ep names them
     "qp-fanout-fix-on-lazy-completion-both-emu-ep2": (
         "lazy-completion-dispatch,lazy-completion-combine", "lazy-completion-dispatch,lazy-completion-combine,qp-fanout-fix"),
     "batched-doorbells-on-lazy-completion-dispatch-qp-fanout-fix-emu-ep2": (

@@ -1209,6 +1209,50 @@ def test_the_combinations_sealed_at_a4ece16_judged_against_their_run(name):
     _judge_sealed_combo(name, prereg, "h100-bce0d7b", "bce0d7b", SEALED_A4ECE16[name], A4ECE16_VERDICTS[name], True)
 
 
+SEALED_5462B22 = {  # preregistration -> (the baseline's levers, the run's levers), as hw/ep names them
+    "qp-fanout-fix-on-lazy-completion-both-emu-ep2": (
+        "lazy-completion-dispatch-lazy-completion-combine", "lazy-completion-dispatch-lazy-completion-combine-qp-fanout-fix"),
+    "batched-doorbells-on-lazy-completion-dispatch-qp-fanout-fix-emu-ep2": (
+        "lazy-completion-dispatch-qp-fanout-fix", "lazy-completion-dispatch-qp-fanout-fix-batched-doorbells"),
+}
+S5462B22_VERDICTS = {  # (dispatch, combine) as `lever compare` judged the run at a72025c
+    "qp-fanout-fix-on-lazy-completion-both-emu-ep2": ("refuted", "validated"),
+    "batched-doorbells-on-lazy-completion-dispatch-qp-fanout-fix-emu-ep2": ("validated", "validated"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(SEALED_5462B22))
+def test_the_combinations_sealed_at_5462b22_judged_against_their_run(name):
+    """Two more EP2 combinations sealed at 5462b22, before any run of them (README, "Four
+    combinations sealed at a4ece16 and 5462b22, then measured"); run by
+    hw/run_spread_on_device.sh at a72025c on one H100. Each preregistration is intact and claims
+    a sign somewhere; the records gate-passed, clean, made after the seal; `lever compare` gives
+    the shipped verdicts: batched doorbells on lazy completion with the fan-out fix validated
+    both ways (dispatch -87 us in -140 [-234, -45]); the fan-out fix on both lazy completions
+    refuted on dispatch a second time (-195 us against +36 [-60, +131]), its combine validated."""
+    prereg = _model_band_prereg(name, "5462b22")
+    assert any(lo > 0 or hi < 0 for lo, hi in (p["band_us"] for p in prereg["predictions"].values()))
+    _judge_sealed_combo(name, prereg, "h100-a72025c", "a72025c", SEALED_5462B22[name], S5462B22_VERDICTS[name], True)
+
+
+def test_wide_claim_loads_shorten_the_claim_not_the_lateness():
+    """The due mask's claim reading wide (a72025c, docs/testbed.md "The claim's loads"): in each
+    of three alternating pairs the wide claim's loads and the whole claim are shorter than the
+    volatile one's, and its copies too, yet the packets wait longer to be claimed (claim lag)
+    and none of the six runs is under 1 us late."""
+    f = BED / "h100-a72025c"
+    m = lambda p, k: _metric(p, k, "a72025c")  # noqa: E731
+    for i in (1, 2, 3):
+        vol = f / f"emu-loads-volatile-lead8000-shared-r{i}-2-native-baseline.json"
+        wide = f / f"emu-loads-wide-lead8000-shared-r{i}-2-native-baseline.json"
+        assert _fab(vol)["nic_claim_loads"] == "volatile" and _fab(wide)["nic_claim_loads"] == "wide"
+        for k in ("nic_claim_load_per_packet_ns", "nic_scan_per_packet_ns", "nic_copy_per_packet_ns"):
+            assert m(wide, k) < m(vol, k), (i, k)
+        assert m(wide, "nic_claim_lag_per_packet_ns") > m(vol, "nic_claim_lag_per_packet_ns")
+        assert min(m(vol, "nic_late_per_packet_ns"), m(wide, "nic_late_per_packet_ns")) > 1000
+    _smokes_pass(f, "smoke-wide*.json", 4)
+
+
 def test_the_schedule_table_puts_every_lateness_run_under_its_setting():
     """benchmarks/nic_schedule_table.py over the committed testbed: every current EP2 V1 native
     baseline that reports its lateness lands in one row a setting (a key an older record lacks
@@ -1239,7 +1283,7 @@ def test_the_schedule_table_puts_every_lateness_run_under_its_setting():
 
 LATER_COPY_FOLDERS = ("h100-b049be2", "h100-ee46732", "h100-d39d4a9", "h100-4c1aec3", "h100-ac71c83",
                       "h100-e7d3cc3", "h100-587fd95", "h100-e630a54", "h100-7bb366f",
-                      "h100-e46346f", "h100-3d80107")  # measured after the sourced line
+                      "h100-e46346f", "h100-3d80107", "h100-bce0d7b", "h100-a72025c")  # measured after the sourced line
 
 
 def test_a_host_engine_copy_grows_with_the_wqes_it_carries_across_the_h100_records():
@@ -1247,14 +1291,14 @@ def test_a_host_engine_copy_grows_with_the_wqes_it_carries_across_the_h100_recor
     engine's copies is the measurement nic.host_mirror_copy_per_wqe_ns cites (0 as shipped):
     291.5 ns a WQE on a 5.9 us base, reproduced here from the folders it was drawn from
     (63 records now, within 2%). The two later folders (put-many and lazy completion runs at
-    11-12 WQEs a copy, cheaper than the line) and nine more bring it to 160.1 ns a WQE through 169 records
+    11-12 WQEs a copy, cheaper than the line) and eleven more bring it to 157.6 ns a WQE through 195 records
     (README and docs/physics.md say so): a copy grows with its WQEs, by how much is not
     settled. The line recovers a known one exactly."""
     mod = load_benchmark("host_copy_per_wqe")
     pts = mod.points(str(BED / "h100-*" / "emu-*.json"))
     later = {p for f in LATER_COPY_FOLDERS for p in mod.points(str(BED / f / "emu-*.json"))}
     earlier = [p for p in pts if p not in later]
-    assert len(earlier) >= 57 and len(pts) >= 169
+    assert len(earlier) >= 57 and len(pts) >= 195
     base, slope, miss = mod.fit(earlier)
     assert 5000 < base < 7000 and miss < 0.1
     assert slope == pytest.approx(291.5, rel=0.02)  # the sourced value

@@ -52,6 +52,37 @@ LOG="$OUT/log.txt"
 log_header
 build_exts
 C="--ranks 2 --gpus 1 --iters 60 --out-dir $REC --emu-set nic_copy=staged --emu-set nic_claim=mask --emu-set deliver_batch_count=2"
+# smokes NAME EMU-ARGS...: faulted runs through the gate with those emulator values, V1 (2 ranks)
+# and V2 hybrid (2 nodes x 2 ranks), each beside write-with-immediate counting
+smokes() {
+  local name=$1; shift
+  step smoke-$name 60 --ranks 2 --gpus 1 --iters 5 --warmup 1 --profile 0 --faults --out-dir "$REC/smoke" "$@" \
+    --id-prefix smoke-$name- --variants ";write-imm-counting"
+  step smoke-$name-v2 90 --protocol v2-hybrid --ranks 4 --ranks-per-node 2 --gpus 1 --iters 5 --warmup 1 --profile 0 \
+    --faults --out-dir "$REC/smoke" "$@" --id-prefix smoke-$name-v2- --variants ";write-imm-counting"
+}
+# then_runs STEM VALUE LEADS ARGS...: the candidate VALUE (ARGS set it) with the dedicated fetcher 8 us
+# ahead, then with the shared fetch at each of LEADS (ns); ids emu-STEM-VALUE-leadL-FETCHER-r1-
+then_runs() {
+  local stem=$1 value=$2 leads=$3 lead; shift 3
+  step $value-dedicated 60 "$@" --emu-set deliver_lead_ns=8000 --emu-set nic_fetcher=dedicated \
+    --id-prefix emu-$stem-$value-lead8000-dedicated-r1- --variants ";"
+  for lead in $leads; do
+    step $value-lead$lead 60 "$@" --emu-set deliver_lead_ns=$lead --emu-set nic_fetcher=shared \
+      --id-prefix emu-$stem-$value-lead$lead-shared-r1- --variants ";"
+  done
+}
+# alternate STEM KEY "A B" ARGS...: REPEATS rounds of KEY=A then KEY=B (8 us ahead, shared fetch),
+# nothing else differing within a round; ids emu-STEM-VALUE-lead8000-shared-rI-
+alternate() {
+  local stem=$1 key=$2 values=$3 i v; shift 3
+  for i in $(seq 1 "$REPEATS"); do
+    for v in $values; do
+      step $v-shared-r$i 60 "$@" --emu-set $key=$v --emu-set deliver_lead_ns=8000 --emu-set nic_fetcher=shared \
+        --id-prefix emu-$stem-$v-lead8000-shared-r$i- --variants ";"
+    done
+  done
+}
 if [[ $WHAT == fences ]]; then
   step smoke-release 60 --ranks 2 --gpus 1 --iters 5 --warmup 1 --profile 0 --faults --out-dir "$REC/smoke" \
     --emu-set nic_fence=release --emu-set nic_copy=staged --id-prefix smoke-release --variants ";write-imm-counting"
@@ -73,11 +104,7 @@ if [[ $WHAT == fences ]]; then
     done
   done
 elif [[ $WHAT == wide-edf ]]; then
-  WE="--emu-set nic_claim_loads=wide --emu-set nic_claim=edf --emu-set nic_copy=staged --emu-set deliver_lead_ns=8000"
-  step smoke-wedf 60 --ranks 2 --gpus 1 --iters 5 --warmup 1 --profile 0 --faults --out-dir "$REC/smoke" $WE \
-    --id-prefix smoke-wedf- --variants ";write-imm-counting"
-  step smoke-wedf-v2 90 --protocol v2-hybrid --ranks 4 --ranks-per-node 2 --gpus 1 --iters 5 --warmup 1 --profile 0 \
-    --faults --out-dir "$REC/smoke" $WE --id-prefix smoke-wedf-v2- --variants ";write-imm-counting"
+  smokes wedf --emu-set nic_claim_loads=wide --emu-set nic_claim=edf --emu-set nic_copy=staged --emu-set deliver_lead_ns=8000
   E2="--ranks 2 --gpus 1 --iters 60 --out-dir $REC --emu-set nic_copy=staged --emu-set deliver_batch_count=2"
   for i in $(seq 1 "$REPEATS"); do
     step mask-volatile-r$i 60 $E2 --emu-set nic_claim=mask --emu-set nic_claim_loads=volatile --emu-set deliver_lead_ns=8000 \
@@ -85,68 +112,21 @@ elif [[ $WHAT == wide-edf ]]; then
     step edf-wide-r$i 60 $E2 --emu-set nic_claim=edf --emu-set nic_claim_loads=wide --emu-set deliver_lead_ns=8000 \
       --emu-set nic_fetcher=shared --id-prefix emu-wedf-edf-wide-lead8000-shared-r$i- --variants ";"
   done
-  step edf-wide-dedicated 60 $E2 --emu-set nic_claim=edf --emu-set nic_claim_loads=wide --emu-set deliver_lead_ns=8000 \
-    --emu-set nic_fetcher=dedicated --id-prefix emu-wedf-edf-wide-lead8000-dedicated-r1- --variants ";"
-  for lead in 6000 4000; do
-    step edf-wide-lead$lead 60 $E2 --emu-set nic_claim=edf --emu-set nic_claim_loads=wide --emu-set deliver_lead_ns=$lead \
-      --emu-set nic_fetcher=shared --id-prefix emu-wedf-edf-wide-lead$lead-shared-r1- --variants ";"
-  done
+  then_runs wedf edf-wide "6000 4000" $E2 --emu-set nic_claim=edf --emu-set nic_claim_loads=wide
 elif [[ $WHAT == loads ]]; then
-  W="--emu-set nic_claim_loads=wide --emu-set nic_copy=staged --emu-set nic_claim=mask --emu-set deliver_lead_ns=8000"
-  step smoke-wide 60 --ranks 2 --gpus 1 --iters 5 --warmup 1 --profile 0 --faults --out-dir "$REC/smoke" $W \
-    --id-prefix smoke-wide- --variants ";write-imm-counting"
-  step smoke-wide-v2 90 --protocol v2-hybrid --ranks 4 --ranks-per-node 2 --gpus 1 --iters 5 --warmup 1 --profile 0 \
-    --faults --out-dir "$REC/smoke" $W --id-prefix smoke-wide-v2- --variants ";write-imm-counting"
-  for i in $(seq 1 "$REPEATS"); do
-    for loads in volatile wide; do
-      step $loads-shared-r$i 60 $C --emu-set nic_claim_loads=$loads --emu-set deliver_lead_ns=8000 \
-        --emu-set nic_fetcher=shared --id-prefix emu-loads-$loads-lead8000-shared-r$i- --variants ";"
-    done
-  done
-  step wide-dedicated 60 $C --emu-set nic_claim_loads=wide --emu-set deliver_lead_ns=8000 --emu-set nic_fetcher=dedicated \
-    --id-prefix emu-loads-wide-lead8000-dedicated-r1- --variants ";"
-  for lead in 6000 4000; do
-    step wide-lead$lead 60 $C --emu-set nic_claim_loads=wide --emu-set deliver_lead_ns=$lead --emu-set nic_fetcher=shared \
-      --id-prefix emu-loads-wide-lead$lead-shared-r1- --variants ";"
-  done
+  smokes wide --emu-set nic_claim_loads=wide --emu-set nic_copy=staged --emu-set nic_claim=mask --emu-set deliver_lead_ns=8000
+  alternate loads nic_claim_loads "volatile wide" $C
+  then_runs loads wide "6000 4000" $C --emu-set nic_claim_loads=wide
 elif [[ $WHAT == bulk ]]; then
-  step smoke-bulk 60 --ranks 2 --gpus 1 --iters 5 --warmup 1 --profile 0 --faults --out-dir "$REC/smoke" \
-    --emu-set nic_copy=bulk --emu-set nic_claim=mask --emu-set deliver_lead_ns=8000 --id-prefix smoke-bulk- \
-    --variants ";write-imm-counting"
-  step smoke-bulk-v2 90 --protocol v2-hybrid --ranks 4 --ranks-per-node 2 --gpus 1 --iters 5 --warmup 1 --profile 0 \
-    --faults --out-dir "$REC/smoke" --emu-set nic_copy=bulk --emu-set nic_claim=mask --emu-set deliver_lead_ns=8000 \
-    --id-prefix smoke-bulk-v2- --variants ";write-imm-counting"
+  smokes bulk --emu-set nic_copy=bulk --emu-set nic_claim=mask --emu-set deliver_lead_ns=8000
   K="--ranks 2 --gpus 1 --iters 60 --out-dir $REC --emu-set nic_claim=mask --emu-set deliver_batch_count=2"
-  for i in $(seq 1 "$REPEATS"); do
-    for copy in staged bulk; do
-      step $copy-shared-r$i 60 $K --emu-set nic_copy=$copy --emu-set deliver_lead_ns=8000 --emu-set nic_fetcher=shared \
-        --id-prefix emu-copy-$copy-lead8000-shared-r$i- --variants ";"
-    done
-  done
-  step bulk-dedicated 60 $K --emu-set nic_copy=bulk --emu-set deliver_lead_ns=8000 --emu-set nic_fetcher=dedicated \
-    --id-prefix emu-copy-bulk-lead8000-dedicated-r1- --variants ";"
-  step bulk-lead6000 60 $K --emu-set nic_copy=bulk --emu-set deliver_lead_ns=6000 --emu-set nic_fetcher=shared \
-    --id-prefix emu-copy-bulk-lead6000-shared-r1- --variants ";"
+  alternate copy nic_copy "staged bulk" $K
+  then_runs copy bulk 6000 $K --emu-set nic_copy=bulk
 elif [[ $WHAT == edf ]]; then
-  step smoke-edf 60 --ranks 2 --gpus 1 --iters 5 --warmup 1 --profile 0 --faults --out-dir "$REC/smoke" \
-    --emu-set nic_claim=edf --emu-set nic_copy=staged --emu-set deliver_lead_ns=8000 --id-prefix smoke-edf- \
-    --variants ";write-imm-counting"
-  step smoke-edf-v2 90 --protocol v2-hybrid --ranks 4 --ranks-per-node 2 --gpus 1 --iters 5 --warmup 1 --profile 0 \
-    --faults --out-dir "$REC/smoke" --emu-set nic_claim=edf --emu-set nic_copy=staged --emu-set deliver_lead_ns=8000 \
-    --id-prefix smoke-edf-v2- --variants ";write-imm-counting"
+  smokes edf --emu-set nic_claim=edf --emu-set nic_copy=staged --emu-set deliver_lead_ns=8000
   E="--ranks 2 --gpus 1 --iters 60 --out-dir $REC --emu-set nic_copy=staged --emu-set deliver_batch_count=2"
-  for i in $(seq 1 "$REPEATS"); do
-    for claim in mask edf; do
-      step $claim-shared-r$i 60 $E --emu-set nic_claim=$claim --emu-set deliver_lead_ns=8000 --emu-set nic_fetcher=shared \
-        --id-prefix emu-claim-$claim-lead8000-shared-r$i- --variants ";"
-    done
-  done
-  step edf-dedicated 60 $E --emu-set nic_claim=edf --emu-set deliver_lead_ns=8000 --emu-set nic_fetcher=dedicated \
-    --id-prefix emu-claim-edf-lead8000-dedicated-r1- --variants ";"
-  for lead in 6000 10000; do
-    step edf-lead$lead 60 $E --emu-set nic_claim=edf --emu-set deliver_lead_ns=$lead --emu-set nic_fetcher=shared \
-      --id-prefix emu-claim-edf-lead$lead-shared-r1- --variants ";"
-  done
+  alternate claim nic_claim "mask edf" $E
+  then_runs claim edf "6000 10000" $E --emu-set nic_claim=edf
 else
   S="--emu-set blocks_per_nic_count=2 --emu-set nic_copy=staged --emu-set nic_claim=mask --emu-set deliver_lead_ns=8000"
   step smoke-blocks2 60 --ranks 2 --gpus 1 --iters 5 --warmup 1 --profile 0 --faults --out-dir "$REC/smoke" $S \

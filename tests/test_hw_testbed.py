@@ -1204,59 +1204,40 @@ def test_the_copy_engine_shortens_copies_not_claims():
     _smokes_pass(f, "smoke-bulk*.json", 4)
 
 
-SEALED_A4ECE16 = {  # preregistration -> (the baseline's levers, the run's levers), as hw/ep names them
+SEALED_ON_LAZY = {  # preregistration -> (sealed at, run folder, the baseline's and the run's levers as hw/ep
+    # names them, (dispatch, combine) as `lever compare` judged the run)
     "qp-fanout-fix-on-lazy-completion-dispatch-emu-ep2": (
-        "lazy-completion-dispatch", "lazy-completion-dispatch-qp-fanout-fix"),
+        "a4ece16", "h100-bce0d7b", ("lazy-completion-dispatch", "lazy-completion-dispatch-qp-fanout-fix"),
+        ("refuted", "validated")),
     "write-imm-counting-on-lazy-completion-dispatch-emu-ep2": (
-        "lazy-completion-dispatch", "lazy-completion-dispatch-write-imm-counting"),
-}
-
-
-A4ECE16_VERDICTS = {  # (dispatch, combine) as `lever compare` judged the run at bce0d7b
-    "qp-fanout-fix-on-lazy-completion-dispatch-emu-ep2": ("refuted", "validated"),
-    "write-imm-counting-on-lazy-completion-dispatch-emu-ep2": ("refuted", "validated"),
-}
-
-
-@pytest.mark.parametrize("name", sorted(SEALED_A4ECE16))
-def test_the_combinations_sealed_at_a4ece16_judged_against_their_run(name):
-    """Two EP2 combinations sealed at a4ece16 with the model's delta error in their bands,
-    before any run of them (README, "Two combinations sealed at a4ece16, then measured"); run
-    by hw/run_spread_on_device.sh at bce0d7b on one H100. Each preregistration is intact and
-    claims a sign somewhere; the records are gate-passed, clean, made after the seal; `lever
-    compare` gives the verdicts the README reports and the shipped compare files hold: both
-    combines validated, both dispatches refuted: the fan-out fix's dispatch on lazy completion
-    a gain (-228 us) where the model saw none (+36 [-60, +131]), write-imm counting's dispatch
-    cost +452 us against +846 [+733, +962] (the right sign, half the size)."""
-    prereg = _model_band_prereg(name, "a4ece16")
-    assert any(lo > 0 or hi < 0 for lo, hi in (p["band_us"] for p in prereg["predictions"].values()))
-    _judge_sealed_combo(name, prereg, "h100-bce0d7b", "bce0d7b", SEALED_A4ECE16[name], A4ECE16_VERDICTS[name], True)
-
-
-SEALED_5462B22 = {  # preregistration -> (the baseline's levers, the run's levers), as hw/ep names them
+        "a4ece16", "h100-bce0d7b", ("lazy-completion-dispatch", "lazy-completion-dispatch-write-imm-counting"),
+        ("refuted", "validated")),
     "qp-fanout-fix-on-lazy-completion-both-emu-ep2": (
-        "lazy-completion-dispatch-lazy-completion-combine", "lazy-completion-dispatch-lazy-completion-combine-qp-fanout-fix"),
+        "5462b22", "h100-a72025c", ("lazy-completion-dispatch-lazy-completion-combine",
+                                    "lazy-completion-dispatch-lazy-completion-combine-qp-fanout-fix"),
+        ("refuted", "validated")),
     "batched-doorbells-on-lazy-completion-dispatch-qp-fanout-fix-emu-ep2": (
-        "lazy-completion-dispatch-qp-fanout-fix", "lazy-completion-dispatch-qp-fanout-fix-batched-doorbells"),
-}
-S5462B22_VERDICTS = {  # (dispatch, combine) as `lever compare` judged the run at a72025c
-    "qp-fanout-fix-on-lazy-completion-both-emu-ep2": ("refuted", "validated"),
-    "batched-doorbells-on-lazy-completion-dispatch-qp-fanout-fix-emu-ep2": ("validated", "validated"),
+        "5462b22", "h100-a72025c", ("lazy-completion-dispatch-qp-fanout-fix",
+                                    "lazy-completion-dispatch-qp-fanout-fix-batched-doorbells"),
+        ("validated", "validated")),
 }
 
 
-@pytest.mark.parametrize("name", sorted(SEALED_5462B22))
-def test_the_combinations_sealed_at_5462b22_judged_against_their_run(name):
-    """Two more EP2 combinations sealed at 5462b22, before any run of them (README, "Four
-    combinations sealed at a4ece16 and 5462b22, then measured"); run by
-    hw/run_spread_on_device.sh at a72025c on one H100. Each preregistration is intact and claims
-    a sign somewhere; the records gate-passed, clean, made after the seal; `lever compare` gives
-    the shipped verdicts: batched doorbells on lazy completion with the fan-out fix validated
-    both ways (dispatch -87 us in -140 [-234, -45]); the fan-out fix on both lazy completions
-    refuted on dispatch a second time (-195 us against +36 [-60, +131]), its combine validated."""
-    prereg = _model_band_prereg(name, "5462b22")
+@pytest.mark.parametrize("name", sorted(SEALED_ON_LAZY))
+def test_the_combinations_on_lazy_completion_judged_against_their_runs(name):
+    """Four EP2 combinations on lazy completion, two sealed at a4ece16 and two at 5462b22 with
+    the model's delta error in their bands, each before any run of it (README, "Four
+    combinations on lazy completion, sealed at a4ece16 and 5462b22, then measured"); run by
+    hw/run_spread_on_device.sh on one H100 (bce0d7b, a72025c). Each preregistration is intact
+    and claims a sign somewhere; the records are gate-passed, clean, made after the seal; `lever
+    compare` gives the verdicts the README reports and the shipped compare files hold: every
+    combine validated and batched doorbells' dispatch; the fan-out fix's dispatch refuted twice,
+    a gain (-228, -195 us) where the model saw none (+36 [-60, +131]), and write-imm counting's
+    dispatch cost +452 us against +846 [+733, +962] (the right sign, half the size)."""
+    rev, folder, levers, verdicts = SEALED_ON_LAZY[name]
+    prereg = _model_band_prereg(name, rev)
     assert any(lo > 0 or hi < 0 for lo, hi in (p["band_us"] for p in prereg["predictions"].values()))
-    _judge_sealed_combo(name, prereg, "h100-a72025c", "a72025c", SEALED_5462B22[name], S5462B22_VERDICTS[name], True)
+    _judge_sealed_combo(name, prereg, folder, folder[-7:], levers, verdicts, True)
 
 
 def test_wide_claim_loads_shorten_the_claim_not_the_lateness():

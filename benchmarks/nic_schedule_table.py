@@ -33,7 +33,8 @@ def runs(pattern: str) -> list[dict[str, Any]]:
     """One dict a record: its id, GPU, setting (a tuple in SETTING's order), the lateness and its
     parts (ns a packet; None where the record has no such metric) and the dispatch median (us).
     Only gate-passed, clean, current (not superseded) V1 native EP2 baselines without loss that
-    report lateness and the emulator values they ran."""
+    report lateness and the emulator values they ran, on the full issuing shape (no SM or warp
+    count set) with the queues where the file puts them."""
     from lever.calibration.records import load_record
 
     out = []
@@ -48,8 +49,16 @@ def runs(pattern: str) -> list[dict[str, Any]]:
         m = {k: v.median for k, v in rec.metrics.items()}
         if "nic_late_per_packet_ns" not in m:
             continue
-        fab = (w.emulated_fabric or {}).get("values", {}) if isinstance(w.emulated_fabric, dict) else {}
+        ef = w.emulated_fabric if isinstance(w.emulated_fabric, dict) else {}
+        fab = ef.get("values", {})
         if not fab or fab.get("loss_prob", 0.0):  # before the emulator had its file, or lossy
+            continue
+        # the full issuing shape with the queues where the file puts them: a one-warp chain or
+        # a run with its queues moved loads the delivering warps differently (another row of
+        # the testbed, not a run of this setting)
+        sets = rec.sim.set if rec.sim is not None else {}
+        if "design.num_sms" in sets or "design.warps_per_sm" in sets or any(
+                ef.get(q, fab.get(q)) != fab.get(q) for q in ("sq", "cq")):
             continue
         setting = tuple(fab.get(k, v) for k, v in SETTING.items())
         if setting[list(SETTING).index("blocks_per_nic_count")] == 1:  # the share means nothing alone

@@ -8,7 +8,9 @@
 # (SMs): faulted smoke runs through the gate with two blocks a NIC (V1 native, V1 proxy, V2
 # hybrid), the closest setting with one and two blocks a NIC alternately, REPEATS times (shared
 # fetch), then two blocks with the dedicated fetcher, register copies (each fetcher), 6 us ahead.
-# WHAT picks the comparison: "wide-edf" (default), the claim reading wide and taking the earliest
+# WHAT picks the comparison: "gap", the host engine's 2 us pause against none on the shipped
+# setting (baseline and lazy completion's dispatch, REPEATS pairs, no smoke: the kernels are
+# 4fe8b9b's); "wide-edf" (default), the claim reading wide and taking the earliest
 # due first from the dues it loaded (`nic_claim_loads = "wide"`, `nic_claim = "edf"`) against
 # the due mask's volatile loads in table order, alternately, REPEATS times (8 us ahead, batches
 # of two, staged copies, shared fetch), then wide edf with the dedicated fetcher and 6 and 4 us
@@ -113,6 +115,16 @@ elif [[ $WHAT == wide-edf ]]; then
       --emu-set nic_fetcher=shared --id-prefix emu-wedf-edf-wide-lead8000-shared-r$i- --variants ";"
   done
   then_runs wedf edf-wide "6000 4000" $E2 --emu-set nic_claim=edf --emu-set nic_claim_loads=wide
+elif [[ $WHAT == gap ]]; then
+  # the host engine pausing 2 us after a pass that saw no doorbell (mirror_poll_gap_ns, the pause
+  # that brings the one-warp chain within 1.5x at 1a4010f) against polling back to back, on the
+  # shipped setting, the baseline and lazy completion's dispatch in each step, alternately
+  for i in $(seq 1 "$REPEATS"); do
+    for gap in 0 2000; do
+      step gap$gap-r$i 90 --ranks 2 --gpus 1 --iters 60 --out-dir "$REC" --emu-set mirror_poll_gap_ns=$gap \
+        --id-prefix emu-gap$gap-r$i- --variants ";lazy-completion-dispatch"
+    done
+  done
 elif [[ $WHAT == loads ]]; then
   smokes wide --emu-set nic_claim_loads=wide --emu-set nic_copy=staged --emu-set nic_claim=mask --emu-set deliver_lead_ns=8000
   alternate loads nic_claim_loads "volatile wide" $C

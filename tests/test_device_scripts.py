@@ -295,6 +295,21 @@ def test_spread_script_runs_the_volatile_mask_and_the_wide_earliest_due_first_al
                for _, v in runs)
 
 
+def test_spread_script_runs_the_host_engine_pause_against_none_alternately(tmp_path):
+    """hw/run_spread_on_device.sh with WHAT=gap: the host engine pausing 2 us after an empty
+    pass against none, REPEATS pairs, each step the baseline and lazy completion's dispatch,
+    every other emulator value the file's (the shipped setting), each run its own id."""
+    p = _ep_parser()
+    steps = _script_steps(tmp_path, {"REPEATS": "3", "WHAT": "gap", "COMBOS": ""}, "run_spread_on_device.sh")
+    runs = _emu_runs(p, steps)
+    assert [v["mirror_poll_gap_ns"] for _, v in runs] == [0.0, 2000.0] * 3 and len({i for i, _ in runs}) == 6
+    shipped = dict(_emu_runs(p, [["--id-prefix", "x"]])[0][1])
+    for _, v in runs:
+        assert {k: x for k, x in v.items() if k != "mirror_poll_gap_ns"} == {
+            k: x for k, x in shipped.items() if k != "mirror_poll_gap_ns"}
+    assert all(p.parse_args(s).variants == ";lazy-completion-dispatch" for s in steps)
+
+
 SEALED_5462B22 = {  # the combinations a72025c measured: (baseline, run) as hw/ep names them
     "qp-fanout-fix-on-lazy-completion-both-emu-ep2": (
         "lazy-completion-dispatch,lazy-completion-combine", "lazy-completion-dispatch,lazy-completion-combine,qp-fanout-fix"),

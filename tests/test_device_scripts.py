@@ -169,6 +169,22 @@ def test_spread_script_runs_each_fence_on_four_and_on_eight_nic_blocks(tmp_path)
     assert {v["nic_copy"] for _, v in runs} == {"staged"} and {v["nic_claim"] for _, v in runs} == {"mask"}
 
 
+def _two_smokes(p: argparse.ArgumentParser, steps: list[list[str]], *emu: str) -> None:
+    """The spread script's ``smokes``: its first two steps are faulted runs, V1 then V2 hybrid,
+    each with every ``KEY=VALUE`` in ``emu`` (taken off ``steps``)."""
+    smokes = [p.parse_args(steps.pop(0)) for _ in range(2)]
+    assert [s.protocol for s in smokes] == ["v1-ll", "v2-hybrid"] and all(s.faults for s in smokes)
+    assert all(kv in s.emu_set for s in smokes for kv in emu)
+
+
+def _alternated(runs: list[tuple[str, dict]], pairs: int, keys: tuple[str, ...], first: tuple, second: tuple) -> None:
+    """The first ``pairs`` pairs of ``runs`` alternate ``keys`` between ``first`` and ``second``
+    values and differ in nothing else."""
+    for (_, a), (_, b) in zip(runs[:2 * pairs:2], runs[1:2 * pairs:2], strict=True):
+        assert tuple(a[k] for k in keys) == first and tuple(b[k] for k in keys) == second
+        assert {k: v for k, v in a.items() if k not in keys} == {k: v for k, v in b.items() if k not in keys}
+
+
 def test_spread_script_runs_one_and_two_blocks_a_nic_alternately(tmp_path):
     """hw/run_spread_on_device.sh with WHAT=blocks (what e630a54 and 7bb366f ran): faulted smoke runs with two blocks a NIC on V1
     native, V1 proxy and V2 hybrid first; then the closest setting with one and two blocks a NIC
@@ -184,10 +200,7 @@ def test_spread_script_runs_one_and_two_blocks_a_nic_alternately(tmp_path):
     assert all("blocks_per_nic_count=2" in s.emu_set for s in smokes)
     runs = _emu_runs(p, steps)
     assert len(runs) == 2 * 2 + 4 and len({i for i, _ in runs}) == len(runs)
-    for (_, one), (_, two) in zip(runs[:4:2], runs[1:4:2], strict=True):
-        assert one["blocks_per_nic_count"] == 1 and two["blocks_per_nic_count"] == 2
-        assert {k: v for k, v in one.items() if k != "blocks_per_nic_count"} == {
-            k: v for k, v in two.items() if k != "blocks_per_nic_count"}
+    _alternated(runs, 2, ("blocks_per_nic_count",), (1,), (2,))
     assert all(v["blocks_per_nic_count"] == 2 for _, v in runs[4:])
     assert {(v["nic_fetcher"], v["nic_copy"], v["deliver_lead_ns"]) for _, v in runs[4:]} == {
         ("dedicated", "staged", 8000.0), ("shared", "one", 8000.0), ("dedicated", "one", 8000.0),
@@ -203,14 +216,10 @@ def test_spread_script_runs_the_mask_and_earliest_due_first_alternately(tmp_path
 
     p = _ep_parser()
     steps = _script_steps(tmp_path, {"REPEATS": "2", "WHAT": "edf", "COMBOS": ""}, "run_spread_on_device.sh")
-    smokes = [p.parse_args(steps.pop(0)) for _ in range(2)]
-    assert [s.protocol for s in smokes] == ["v1-ll", "v2-hybrid"] and all(s.faults for s in smokes)
-    assert all("nic_claim=edf" in s.emu_set for s in smokes)
+    _two_smokes(p, steps, "nic_claim=edf")
     runs = _emu_runs(p, steps)
     assert len(runs) == 2 * 2 + 3 and len({i for i, _ in runs}) == len(runs)
-    for (_, mask), (_, edf) in zip(runs[:4:2], runs[1:4:2], strict=True):
-        assert mask["nic_claim"] == "mask" and edf["nic_claim"] == "edf"
-        assert {k: v for k, v in mask.items() if k != "nic_claim"} == {k: v for k, v in edf.items() if k != "nic_claim"}
+    _alternated(runs, 2, ("nic_claim",), ("mask",), ("edf",))
     assert [(v["nic_fetcher"], v["deliver_lead_ns"]) for _, v in runs[4:]] == [
         ("dedicated", 8000.0), ("shared", 6000.0), ("shared", 10000.0)]
     assert all(v["nic_claim"] == "edf" for _, v in runs[4:])
@@ -225,15 +234,10 @@ def test_spread_script_runs_staged_and_bulk_copies_alternately(tmp_path):
 
     p = _ep_parser()
     steps = _script_steps(tmp_path, {"REPEATS": "2", "WHAT": "bulk", "COMBOS": ""}, "run_spread_on_device.sh")
-    smokes = [p.parse_args(steps.pop(0)) for _ in range(2)]
-    assert [s.protocol for s in smokes] == ["v1-ll", "v2-hybrid"] and all(s.faults for s in smokes)
-    assert all("nic_copy=bulk" in s.emu_set for s in smokes)
+    _two_smokes(p, steps, "nic_copy=bulk")
     runs = _emu_runs(p, steps)
     assert len(runs) == 2 * 2 + 2 and len({i for i, _ in runs}) == len(runs)
-    for (_, staged), (_, bulk) in zip(runs[:4:2], runs[1:4:2], strict=True):
-        assert staged["nic_copy"] == "staged" and bulk["nic_copy"] == "bulk"
-        assert {k: v for k, v in staged.items() if k != "nic_copy"} == {
-            k: v for k, v in bulk.items() if k != "nic_copy"}
+    _alternated(runs, 2, ("nic_copy",), ("staged",), ("bulk",))
     assert [(v["nic_fetcher"], v["deliver_lead_ns"]) for _, v in runs[4:]] == [("dedicated", 8000.0), ("shared", 6000.0)]
     assert all(v["nic_claim"] == "mask" and v["deliver_batch_count"] == 2 and v["blocks_per_nic_count"] == 1
                for _, v in runs)
@@ -250,9 +254,7 @@ def test_spread_script_runs_volatile_and_wide_claim_loads_alternately(tmp_path):
     p = _ep_parser()
     combos = ";".join(v for pair in SEALED_5462B22.values() for v in pair)
     steps = _script_steps(tmp_path, {"REPEATS": "2", "WHAT": "loads", "COMBOS": combos}, "run_spread_on_device.sh")
-    smokes = [p.parse_args(steps.pop(0)) for _ in range(2)]
-    assert [s.protocol for s in smokes] == ["v1-ll", "v2-hybrid"] and all(s.faults for s in smokes)
-    assert all("nic_claim_loads=wide" in s.emu_set for s in smokes)
+    _two_smokes(p, steps, "nic_claim_loads=wide")
     last = p.parse_args(steps.pop())
     variants = last.variants.split(";")
     assert last.id_prefix == "emu-host-" and variants[0] == ""
@@ -260,10 +262,7 @@ def test_spread_script_runs_volatile_and_wide_claim_loads_alternately(tmp_path):
         assert base in variants and run in variants, name
     runs = _emu_runs(p, steps)
     assert len(runs) == 2 * 2 + 3 and len({i for i, _ in runs}) == len(runs)
-    for (_, vol), (_, wide) in zip(runs[:4:2], runs[1:4:2], strict=True):
-        assert vol["nic_claim_loads"] == "volatile" and wide["nic_claim_loads"] == "wide"
-        assert {k: v for k, v in vol.items() if k != "nic_claim_loads"} == {
-            k: v for k, v in wide.items() if k != "nic_claim_loads"}
+    _alternated(runs, 2, ("nic_claim_loads",), ("volatile",), ("wide",))
     assert [(v["nic_fetcher"], v["deliver_lead_ns"]) for _, v in runs[4:]] == [
         ("dedicated", 8000.0), ("shared", 6000.0), ("shared", 4000.0)]
     assert all(v["nic_claim"] == "mask" and v["nic_copy"] == "staged" and v["deliver_batch_count"] == 2
@@ -279,16 +278,10 @@ def test_spread_script_runs_the_volatile_mask_and_the_wide_earliest_due_first_al
 
     p = _ep_parser()
     steps = _script_steps(tmp_path, {"REPEATS": "2"}, "run_spread_on_device.sh")
-    smokes = [p.parse_args(steps.pop(0)) for _ in range(2)]
-    assert [s.protocol for s in smokes] == ["v1-ll", "v2-hybrid"] and all(s.faults for s in smokes)
-    assert all("nic_claim_loads=wide" in s.emu_set and "nic_claim=edf" in s.emu_set for s in smokes)
+    _two_smokes(p, steps, "nic_claim_loads=wide", "nic_claim=edf")
     runs = _emu_runs(p, steps)
     assert len(runs) == 2 * 2 + 3 and len({i for i, _ in runs}) == len(runs)
-    keys = ("nic_claim", "nic_claim_loads")
-    for (_, old), (_, new) in zip(runs[:4:2], runs[1:4:2], strict=True):
-        assert (old["nic_claim"], old["nic_claim_loads"]) == ("mask", "volatile")
-        assert (new["nic_claim"], new["nic_claim_loads"]) == ("edf", "wide")
-        assert {k: v for k, v in old.items() if k not in keys} == {k: v for k, v in new.items() if k not in keys}
+    _alternated(runs, 2, ("nic_claim", "nic_claim_loads"), ("mask", "volatile"), ("edf", "wide"))
     assert [(v["nic_fetcher"], v["deliver_lead_ns"], v["nic_claim"]) for _, v in runs[4:]] == [
         ("dedicated", 8000.0, "edf"), ("shared", 6000.0, "edf"), ("shared", 4000.0, "edf")]
     assert all(v["nic_copy"] == "staged" and v["deliver_batch_count"] == 2 and v["blocks_per_nic_count"] == 1

@@ -84,3 +84,20 @@ for p in sorted(d.glob("emu-*.json")):
           + "".join(f" {v:8.0f}" for v in vals))
 PY
 }
+
+# control_tally DIR: the negative-control outcomes DIR/control-gapG-iN-rK-outcome.json, into $LOG:
+# a line (pause, iterations) with how many runs failed their gate as they must, of how many.
+control_tally() {
+  python3 - "$1" <<'PY' 2>&1 | tee -a "$LOG"
+import collections, json, pathlib, re, sys
+tally = collections.defaultdict(lambda: [0, 0])
+for p in sorted(pathlib.Path(sys.argv[1]).glob("control-*-outcome.json")):
+    g, n = re.match(r"control-gap(\d+)-i(\d+)-r\d+-outcome", p.name).groups()
+    t = tally[(int(g), int(n))]
+    t[0] += json.loads(p.read_text())["exit_code"] != 0
+    t[1] += 1
+print("pause_ns iters failed_as_it_must runs")
+for (g, n), (f, r) in sorted(tally.items()):
+    print(f"{g:8d} {n:5d} {f:17d} {r:4d}")
+PY
+}

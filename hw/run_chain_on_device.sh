@@ -13,7 +13,7 @@
 set -u
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/chain_out}
-REC=/tmp/chain_rec; mkdir -p "$REC" "$OUT"
+REC=/tmp/chain_rec; rm -rf "$REC"; mkdir -p "$REC" "$OUT"  # a warm machine keeps /tmp: no earlier call's records
 . hw/device_lib.sh
 GAPS=${GAPS-"0 32000"}
 device_env

@@ -9,7 +9,7 @@
 set -u
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/diag_out}
-REC=/tmp/diag_rec; mkdir -p "$REC" "$OUT"
+REC=/tmp/diag_rec; rm -rf "$REC"; mkdir -p "$REC" "$OUT"  # a warm machine keeps /tmp: no earlier call's records
 . hw/device_lib.sh  # emu_set_args (its step is replaced below)
 export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 export LEVER_BUILD_DIR=/tmp/lever_build TORCH_CUDA_ARCH_LIST=9.0 MAX_JOBS=16

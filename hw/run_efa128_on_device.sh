@@ -11,7 +11,7 @@
 set -u
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/efa128_out}
-REC=/tmp/efa128_rec; mkdir -p "$REC" "$OUT"
+REC=/tmp/efa128_rec; rm -rf "$REC"; mkdir -p "$REC" "$OUT"  # a warm machine keeps /tmp: no earlier call's records
 . hw/device_lib.sh  # device_env, build_exts, step
 device_env
 use_carried_wheels

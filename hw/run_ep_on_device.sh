@@ -8,7 +8,7 @@
 set -u
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/ep_out}
-REC=/tmp/ep_rec; mkdir -p "$REC" "$OUT"
+REC=/tmp/ep_rec; rm -rf "$REC"; mkdir -p "$REC" "$OUT"  # a warm machine keeps /tmp: no earlier call's records
 export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 export LEVER_BUILD_DIR=/tmp/lever_build TORCH_CUDA_ARCH_LIST=9.0
 STEPS=${1:-base,proxy,levers,faults,unsafe,loop,ep8}

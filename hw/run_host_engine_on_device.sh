@@ -10,7 +10,7 @@
 set -u
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/host_out}
-REC=/tmp/host_rec; mkdir -p "$REC" "$OUT"
+REC=/tmp/host_rec; rm -rf "$REC"; mkdir -p "$REC" "$OUT"  # a warm machine keeps /tmp: no earlier call's records
 . hw/device_lib.sh
 # LEVERS: the EP2 lever sets run beside the baseline (a set's levers joined by ","); EP4_LEVERS:
 # lever sets run at EP4 on the GPU (4 ranks, 12 SMs each) beside its baseline, none when empty;

@@ -8,7 +8,7 @@
 set -u
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/nic_out}
-REC=/tmp/nic_rec; mkdir -p "$REC" "$OUT"
+REC=/tmp/nic_rec; rm -rf "$REC"; mkdir -p "$REC" "$OUT"  # a warm machine keeps /tmp: no earlier call's records
 . hw/device_lib.sh  # device_env, build_exts (its own step() below)
 device_env
 ITERS=${ITERS:-60}

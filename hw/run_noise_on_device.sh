@@ -13,7 +13,7 @@
 set -u
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/noise_out}
-REC=/tmp/noise_rec; mkdir -p "$REC" "$OUT"
+REC=/tmp/noise_rec; rm -rf "$REC"; mkdir -p "$REC" "$OUT"  # a warm machine keeps /tmp: no earlier call's records
 . hw/device_lib.sh
 device_env
 use_carried_wheels

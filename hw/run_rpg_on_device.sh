@@ -16,7 +16,7 @@
 set -u
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/rpg_out}
-REC=/tmp/rpg_rec; mkdir -p "$REC" "$OUT"
+REC=/tmp/rpg_rec; rm -rf "$REC"; mkdir -p "$REC" "$OUT"  # a warm machine keeps /tmp: no earlier call's records
 ITERS=${ITERS:-60}
 . hw/device_lib.sh  # device_env, use_carried_wheels, log_header, build_exts, step
 device_env

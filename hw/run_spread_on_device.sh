@@ -8,7 +8,11 @@
 # (SMs): faulted smoke runs through the gate with two blocks a NIC (V1 native, V1 proxy, V2
 # hybrid), the closest setting with one and two blocks a NIC alternately, REPEATS times (shared
 # fetch), then two blocks with the dedicated fetcher, register copies (each fetcher), 6 us ahead.
-# WHAT picks the comparison: "gap", the host engine's 2 us pause against none on the shipped
+# WHAT picks the comparison: "control", the unsafe-ordered negative control (flags ordered
+# after their data on the SRD wire, with faults: its gate must fail) REPEATS times at each of
+# CONTROL_ITERS iterations, the host engine polling back to back and pausing 2 us alternately,
+# an outcome file a run and their tally in the log (f52c882's one pausing run of 5 iterations
+# passed its gate); "gap", the host engine's 2 us pause against none on the shipped
 # setting (baseline and lazy completion's dispatch, REPEATS pairs, no smoke: the kernels are
 # 4fe8b9b's); "wide-edf" (default), the claim reading wide and taking the earliest
 # due first from the dues it loaded (`nic_claim_loads = "wide"`, `nic_claim = "edf"`) against
@@ -42,7 +46,7 @@
 set -u
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/spread_out}
-REC=/tmp/spread_rec; mkdir -p "$REC" "$OUT"
+REC=/tmp/spread_rec; rm -rf "$REC"; mkdir -p "$REC" "$OUT"  # a warm machine keeps /tmp: no earlier call's records
 . hw/device_lib.sh
 REPEATS=${REPEATS-3}
 LEADS8=${LEADS8-"4000 8000"}
@@ -125,6 +129,17 @@ elif [[ $WHAT == gap ]]; then
         --id-prefix emu-gap$gap-r$i- --variants ";lazy-completion-dispatch"
     done
   done
+elif [[ $WHAT == control ]]; then
+  for i in $(seq 1 "$REPEATS"); do
+    for it in ${CONTROL_ITERS-5 20}; do
+      for gap in 0 2000; do
+        step control-gap$gap-i$it-r$i 60 --ranks 2 --gpus 1 --faults --unsafe-ordered --iters $it --warmup 1 --profile 0 \
+          --emu-set mirror_poll_gap_ns=$gap --out "$REC/control-gap$gap-i$it-r$i.json" \
+          --outcome "$REC/control-gap$gap-i$it-r$i-outcome.json"
+      done
+    done
+  done
+  control_tally "$REC"
 elif [[ $WHAT == loads ]]; then
   smokes wide --emu-set nic_claim_loads=wide --emu-set nic_copy=staged --emu-set nic_claim=mask --emu-set deliver_lead_ns=8000
   alternate loads nic_claim_loads "volatile wide" $C

@@ -15,7 +15,7 @@
 set -u
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/staged_out}
-REC=/tmp/staged_rec; mkdir -p "$REC" "$OUT"
+REC=/tmp/staged_rec; rm -rf "$REC"; mkdir -p "$REC" "$OUT"  # a warm machine keeps /tmp: no earlier call's records
 . hw/device_lib.sh
 # COMBOS: the EP2 lever sets run beside the baseline (none when empty); STAGED=: leave out the
 # copy comparison; COPIES: the copies compared; BATCHES: the delivery batches run with the due

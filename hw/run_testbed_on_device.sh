@@ -15,7 +15,7 @@
 set -u
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/bed_out}
-REC=/tmp/bed_rec; mkdir -p "$REC" "$OUT"
+REC=/tmp/bed_rec; rm -rf "$REC"; mkdir -p "$REC" "$OUT"  # a warm machine keeps /tmp: no earlier call's records
 . hw/device_lib.sh  # device_env, use_carried_wheels, build_exts, step
 device_env
 use_carried_wheels

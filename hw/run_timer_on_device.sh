@@ -17,7 +17,7 @@
 set -u
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/timer_out}
-REC=/tmp/timer_rec; mkdir -p "$REC" "$OUT"
+REC=/tmp/timer_rec; rm -rf "$REC"; mkdir -p "$REC" "$OUT"  # a warm machine keeps /tmp: no earlier call's records
 . hw/device_lib.sh
 REPEATS=${REPEATS-3}
 COMBOS=${COMBOS-"lazy-completion-dispatch;lazy-completion-dispatch,lazy-completion-combine;put-many;put-many,qp-fanout-fix"}

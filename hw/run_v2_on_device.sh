@@ -11,7 +11,7 @@
 set -u
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/v2_out}
-REC=/tmp/v2_rec; mkdir -p "$REC" "$OUT"
+REC=/tmp/v2_rec; rm -rf "$REC"; mkdir -p "$REC" "$OUT"  # a warm machine keeps /tmp: no earlier call's records
 STEPS=${1:-smoke,hybrid,levers,proxy,faults,direct,unsafe,rxdev}
 ITERS=${ITERS:-60}
 . hw/device_lib.sh  # device_env, use_carried_wheels, step

@@ -79,7 +79,7 @@ def _script_steps(tmp_path: Path, env: dict[str, str], script: str = "run_staged
     (hw / "device_lib.sh").write_text(
         "SMOKE_FAILED=0\n"
         "device_env() { :; }\nuse_carried_wheels() { :; }\nlog_header() { :; }\nbuild_exts() { :; }\n"
-        "metric_table() { :; }\n"
+        "metric_table() { :; }\ncontrol_tally() { :; }\n"
         f"step() {{ shift 2; printf '%s\\0' \"$@\" >> {shlex.quote(str(log))}; printf '\\n' >> {shlex.quote(str(log))}; }}\n")
     r = subprocess.run(["bash", str(hw / script)], capture_output=True, text=True,
                        env={"PATH": "/usr/bin:/bin", "OUT": str(tmp_path / "out"), **env}, cwd=tmp_path)
@@ -301,6 +301,44 @@ def test_spread_script_runs_the_host_engine_pause_against_none_alternately(tmp_p
         assert {k: x for k, x in v.items() if k != "mirror_poll_gap_ns"} == {
             k: x for k, x in shipped.items() if k != "mirror_poll_gap_ns"}
     assert all(p.parse_args(s).variants == ";lazy-completion-dispatch" for s in steps)
+
+
+def test_spread_script_runs_the_negative_control_at_each_pause_and_length(tmp_path):
+    """hw/run_spread_on_device.sh with WHAT=control: the unsafe-ordered negative control (faults
+    on, flags ordered on the wire) REPEATS times at 5 and 20 iterations, polling back to back
+    and pausing 2 us alternately, each run with its own record and outcome file."""
+    p = _ep_parser()
+    steps = _script_steps(tmp_path, {"REPEATS": "2", "WHAT": "control", "COMBOS": ""}, "run_spread_on_device.sh")
+    runs = _emu_runs(p, steps)
+    ns = [p.parse_args(s) for s in steps]
+    assert [v["mirror_poll_gap_ns"] for _, v in runs] == [0.0, 2000.0] * 4
+    assert [n.iters for n in ns] == [5, 5, 20, 20] * 2
+    assert all(n.unsafe_ordered and n.faults for n in ns)
+    assert len({n.outcome for n in ns}) == len({n.out for n in ns}) == 8
+
+
+def test_the_control_tally_counts_the_runs_that_failed_as_they_must(tmp_path):
+    """hw/device_lib.sh's ``control_tally``: per (pause, iterations), how many outcome files say
+    the run failed (exit code not 0) of how many there are."""
+    for name, code in (("control-gap0-i5-r1", 1), ("control-gap0-i5-r2", 1), ("control-gap2000-i5-r1", 0),
+                       ("control-gap2000-i5-r2", 1), ("control-gap2000-i20-r1", 1)):
+        (tmp_path / f"{name}-outcome.json").write_text(json.dumps({"exit_code": code}))
+    (tmp_path / "control-gap0-i5-r1.json").write_text("{}")  # a record, not an outcome: not read
+    body = f"set -u; . {shlex.quote(str(ROOT / 'hw' / 'device_lib.sh'))}; LOG={tmp_path}/log; control_tally {tmp_path}"
+    r = subprocess.run(["bash", "-c", body], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    assert [line.split() for line in r.stdout.splitlines()[1:]] == [
+        ["0", "5", "2", "2"], ["2000", "5", "1", "2"], ["2000", "20", "1", "1"]]
+
+
+@pytest.mark.parametrize("script", SCRIPTS, ids=[s.name for s in SCRIPTS])
+def test_a_device_script_starts_from_an_empty_records_folder(script):
+    """A warm device machine keeps /tmp between calls: a script's records folder is emptied
+    before its first step, or a record an earlier call left (a run that passed where this
+    call's failed and wrote none) comes back in this call's tarball as if it were its own."""
+    lines = [x for x in script.read_text().splitlines() if x.startswith("REC=/tmp/")]
+    for line in lines:
+        assert 'rm -rf "$REC"; mkdir -p "$REC"' in line, line
 
 
 SEALED_5462B22 = {  # the combinations a72025c measured: (baseline, run) as hw/ep names them

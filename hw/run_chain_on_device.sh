@@ -8,6 +8,7 @@
 # turn_release_sys_bare_w2_r0_ns (a doorbell store and st.release.sys, nobody reading host
 # memory). The chain runs with the host engine polling back to back (gap 0) and pausing 32 us
 # after an empty pass (its doorbell reads are host reads the chain's fences wait for).
+# REPEATS (default 1) runs the GAPS that many times over, alternately, each run's id with -rN.
 # About 3 minutes with the build. $OUT/records.tgz and $OUT/log.txt come back.
 # LEVER_GIT_REV must name the clean 40-hex commit the tree came from.
 set -u
@@ -27,9 +28,13 @@ timeout 240 python3 -m lever.hw.primitives --gpus 1 --reps 60 --only latency,wqe
 tar czf "$OUT/records.tgz" -C /tmp chain_rec
 step smoke 60 --ranks 2 --gpus 1 --iters 5 --warmup 1 --profile 0 --out-dir "$REC/smoke" --id-prefix smoke-chain --variants ";"
 if [[ $SMOKE_FAILED == 1 ]]; then echo "=== smoke failed: nothing else run" | tee -a "$LOG"; exit 1; fi
-for gap in $GAPS; do
-  step gap$gap-chain 90 --ranks 2 --gpus 1 --iters 60 --out-dir "$REC" --num-sms 1 --set design.warps_per_sm=1 \
-    --emu-set mirror_poll_gap_ns=$gap --id-prefix emu-chain-gap$gap --variants ";"
+REPEATS=${REPEATS-1}
+for i in $(seq 1 "$REPEATS"); do
+  R=""; [[ $REPEATS != 1 ]] && R="-r$i-"
+  for gap in $GAPS; do
+    step gap$gap-chain$R 90 --ranks 2 --gpus 1 --iters 60 --out-dir "$REC" --num-sms 1 --set design.warps_per_sm=1 \
+      --emu-set mirror_poll_gap_ns=$gap --id-prefix emu-chain-gap$gap$R --variants ";"
+  done
 done
 python3 - "$REC" <<'PY' 2>&1 | tee -a "$LOG"
 import json, sys, pathlib

@@ -59,7 +59,7 @@ def test_chain_script_steps_are_lever_hw_ep_arguments_and_run_one_warp():
     chains = 0
     for line in steps:
         words = shlex.split(line.replace('"$REC/smoke"', "/tmp/rec").replace('"$REC"', "/tmp/rec")
-                            .replace("$gap", "0"))
+                            .replace("$gap", "0").replace("$R", ""))
         ns = p.parse_args(words[3:])
         if "chain" in words[1]:
             chains += 1

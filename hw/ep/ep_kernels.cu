@@ -1602,21 +1602,32 @@ __device__ __forceinline__ void cp_async16(uint4* smem, const uint4* gmem) {
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(sa), "l"(gmem) : "memory");
 }
 
-// Store the packets staged for the lanes of `staged` (in lane order, as they were staged).
-__device__ __forceinline__ void stage_flush(NicShared& S, uint4* stage, unsigned staged, int mine, int lane) {
-  asm volatile("cp.async.wait_all;\n" ::: "memory");
-  __syncwarp();
+// Each packet staged for the lanes of `staged`, in lane order (the order they were staged in):
+// f(its entry, its first 16-byte word in the stage, its bytes). The staged and the bulk
+// flushes walk a round the same way and differ only in who stores each packet.
+template <typename F>
+__device__ __forceinline__ void each_staged(NicShared& S, unsigned staged, int mine, F&& f) {
   unsigned off = 0;
   while (staged) {
     const int sl = __ffs(staged) - 1;
     staged &= staged - 1;
     const int e = __shfl_sync(0xffffffffu, mine, sl);
+    const unsigned n = vldu(&S.len[e]);
+    f(e, off, n);
+    off += n >> 4;
+  }
+}
+
+// Store the packets staged for the lanes of `staged` (in lane order, as they were staged).
+__device__ __forceinline__ void stage_flush(NicShared& S, uint4* stage, unsigned staged, int mine, int lane) {
+  asm volatile("cp.async.wait_all;\n" ::: "memory");
+  __syncwarp();
+  each_staged(S, staged, mine, [&](int e, unsigned off, unsigned n) {
     uint4* d4 = reinterpret_cast<uint4*>(vld64(&S.dst[e]));
-    const unsigned nv = vldu(&S.len[e]) >> 4;
+    const unsigned nv = n >> 4;
 #pragma unroll 2
     for (unsigned i = (unsigned)lane; i < nv; i += 32u) __stcg(d4 + i, stage[off + i]);
-    off += nv;
-  }
+  });
   __syncwarp();
 }
 
@@ -1659,17 +1670,11 @@ __device__ __forceinline__ void bulk_flush(NicShared& S, uint4* stage, unsigned 
     emu_mbar_phase[wv] = ph ^ 1u;
   }
   __syncwarp();
-  unsigned off = 0;
-  while (staged) {
-    const int sl = __ffs(staged) - 1;
-    staged &= staged - 1;
-    const int e = __shfl_sync(0xffffffffu, mine, sl);
-    const unsigned n = vldu(&S.len[e]);
+  each_staged(S, staged, mine, [&](int e, unsigned off, unsigned n) {
     if (lane == 0)
       asm volatile("cp.async.bulk.global.shared::cta.bulk_group [%0], [%1], %2;" ::"l"(vld64(&S.dst[e])),
                    "r"(smem_u32(stage + off)), "r"(n) : "memory");
-    off += n >> 4;
-  }
+  });
   if (lane == 0) {
     asm volatile("cp.async.bulk.commit_group;" ::: "memory");
     asm volatile("cp.async.bulk.wait_group 0;" ::: "memory");
@@ -1883,9 +1888,10 @@ __device__ bool nic_deliver(const World& w, NicCtx& c, NicShared& S, bool host_e
   };
   // the k-th of the lane's NP/32 entries this pass: every 32nd from the rotation (volatile
   // loads), or, with wide loads, the k-th of a run of NP/32 (the runs rotate with the pass)
+  auto ent_strided = [&](int k) { return (int)((rot + (unsigned)(k * 32 + lane)) % NP); };
   auto ent = [&](int k) {
     return fb.claim_loads ? (int)((((rot >> 5) + (unsigned)lane) & 31u) * (NP / 32) + (unsigned)k)
-                          : (int)((rot + (unsigned)(k * 32 + lane)) % NP);
+                          : ent_strided(k);
   };
   unsigned long long t_loaded = now;  // the claim's loads done (mask, edf; the walk: none apart)
   if (fb.claim_mask) {
@@ -1932,7 +1938,7 @@ __device__ bool nic_deliver(const World& w, NicCtx& c, NicShared& S, bool host_e
     } else {
 #pragma unroll
       for (int k = 0; k < NP / 32; ++k) {
-        const int e = (int)((rot + (unsigned)(k * 32 + lane)) % NP);
+        const int e = ent_strided(k);
         if (claimable(vldu(&S.state[e]), vldu(&S.meta[e]), vld64(&S.due[e]))) cand |= 1u << k;
       }
     }
@@ -1998,7 +2004,7 @@ __device__ bool nic_deliver(const World& w, NicCtx& c, NicShared& S, bool host_e
     }
   } else {
     for (int k = 0; k < NP / 32; ++k) {
-      const int e = (int)((rot + (unsigned)(k * 32 + lane)) % NP);
+      const int e = ent_strided(k);
       if (mine < 0 && vldu(&S.state[e]) == ES_PENDING) {
         const unsigned meta = vldu(&S.meta[e]);
         if (claimable(ES_PENDING, meta, vld64(&S.due[e])) &&

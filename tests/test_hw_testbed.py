@@ -770,6 +770,15 @@ def test_the_one_warp_chain_against_its_matching_primitives_on_one_h100():
 CHAIN_H200 = BED / "h200-e632320"
 
 
+def _matching_posts(p: dict[str, float]) -> tuple[float, float]:
+    """What the one-warp chain's B = 1 post matches in the primitives (medians ``p``, ns): the
+    post by one thread and by one warp building its WQE as hw/ep does, each with the turn's
+    release and without the doorbell store the release's primitive pays too."""
+    doorbell = p["wqe_doorbell_nofence_host_ns"] - p["wqe_store_host_ns"]
+    release = p["turn_release_sys_bare_w2_r0_ns"] - doorbell
+    return p["wqe_fence_doorbell_host_ns"] + release, p["wqe_warp_build_fence_doorbell_host_ns"] + release
+
+
 def test_the_one_warp_chain_is_within_1_5x_of_the_warp_post_that_builds_its_wqe_as_hw_ep_does():
     """hw/run_chain_on_device.sh at e632320 (an H200): the chain against a primitive that posts
     as hw/ep's issuer does, one warp, 8 lanes a word each, the words built by hw/efa/wqe.h from
@@ -786,9 +795,7 @@ def test_the_one_warp_chain_is_within_1_5x_of_the_warp_post_that_builds_its_wqe_
     build = p["wqe_warp_build_store_host_ns"] - p["wqe_warp_regs_store_host_ns"]
     assert -50.0 < build < 150.0  # the tables are L2-resident: the build is not the gap
     assert p["wqe_warp_build_fence_doorbell_host_ns"] > 1.5 * p["wqe_fence_doorbell_host_ns"]
-    doorbell = p["wqe_doorbell_nofence_host_ns"] - p["wqe_store_host_ns"]
-    bare = p["wqe_fence_doorbell_host_ns"] + p["turn_release_sys_bare_w2_r0_ns"] - doorbell
-    warp = p["wqe_warp_build_fence_doorbell_host_ns"] + p["turn_release_sys_bare_w2_r0_ns"] - doorbell
+    bare, warp = _matching_posts(p)
     ratio = {}
     for gap in (0, 32000):
         rec = load_record(CHAIN_H200 / f"emu-chain-gap{gap}2-native-baseline.json")
@@ -811,8 +818,7 @@ def test_a_two_microsecond_pause_brings_the_chain_within_1_5x():
     prim = load_record(CHAIN_GAPS_H100 / "h100-primitives-chain.json")
     assert prim.gate.passed and "H100" in prim.what.platform.gpu and prim.provenance.git_rev.startswith("1a4010f")
     p = {k: v.median for k, v in prim.metrics.items()}
-    doorbell = p["wqe_doorbell_nofence_host_ns"] - p["wqe_store_host_ns"]
-    warp = p["wqe_warp_build_fence_doorbell_host_ns"] + p["turn_release_sys_bare_w2_r0_ns"] - doorbell
+    _, warp = _matching_posts(p)
     ratio = {}
     for gap in (0, 2000, 4000, 8000, 32000):
         rec = load_record(CHAIN_GAPS_H100 / f"emu-chain-gap{gap}2-native-baseline.json")
@@ -1104,9 +1110,9 @@ def _run(path: Path, rev: str = "") -> dict:
 
 
 def _metric(path: Path, key: str, rev: str) -> float:
-    """A record's metric median (``nic_*``) or op latency median (dispatch, combine)."""
+    """A record's metric median, or its op latency median (dispatch, combine)."""
     rec = _run(path, rev)
-    return rec["metrics"][key]["median"] if key.startswith("nic_") else rec["latency_us"][key]["median"]
+    return rec["metrics"][key]["median"] if key in rec["metrics"] else rec["latency_us"][key]["median"]
 
 
 def _fab(path: Path) -> dict:
@@ -1558,20 +1564,15 @@ def test_the_chain_with_the_default_pause_is_within_1_5x_at_the_median():
         rev = prim.provenance.git_rev
         assert prim.gate.passed and "H100" in prim.what.platform.gpu
         p = {k: v.median for k, v in prim.metrics.items()}
-        doorbell = p["wqe_doorbell_nofence_host_ns"] - p["wqe_store_host_ns"]
-        warp = p["wqe_warp_build_fence_doorbell_host_ns"] + p["turn_release_sys_bare_w2_r0_ns"] - doorbell
+        _, warp = _matching_posts(p)
         for r in ids:
             pair = {}
             for gap in (0, 2000):
                 path = folder / f"emu-chain-gap{gap}{r}2-native-baseline.json"
                 assert _fab(path)["mirror_poll_gap_ns"] == gap
-                pair[gap] = _metric_chain(path, rev) / warp
+                pair[gap] = _metric(path, "dispatch_post_chain_b1_ns", rev) / warp
                 ratios[gap].append(pair[gap])
             assert pair[2000] < pair[0]
     assert len(ratios[2000]) == 4 and statistics.median(ratios[2000]) < 1.5 and max(ratios[2000]) < 1.51
     assert min(ratios[0]) >= 1.49 and statistics.median(ratios[0]) > 1.5
 
-
-def _metric_chain(path: Path, rev: str) -> float:
-    """The chain's B = 1 post (ns) of a gate-passed, clean record at ``rev``."""
-    return _run(path, rev[:7])["metrics"]["dispatch_post_chain_b1_ns"]["median"]

@@ -1209,6 +1209,10 @@ __device__ __forceinline__ uint4 vld_v4(const unsigned* p) {
                : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p) : "memory");
   return v;
 }
+// Word i (0-3) of a 16-byte vector (i known at compile time in an unrolled loop: a register).
+__device__ __forceinline__ unsigned word_of(const uint4& v, int i) {
+  return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w;
+}
 __device__ __forceinline__ ulonglong2 vld_v2_64(const unsigned long long* p) {
   ulonglong2 v;
   asm volatile("ld.volatile.v2.u64 {%0, %1}, [%2];" : "=l"(v.x), "=l"(v.y) : "l"(p) : "memory");
@@ -1924,9 +1928,8 @@ __device__ bool nic_deliver(const World& w, NicCtx& c, NicShared& S, bool host_e
       const unsigned long long due_data = now + lead;
 #pragma unroll
       for (int k = 0; k < NP / 32; ++k) {
-        const uint4 sv = st4[k / 4], mv = mt4[k / 4];
-        const unsigned st = (k & 3) == 0 ? sv.x : (k & 3) == 1 ? sv.y : (k & 3) == 2 ? sv.z : sv.w;
-        const unsigned kind = ((k & 3) == 0 ? mv.x : (k & 3) == 1 ? mv.y : (k & 3) == 2 ? mv.z : mv.w) & 3u;
+        const unsigned st = word_of(st4[k / 4], k & 3);
+        const unsigned kind = word_of(mt4[k / 4], k & 3) & 3u;
         const unsigned long long du = (k & 1) ? du2[k / 2].y : du2[k / 2].x;
         const bool host_kind = (sq_h & (kind == EK_SEND_CQE)) | (rx_h & (kind == EK_RECV_CQE));
         const bool ok = (st == ES_PENDING) & (host_kind == is_host) & (du <= (kind == EK_DATA ? due_data : now));

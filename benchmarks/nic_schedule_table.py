@@ -24,7 +24,7 @@ SETTING: dict[str, Any] = {
     "nics_per_rank": 4, "line_rate_gbps": 100.0, "nic_claim": "scan", "deliver_lead_ns": 900.0,
     "deliver_batch_count": 2, "nic_copy": "one", "nic_fetcher": "dedicated", "nic_fence": "sc",
     "blocks_per_nic_count": 1, "nic_share": "qps", "mirror_poll_gap_ns": 0.0, "nic_part_timers": "on",
-    "nic_claim_loads": "volatile",
+    "nic_claim_loads": "volatile", "nic_kernel": "shared", "nic_warps_count": 8,
 }
 PARTS = ("late", "early", "claim_lag", "scan", "claim_load", "copy", "fence")
 

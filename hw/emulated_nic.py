@@ -28,6 +28,7 @@ COPIES = {"one": 0, "staged": 1, "bulk": 2}
 PART_TIMERS = {"on": 1, "off": 0}
 FENCES = {"sc": 0, "release": 1}
 SHARES = {"qps": 0, "table": 1}
+NIC_KERNELS = {"shared": 0, "own": 1}
 CLAIM_LOADS = {"volatile": 0, "wide": 1}
 
 # key -> (section, type, lo, hi): the allowed range of every value (inclusive)
@@ -57,6 +58,7 @@ SCHEMA: dict[str, tuple[str, type, float, float]] = {
     "deliver_batch_count": ("schedule", int, 1, 32),
     "mirror_poll_gap_ns": ("schedule", float, 0.0, 1e6),
     "blocks_per_nic_count": ("schedule", int, 1, 4),
+    "nic_warps_count": ("schedule", int, 1, 16),
 }
 STRINGS: dict[str, tuple[str, tuple[str, ...]]] = {
     "jitter_distribution": ("wire", tuple(JITTER_KINDS)),
@@ -70,6 +72,7 @@ STRINGS: dict[str, tuple[str, tuple[str, ...]]] = {
     "nic_fence": ("schedule", tuple(FENCES)),
     "nic_share": ("schedule", tuple(SHARES)),
     "nic_claim_loads": ("schedule", tuple(CLAIM_LOADS)),
+    "nic_kernel": ("schedule", tuple(NIC_KERNELS)),
     "send_completions": ("nic", ("cq", "counter")),
 }
 
@@ -109,7 +112,7 @@ class EmulatedNic:
             "mirror_poll_gap_ns": v["mirror_poll_gap_ns"], "copy_staged": COPIES[v["nic_copy"]],
             "part_timers": PART_TIMERS[v["nic_part_timers"]], "fence_release": FENCES[v["nic_fence"]],
             "blocks_per_nic": v["blocks_per_nic_count"], "share_table": SHARES[v["nic_share"]],
-            "claim_loads": CLAIM_LOADS[v["nic_claim_loads"]],
+            "claim_loads": CLAIM_LOADS[v["nic_claim_loads"]], "own_kernel": NIC_KERNELS[v["nic_kernel"]],
             "seed": float(seed + 1),
         }
 
@@ -175,6 +178,12 @@ def load(path: str | Path = PATH, overrides: Mapping[str, Any] | None = None) ->
     if values["wqe_size_bytes"] == 64 and values["inline_write_bytes"]:
         raise UserError(f"{p}: inline_write_bytes = {values['inline_write_bytes']}: inline RDMA writes "
                         "need wqe_size_bytes = 128")
+    # the one kernel that holds both roles runs at most 8 warps a block (255 registers a thread);
+    # a NIC kernel of its own up to 16, and not as clusters sharing a table
+    if values["nic_warps_count"] > 8 and values["nic_kernel"] != "own":
+        raise UserError(f"{p}: nic_warps_count = {values['nic_warps_count']}: above 8 needs nic_kernel = \"own\"")
+    if values["nic_kernel"] == "own" and values["blocks_per_nic_count"] > 1 and values["nic_share"] == "table":
+        raise UserError(f"{p}: nic_kernel = \"own\": a NIC's blocks can not share a table (nic_share = \"qps\")")
     return EmulatedNic(values, sources, str(p))
 
 

@@ -34,7 +34,7 @@ import json
 import math
 import subprocess
 import sys
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -51,7 +51,6 @@ NQ_MAX = 32
 CQE_BYTES = 32
 """CQ entry stride of the emulated NIC: the 32-byte efa_io_rx_cdesc_ex of rdma-core v59's
 extended CQ (what efadv_query_cq reports), as hw/ep/emu_nic.h publishes in its layouts."""
-NIC_WARPS = 8
 CQE_STATUS = {  # rdma-core efa_io_defs.h enum efa_io_comp_status (the ones the emulator writes or names)
     1: "EFA_IO_COMP_STATUS_FLUSHED",
     13: "EFA_IO_COMP_STATUS_LOCAL_ERROR_UNRESP_REMOTE (retries exhausted: no ACK from the remote)",
@@ -407,7 +406,10 @@ class Runner:
         self.nics = self.emu.nics_per_rank
         # NIC blocks a rank: each emulated NIC served by blocks_per_nic_count blocks (SMs)
         self.nic_units = self.nics * int(self.emu.blocks_per_nic_count)
-        self.nic_warps = NIC_WARPS  # every warp of a NIC block delivers packets
+        # every warp of a NIC block delivers packets: 8 in the EP blocks' kernel, up to 16 in a
+        # NIC kernel of its own (hw/emulated_nic.toml nic_kernel, nic_warps_count)
+        self.nic_warps = int(self.emu.nic_warps_count)
+        self.own_nic_kernel = self.emu.nic_kernel == "own"
         self.depth = self.emu.sq_depth
         # the device generation the emulated NIC plays (hw/emulated_nic.toml [nic]): WQE size,
         # inline RDMA writes, send credit from a completion counter
@@ -502,12 +504,27 @@ class Runner:
             for _ in range(R):
                 self.host.append({k: self.ext.proxy_alloc(n, k in ("psq", "pdb"))
                                   for k, n in self.host_sizes().items()})
-        grid = self.rpg * (self.nb + self.nic_units)
-        cap = self.ext.coop_max_blocks(0, 32 * max(self.warps, self.nic_warps), self.stage_smem())
-        if grid > cap:
-            raise EpError(f"{grid} blocks per GPU ({self.rpg} ranks x ({self.nb} EP + {self.nic_units} NIC)) "
-                          f"exceed the {cap} co-resident blocks: lower --num-sms or ranks per GPU")
+        self.check_resident(self.ext.coop_max_blocks)
         self.t.cuda.synchronize()
+
+    def check_resident(self, coop_max_blocks: Callable[[int, int, int], int]) -> None:
+        """Refuse a launch whose blocks can not all be resident at once: the EP blocks and the NIC
+        blocks spin on each other, so a block left waiting for an SM would hang the op. One kernel:
+        every block against its co-resident count (``coop_max_blocks``, V1's or V2's). A NIC kernel
+        of its own: each kernel against its own count, and both kernels' blocks against the SMs
+        (each block fills its SM's registers, so two do not share one)."""
+        ep, nic = self.rpg * self.nb, self.rpg * self.nic_units
+        what = f"{ep + nic} blocks per GPU ({self.rpg} ranks x ({self.nb} EP + {self.nic_units} NIC))"
+        if not self.own_nic_kernel:
+            cap = coop_max_blocks(0, 32 * max(self.warps, self.nic_warps), self.stage_smem())
+            if ep + nic > cap:
+                raise EpError(f"{what} exceed the {cap} co-resident blocks: lower --num-sms or ranks per GPU")
+            return
+        ep_cap = coop_max_blocks(0, 32 * self.warps, 0)
+        nic_cap, sms = self.ext.nic_max_blocks(0, 32 * self.nic_warps, self.stage_smem())
+        if ep > ep_cap or nic > nic_cap or ep + nic > sms:
+            raise EpError(f"{what}, the NIC blocks in a kernel of their own, exceed the {sms} SMs "
+                          f"(EP kernel {ep_cap} co-resident, NIC kernel {nic_cap}): lower --num-sms or ranks per GPU")
 
     def stage_smem(self) -> int:
         """Dynamic shared memory a launch takes: the delivering warps' staging slices where the
@@ -517,7 +534,7 @@ class Runner:
 
         if not COPIES[self.emu.nic_copy]:  # the kernels' Fabric::copy_staged
             return 0
-        return self.nic_warps * int(self.ext.layout_sizes()["stage_bytes_per_warp"])
+        return self.nic_warps * int(self.ext.stage_bytes(self.nic_warps))
 
     def hostq_sizes(self) -> list[tuple[str, int, bool]]:
         """The queues that live in pinned host memory: (name, bytes, write-combined). The

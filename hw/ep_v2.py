@@ -164,10 +164,7 @@ class V2Runner(v1.Runner):
             raise v1.EpError(f"warps_per_sm + forward_warps_per_sm = {self.warps}: the kernels take 1..8")
         g = v2_geometry(self.nb, self.so_warps, self.fwd_warps, self.n_rxcq, self.N, shape.tokens, self.P)
         self.Cv, self.Fv, self.S, self.NW, self.tails = g["C"], g["F"], g["S"], g["NW"], g["tails"]
-        cap = ext.coop_max_blocks_v2(0, 32 * max(self.warps, self.nic_warps), self.stage_smem())
-        grid = self.rpg * (self.nb + self.nic_units)
-        if grid > cap:
-            raise v1.EpError(f"{grid} blocks per GPU exceed the {cap} co-resident V2 blocks")
+        self.check_resident(ext.coop_max_blocks_v2)
         self.rlayouts = ref.rank_layout(shape, self.inputs)
         self.rows = ref.rank_rows(shape, self.inputs, self.layouts, self.y, self.rlayouts)
         self.run = {"proto": PROTO[protocol], "interval": 1}

@@ -8,6 +8,12 @@
 # (SMs): faulted smoke runs through the gate with two blocks a NIC (V1 native, V1 proxy, V2
 # hybrid), the closest setting with one and two blocks a NIC alternately, REPEATS times (shared
 # fetch), then two blocks with the dedicated fetcher, register copies (each fetcher), 6 us ahead.
+# WHAT=kernel: the NIC blocks in a kernel of their own (`nic_kernel = "own"`, compiled for 128
+# registers a thread, so a NIC block runs up to 16 delivering warps: `nic_warps_count`): faulted
+# smoke runs through the gate with 16 NIC warps (V1 native, V1 proxy, V2 hybrid), then the closest
+# setting (due mask 8 us ahead, batches of two, staged copies, shared fetch) with the one kernel's
+# 8 warps, the own kernel's 8 and its 16, alternately, REPEATS rounds, then the own kernel's 12
+# warps, its 16 with the dedicated fetcher, with register copies, and 6 us ahead.
 # WHAT picks the comparison: "control", the unsafe-ordered negative control (flags ordered
 # after their data on the SRD wire, with faults: its gate must fail) REPEATS times at each of
 # CONTROL_ITERS iterations, the host engine polling back to back and pausing 2 us alternately,
@@ -140,6 +146,22 @@ elif [[ $WHAT == control ]]; then
     done
   done
   control_tally "$REC"
+elif [[ $WHAT == kernel ]]; then
+  O="--emu-set nic_kernel=own --emu-set nic_warps_count=16"
+  smokes own16 $O --emu-set nic_copy=staged --emu-set nic_claim=mask --emu-set deliver_lead_ns=8000
+  step smoke-own16-proxy 60 --ranks 2 --gpus 1 --iters 5 --warmup 1 --profile 0 --path proxy --out-dir "$REC/smoke" $O \
+    --emu-set nic_copy=staged --id-prefix smoke-own16-proxy- --variants ";"
+  for i in $(seq 1 "$REPEATS"); do
+    for kw in shared:8 own:8 own:16; do
+      step ${kw/:/}-shared-r$i 60 $C --emu-set nic_kernel=${kw%:*} --emu-set nic_warps_count=${kw#*:} \
+        --emu-set deliver_lead_ns=8000 --emu-set nic_fetcher=shared --id-prefix emu-kernel-${kw/:/}-lead8000-shared-r$i- --variants ";"
+    done
+  done
+  step own12-shared 60 $C --emu-set nic_kernel=own --emu-set nic_warps_count=12 --emu-set deliver_lead_ns=8000 \
+    --emu-set nic_fetcher=shared --id-prefix emu-kernel-own12-lead8000-shared-r1- --variants ";"
+  then_runs kernel own16 6000 $C $O
+  step own16-one 60 $C $O --emu-set nic_copy=one --emu-set deliver_lead_ns=8000 --emu-set nic_fetcher=shared \
+    --id-prefix emu-kernel-own16-one-lead8000-shared-r1- --variants ";"
 elif [[ $WHAT == loads ]]; then
   smokes wide --emu-set nic_claim_loads=wide --emu-set nic_copy=staged --emu-set nic_claim=mask --emu-set deliver_lead_ns=8000
   alternate loads nic_claim_loads "volatile wide" $C

@@ -208,6 +208,32 @@ def test_spread_script_runs_one_and_two_blocks_a_nic_alternately(tmp_path):
     assert all(v["nics_per_rank"] == 4 and v["line_rate_gbps"] == 100.0 for _, v in runs)
 
 
+def test_spread_script_runs_the_nic_kernel_shared_and_its_own_in_rounds(tmp_path):
+    """hw/run_spread_on_device.sh with WHAT=kernel: faulted smoke runs with the NIC blocks in a
+    kernel of their own at 16 warps (V1 native, V2 hybrid, V1 proxy) first; then rounds of the
+    closest setting with the one kernel's 8 NIC warps, the own kernel's 8 and its 16, nothing else
+    differing within a round, each run its own id; then the own kernel at 12 warps, and at 16 with
+    the dedicated fetcher, 6 us ahead and register copies. Every emulator value checks (16 warps
+    only in the own kernel)."""
+
+    p = _ep_parser()
+    steps = _script_steps(tmp_path, {"REPEATS": "2", "WHAT": "kernel", "COMBOS": ""}, "run_spread_on_device.sh")
+    _two_smokes(p, steps, "nic_kernel=own", "nic_warps_count=16")
+    proxy = p.parse_args(steps.pop(0))
+    assert proxy.path == "proxy" and "nic_kernel=own" in proxy.emu_set and "nic_warps_count=16" in proxy.emu_set
+    runs = _emu_runs(p, steps)
+    assert len(runs) == 2 * 3 + 4 and len({i for i, _ in runs}) == len(runs)
+    kw = [(v["nic_kernel"], v["nic_warps_count"]) for _, v in runs]
+    assert kw[:6] == [("shared", 8), ("own", 8), ("own", 16)] * 2
+    for r in (runs[0:3], runs[3:6]):
+        rest = [{k: x for k, x in v.items() if k not in ("nic_kernel", "nic_warps_count")} for _, v in r]
+        assert rest[0] == rest[1] == rest[2]
+    assert kw[6:] == [("own", 12), ("own", 16), ("own", 16), ("own", 16)]
+    assert [(v["nic_fetcher"], v["deliver_lead_ns"], v["nic_copy"]) for _, v in runs[6:]] == [
+        ("shared", 8000.0, "staged"), ("dedicated", 8000.0, "staged"), ("shared", 6000.0, "staged"),
+        ("shared", 8000.0, "one")]
+
+
 def test_spread_script_runs_the_mask_and_earliest_due_first_alternately(tmp_path):
     """hw/run_spread_on_device.sh with WHAT=edf (what e46346f ran): faulted smoke runs claiming earliest
     due first on V1 and V2 hybrid; then the due mask in table order and earliest due first

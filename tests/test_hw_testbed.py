@@ -66,6 +66,14 @@ def test_emulator_file_refusals_are_one_line(tmp_path):
         emulated_nic.load(overrides={"loss_prob": "2"})
     with pytest.raises(UserError, match="needs KEY=VALUE"):
         emulated_nic.parse_emu_sets(["loss_prob"])
+    # more than the one kernel's 8 NIC warps only in a NIC kernel of its own, which shares no table
+    with pytest.raises(UserError, match='nic_warps_count = 16: above 8 needs nic_kernel = "own"'):
+        emulated_nic.load(overrides={"nic_warps_count": "16"})
+    with pytest.raises(UserError, match="can not share a table"):
+        emulated_nic.load(overrides={"nic_kernel": "own", "blocks_per_nic_count": "2", "nic_share": "table"})
+    own = emulated_nic.load(overrides={"nic_kernel": "own", "nic_warps_count": "16"})
+    assert own.fabric_dict(0, False)["own_kernel"] == 1
+    assert emulated_nic.load().fabric_dict(0, False)["own_kernel"] == 0
 
 
 def test_emu_set_reaches_the_kernels_and_the_record():

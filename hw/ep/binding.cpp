@@ -209,6 +209,7 @@ static int make_world(int gpu, const IntMap& c, const FloatMap& fab, const std::
   w.fab.blocks_per_nic = (int)f("blocks_per_nic");
   w.fab.share_table = (int)f("share_table");
   w.fab.claim_loads = (int)f("claim_loads");
+  w.fab.own_kernel = (int)f("own_kernel");
   w.fab.seed = (unsigned long long)f("seed");
 
   // ---- the NIC tables, whoever filled them (emulated_nic_tables below, or a real device's
@@ -415,8 +416,10 @@ static std::map<std::string, int64_t> layout_sizes() {
           {"nic_qp", sizeof(emu::NicQp)}, {"proxy_desc", sizeof(emu::ProxyDesc)},
           {"dmsg", emu::DMSG}, {"cmsg", emu::CMSG}, {"err_words", emu::ERR_WORDS},
           {"stats", emu::ST_NUM}, {"prof_words", emu::PROF_WORDS},
-          {"stage_bytes_per_warp", emu::STAGE_V * 16}};
+          {"stage_bytes_per_warp", emu::STAGE_V * 16}, {"max_nic_warps", emu::MAXNW}};
 }
+// The staging slice of each delivering warp of a NIC block of `nic_warps` warps (bytes).
+static int64_t stage_bytes(int nic_warps) { return (int64_t)emu::stage_words(nic_warps) * 16; }
 static std::string err_string(int e) { return cudaGetErrorString((cudaError_t)e); }
 
 // ------------------------------------------------------------------ proxy
@@ -626,6 +629,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("launch_op", &launch_op);
   m.def("enable_peer", &emu_host::enable_peer);
   m.def("coop_max_blocks", &emu_host::coop_max_blocks);
+  m.def("nic_max_blocks", &emu_host::nic_max_blocks);
+  m.def("stage_bytes", &stage_bytes);
   m.def("layout_sizes", &layout_sizes);
   m.def("nic_layout", &nic_layout);
   m.def("err_string", &err_string);

@@ -20,6 +20,8 @@
 #include "../efa/wqe.h"
 #include "emu_nic.h"
 
+#include <utility>
+
 #if defined(__CUDACC__)
 #define EMU_HD __host__ __device__ __forceinline__
 #else
@@ -68,6 +70,18 @@ constexpr int DMSG = 7504;    // FP8 7168 + scales 224 + metadata 112
 // 16-byte words of a delivering NIC warp's staging slice in dynamic shared memory
 // (Fabric::copy_staged): two packets of the largest MTU the emulator takes in one slice
 constexpr int STAGE_V = 1120;
+// NIC warps a block at most: 8 where the NIC blocks share the EP blocks' kernel (its 255
+// registers a thread fill an SM at 8 warps), 16 in a NIC kernel of its own (Fabric::own_kernel,
+// compiled for 128 registers a thread)
+constexpr int MAXNW = 16;
+// The delivering warps' staging slices together take at most this much dynamic shared memory a
+// block (beside the NIC's ~39 KiB of tables, under an SM's 227 KiB): each slice is two packets
+// of the largest MTU (STAGE_V) where that fits, fewer 16-byte words where a block has more warps.
+constexpr int STAGE_BUDGET_BYTES = 180 * 1024;
+EMU_HD constexpr int stage_words(int nic_warps) {
+  const int fit = STAGE_BUDGET_BYTES / 16 / (nic_warps < 1 ? 1 : nic_warps);
+  return fit < STAGE_V ? fit : STAGE_V;
+}
 constexpr int CMSG = 14400;   // head stamp 16 + BF16 7168*2 + trailer 48
 constexpr int MAX_TOPK = 8;
 constexpr int NQ_MAX = 32;   // QPs allocated per rank (a call uses num_qps of them)
@@ -297,6 +311,9 @@ struct Fabric {  // [platform.fabric] + [platform.nic] + [platform.receiver], ns
   int share_table;        // with blocks_per_nic > 1: 1 the NIC's tables in its first block's shared
                           // memory, the other blocks of its cluster deliver from them; 0 its QPs
                           // split between the blocks, each with its own tables
+  int own_kernel;         // 1: the NIC blocks run as a kernel of their own beside the EP blocks'
+                          // (up to MAXNW warps a block, 128 registers a thread); 0: one kernel
+                          // holds both roles (up to 8 warps a block, 255 registers)
   int fence_release;      // 1: the fence after a batch's copies is a release fence (fence.acq_rel,
                           // store-store order is all the completions need); 0: fence.sc
                           // (__threadfence / __threadfence_system)
@@ -330,6 +347,7 @@ namespace emu_host {
 int coop_max_blocks(int device, int threads, int smem);
 int launch_world_barrier(const emu::World& w, unsigned long long seq, void* stream);
 int launch_op(const emu::World& w, int op, unsigned int epoch, const emu::EpFlags& f, void* stream);
+std::pair<int, int> nic_max_blocks(int device, int threads, int smem);
 int enable_peer(int dev, int peer);
 }
 

@@ -28,10 +28,15 @@
 #include <cuda_runtime.h>
 #include <stdio.h>
 
+#include <utility>
+
 using namespace emu;
 
-#define MAXW 8      // warps per block at most
+#define MAXW 8      // warps per block at most where one kernel holds both roles (NIC warps in a
+                    // NIC kernel of their own: MAXNW, efa_emu.cuh)
 #define MAXG 16     // post group (doorbell batch / span) at most
+// a NIC block of the one kernel (at most MAXW warps) stages two whole MTUs a warp (STAGE_V)
+static_assert(stage_words(MAXW) == STAGE_V, "the shared kernel's NIC warps take whole stages");
 
 namespace {
 
@@ -1249,6 +1254,7 @@ struct NicCtx {
   int nic, nics, nq;  // this NIC block (of nics a rank: NICs x blocks_per_nic) and its QPs' stride
   int pnic, pnics;    // the emulated NIC it serves (of pnics a rank); sub-block 0 faces the host
   bool proxy;
+  unsigned stage_v;                 // 16-byte words of each delivering warp's staging slice
   const lever_efa_nic_layout* lay;  // [nq] the QPs it serves (native or proxy), as it published them
   const lever_efa_nic_layout* flay; // [nq] where it fetches WQEs and doorbells: its device mirror of a
                                     // host-memory SQ, else the published layout
@@ -1642,8 +1648,8 @@ __device__ __forceinline__ void stage_flush(NicShared& S, uint4* stage, unsigned
 // their completion; the other lanes issue nothing. The staged and register copies keep the
 // SM's load/store pipe busy with every 16 bytes, which a claim's shared-memory loads then queue
 // behind (docs/testbed.md, The fence's strength, and more SMs a NIC).
-__shared__ __align__(8) unsigned long long emu_mbar[MAXW];
-__shared__ unsigned emu_mbar_phase[MAXW];
+__shared__ __align__(8) unsigned long long emu_mbar[MAXNW];
+__shared__ unsigned emu_mbar_phase[MAXNW];
 
 __device__ __forceinline__ unsigned smem_u32(const void* p) { return (unsigned)__cvta_generic_to_shared(p); }
 
@@ -1688,11 +1694,13 @@ __device__ __forceinline__ void bulk_flush(NicShared& S, uint4* stage, unsigned 
 }
 
 // Copy the packets of the lanes in `lanes` (each lane's claimed entry `mine`) through the warp's
-// stage, by the warp's own loads (cp.async, every lane) or by the copy engine (`bulk`: TMA, lane
-// 0, each packet's bytes expected on the warp's mbarrier); a round ends when the stage is full,
-// and a packet not 16-byte aligned takes copy_packet.
-__device__ __forceinline__ void copy_staged(NicShared& S, unsigned lanes, int mine, int lane, bool bulk) {
-  uint4* stage = emu_stage + (size_t)(threadIdx.x >> 5) * STAGE_V;
+// stage of `sv` 16-byte words (stage_words), by the warp's own loads (cp.async, every lane) or by
+// the copy engine (`bulk`: TMA, lane 0, each packet's bytes expected on the warp's mbarrier); a
+// round ends when the stage is full, and a packet not 16-byte aligned or larger than the stage
+// takes copy_packet.
+__device__ __forceinline__ void copy_staged(NicShared& S, unsigned lanes, int mine, int lane, bool bulk,
+                                            unsigned sv) {
+  uint4* stage = emu_stage + (size_t)(threadIdx.x >> 5) * sv;
   const unsigned mb = smem_u32(&emu_mbar[threadIdx.x >> 5]);
   unsigned staged = 0u, used = 0u;
   auto flush = [&] {
@@ -1707,12 +1715,12 @@ __device__ __forceinline__ void copy_staged(NicShared& S, unsigned lanes, int mi
     uint8_t* dst = reinterpret_cast<uint8_t*>(vld64(&S.dst[e]));
     const unsigned n = vldu(&S.len[e]);
     if (((reinterpret_cast<uintptr_t>(src) | reinterpret_cast<uintptr_t>(dst) | n) & 15u) != 0u ||
-        (n >> 4) > STAGE_V) {
+        (n >> 4) > sv) {
       copy_packet(src, dst, n, lane);
       continue;
     }
     const unsigned nv = n >> 4;
-    if (used + nv > STAGE_V) {
+    if (used + nv > sv) {
       flush();
       staged = 0u;
       used = 0u;
@@ -2052,7 +2060,7 @@ __device__ bool nic_deliver(const World& w, NicCtx& c, NicShared& S, bool host_e
     }
     unsigned g2 = __ballot_sync(0xffffffffu, fate == 3);  // copies start <= deliver_lead_ns early
     if (fb.copy_staged) {
-      copy_staged(S, g2, mine, lane, fb.copy_staged == 2);
+      copy_staged(S, g2, mine, lane, fb.copy_staged == 2, c.stage_v);
       g2 = 0u;
     }
     while (g2) {
@@ -2175,7 +2183,7 @@ __device__ bool nic_deliver(const World& w, NicCtx& c, NicShared& S, bool host_e
 }
 
 __device__ void nic_warp(const World& w, const EpFlags& f, int lr, int nic, int wib, NicShared& S,
-                         unsigned total_ep_blocks) {
+                         unsigned total_ep_blocks, unsigned stage_v) {
   const RankLocal& L = w.local[lr];
   const Fabric& fb = w.fab;
   const int lane = lane_id();
@@ -2190,6 +2198,7 @@ __device__ void nic_warp(const World& w, const EpFlags& f, int lr, int nic, int 
   const bool faces_host = nic < fb.nics_per_rank;  // sub-block 0 of its NIC mirrors the host SQs
   c.nq = f.num_qps < NQ_MAX ? f.num_qps : NQ_MAX;
   c.proxy = f.proxy != 0;
+  c.stage_v = stage_v;
   c.lay = c.proxy ? L.pnic : L.nic;
   c.flay = c.proxy ? L.fpnic : L.fnic;
   c.sq_host = c.lay[0].sq_buffer_mem != LEVER_EFA_MEM_GPU;
@@ -2329,16 +2338,15 @@ __device__ __forceinline__ void nic_cluster(const World& w, const EpFlags& f, Ni
   if (sub == 0) nic_tables_reset(s_nic);
   cl.sync();  // the tables ready (and visible cluster wide) before any warp of the cluster uses them
   if (warp < w.nic_warps && lr < w.ranks_per_gpu)
-    nic_warp(w, f, lr, nic, sub * w.nic_warps + warp, *S, (unsigned)n_ep_blocks);
+    nic_warp(w, f, lr, nic, sub * w.nic_warps + warp, *S, (unsigned)n_ep_blocks, STAGE_V);
   cl.sync();
 }
 
-// A NIC block of a launch (V1's and V2's): its packet table reset, then its warps are the
-// emulated NIC of (local rank, NIC) until every EP block is done.
-__device__ __forceinline__ void nic_block(const World& w, const EpFlags& f, NicShared& s_nic,
-                                          int n_ep_blocks) {
+// NIC block nb of a launch (V1's and V2's, or the NIC kernel's of its own): its packet table
+// reset, then its warps are the emulated NIC of (local rank, NIC) until every EP block is done.
+__device__ __forceinline__ void nic_block(const World& w, const EpFlags& f, NicShared& s_nic, int nb,
+                                          int n_ep_blocks, unsigned stage_v) {
   const int warp = threadIdx.x >> 5;
-  const int nb = blockIdx.x - n_ep_blocks;
   if (tab_shared(w.fab)) {
     nic_cluster(w, f, s_nic, nb, n_ep_blocks);
     return;
@@ -2349,7 +2357,7 @@ __device__ __forceinline__ void nic_block(const World& w, const EpFlags& f, NicS
   nic_tables_reset(s_nic);
   __syncthreads();
   if (warp < w.nic_warps && lr < w.ranks_per_gpu)
-    nic_warp(w, f, lr, nic, warp, s_nic, (unsigned)n_ep_blocks);
+    nic_warp(w, f, lr, nic, warp, s_nic, (unsigned)n_ep_blocks, stage_v);
 }
 
 __global__ void __launch_bounds__(MAXW * 32, 1)
@@ -2382,8 +2390,20 @@ __global__ void __launch_bounds__(MAXW * 32, 1)
     }
     ep_block_done(w);
   } else {
-    nic_block(w, f, s_nic, n_ep_blocks);
+    nic_block(w, f, s_nic, (int)blockIdx.x - n_ep_blocks, n_ep_blocks, STAGE_V);
   }
+}
+
+// The NIC blocks as a kernel of their own (Fabric::own_kernel), beside the EP blocks' kernel (V1
+// or V2) on another stream. The one kernel that holds both roles is compiled for the issuers'
+// 255 registers a thread, so an SM holds 8 of its warps; compiled for the NIC's code alone at
+// 128, a NIC block runs up to MAXNW delivering warps on its SM, sharing its tables in that SM's
+// shared memory (docs/testbed.md, A NIC kernel of its own).
+__global__ void __launch_bounds__(MAXNW * 32, 1)
+    nic_op_kernel(const __grid_constant__ World w, EpFlags f) {
+  __shared__ NicShared s_nic;
+  nic_block(w, f, s_nic, (int)blockIdx.x, w.ranks_per_gpu * w.ep_blocks_per_rank,
+            (unsigned)stage_words(w.nic_warps));
 }
 
 __global__ void world_barrier_kernel(const __grid_constant__ World w, unsigned long long seq) {
@@ -2418,7 +2438,7 @@ namespace emu_host {
 // shared memory, the kernel must be allowed it first.
 int stage_smem(const World& w, const void* kernel) {
   if (!w.fab.copy_staged) return 0;
-  const int bytes = w.nic_warps * STAGE_V * (int)sizeof(uint4);
+  const int bytes = w.nic_warps * stage_words(w.nic_warps) * (int)sizeof(uint4);
   cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
   return bytes;
 }
@@ -2448,6 +2468,61 @@ int launch_coop(const void* kernel, const World& w, int grid, int threads, void*
   return (int)cudaLaunchKernelExC(&cfg, kernel, args);
 }
 
+// The NIC kernel's side stream and the events that order it, one set a device (made once).
+struct NicStream {
+  cudaStream_t s = nullptr;
+  cudaEvent_t go = nullptr, done = nullptr;
+};
+
+// An op whose NIC blocks run in a kernel of their own (Fabric::own_kernel): the NIC kernel on
+// a side stream after everything before it on `stream` (the world barrier that reset ep_done),
+// the EP blocks' kernel on `stream` (cooperative: its blocks wait on each other), then `stream`
+// waits for the NIC kernel, so whoever waits on `stream` waits for both. The two kernels must
+// be resident together (the NIC blocks stop only once every EP block is done, the EP blocks
+// wait on the NIC's deliveries): their blocks together must fit the SMs (checked by the caller,
+// nic_max_blocks), and nothing else runs on the GPU.
+int launch_split(const void* ep_kernel, const World& w, void** ep_args, const EpFlags& f, void* stream) {
+  static NicStream side[64];
+  int dev = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= 64) return -6;
+  if (tab_shared(w.fab)) return -5;  // clusters of NIC blocks sharing a table: one kernel only
+  NicStream& ns = side[dev];
+  if (!ns.s) {
+    if (cudaStreamCreateWithFlags(&ns.s, cudaStreamNonBlocking) != cudaSuccess ||
+        cudaEventCreateWithFlags(&ns.go, cudaEventDisableTiming) != cudaSuccess ||
+        cudaEventCreateWithFlags(&ns.done, cudaEventDisableTiming) != cudaSuccess)
+      return (int)cudaGetLastError();
+  }
+  const cudaStream_t st = (cudaStream_t)stream;
+  int rc = (int)cudaEventRecord(ns.go, st);
+  if (!rc) rc = (int)cudaStreamWaitEvent(ns.s, ns.go, 0);
+  if (rc) return rc;
+  World wc = w;
+  EpFlags fc = f;
+  void* nic_args[] = {(void*)&wc, (void*)&fc};
+  const int smem = stage_smem(w, (const void*)nic_op_kernel);
+  rc = (int)cudaLaunchKernel((const void*)nic_op_kernel, dim3(w.nic_blocks), dim3(32 * w.nic_warps), nic_args,
+                             (size_t)smem, ns.s);
+  if (rc) return rc;
+  rc = (int)cudaLaunchCooperativeKernel(ep_kernel, dim3(w.ranks_per_gpu * w.ep_blocks_per_rank),
+                                        dim3(32 * w.ep_warps), ep_args, 0, st);
+  if (!rc) rc = (int)cudaEventRecord(ns.done, ns.s);
+  if (!rc) rc = (int)cudaStreamWaitEvent(st, ns.done, 0);
+  return rc;
+}
+
+// Blocks of the NIC kernel of its own that fit the device at once, and its SMs (both: the
+// caller checks the EP and NIC kernels' blocks together against the SMs).
+std::pair<int, int> nic_max_blocks(int device, int threads, int smem) {
+  int per_sm = 0, sms = 0;
+  cudaSetDevice(device);
+  if (smem > 0) cudaFuncSetAttribute((const void*)nic_op_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+  if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, nic_op_kernel, threads, smem) != cudaSuccess)
+    return {-1, 0};
+  cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
+  return {per_sm * sms, sms};
+}
+
 }  // namespace emu_host
 
 #include "v2_kernels.cuh"  // DeepEP V2 hybrid/direct: the same issuer and NIC agent
@@ -2471,11 +2546,13 @@ int launch_world_barrier(const World& w, unsigned long long seq, void* stream) {
 
 int launch_op(const World& w, int op, unsigned epoch, const EpFlags& f, void* stream) {
   int grid = w.ranks_per_gpu * w.ep_blocks_per_rank + w.nic_blocks;
-  if (w.ep_warps > MAXW || w.nic_warps > MAXW || w.ep_warps < 1 || w.nic_warps < 1) return -2;
+  if (w.ep_warps > MAXW || w.nic_warps > (w.fab.own_kernel ? MAXNW : MAXW) || w.ep_warps < 1 || w.nic_warps < 1)
+    return -2;
   int threads = 32 * (w.ep_warps > w.nic_warps ? w.ep_warps : w.nic_warps);  // one block shape, both roles
   World wc = w;
   EpFlags fc = f;
   void* args[] = {(void*)&wc, (void*)&op, (void*)&epoch, (void*)&fc};
+  if (w.fab.own_kernel && w.nic_blocks > 0) return launch_split((const void*)ep_op_kernel, w, args, f, stream);
   const int smem = stage_smem(w, (const void*)ep_op_kernel);
   return launch_coop((const void*)ep_op_kernel, w, grid, threads, args, smem, stream);
 }

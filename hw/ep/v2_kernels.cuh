@@ -1127,7 +1127,7 @@ __global__ void __launch_bounds__(MAXW * 32, 1)
     }
     ep_block_done(w);
   } else {
-    nic_block(w, f, s_nic, n_ep_blocks);
+    nic_block(w, f, s_nic, (int)blockIdx.x - n_ep_blocks, n_ep_blocks, STAGE_V);
   }
 }
 
@@ -1147,7 +1147,8 @@ int coop_max_blocks_v2(int device, int threads, int smem) {
 int launch_v2_op(const emu::World& w, const emu2::V2World& v, int op, unsigned epoch,
                  const emu::EpFlags& f, const emu2::V2Run& r, void* stream) {
   const int grid = w.ranks_per_gpu * w.ep_blocks_per_rank + w.nic_blocks;
-  if (w.ep_warps > MAXW || w.nic_warps > MAXW || w.ep_warps < 1 || w.nic_warps < 1) return -2;
+  if (w.ep_warps > MAXW || w.nic_warps > (w.fab.own_kernel ? MAXNW : MAXW) || w.ep_warps < 1 || w.nic_warps < 1)
+    return -2;
   if (v.so_warps + v.fwd_warps != w.ep_warps || v.C < 1 || v.P < 1 || w.num_ranks > V2_MAX_RANKS) return -3;
   const int threads = 32 * (w.ep_warps > w.nic_warps ? w.ep_warps : w.nic_warps);
   World wc = w;
@@ -1155,6 +1156,7 @@ int launch_v2_op(const emu::World& w, const emu2::V2World& v, int op, unsigned e
   EpFlags fc = f;
   V2Run rc = r;
   void* args[] = {(void*)&wc, (void*)&vc, (void*)&op, (void*)&epoch, (void*)&fc, (void*)&rc};
+  if (w.fab.own_kernel && w.nic_blocks > 0) return launch_split((const void*)v2_op_kernel, w, args, f, stream);
   const int smem = stage_smem(w, (const void*)v2_op_kernel);
   return launch_coop((const void*)v2_op_kernel, w, grid, threads, args, smem, stream);
 }

@@ -13,7 +13,9 @@
 # smoke runs through the gate with 16 NIC warps (V1 native, V1 proxy, V2 hybrid), then the closest
 # setting (due mask 8 us ahead, batches of two, staged copies, shared fetch) with the one kernel's
 # 8 warps, the own kernel's 8 and its 16, alternately, REPEATS rounds, then the own kernel's 12
-# warps, its 16 with the dedicated fetcher, with register copies, and 6 us ahead.
+# warps, its 16 with the dedicated fetcher, with register copies, and 6 us ahead. KBATCH (default 2)
+# sets the delivery batch of those runs (1: a packet a batch, so a one-MTU staging slice costs
+# no second round), ids then with -bKBATCH after the kernel.
 # WHAT picks the comparison: "control", the unsafe-ordered negative control (flags ordered
 # after their data on the SRD wire, with faults: its gate must fail) REPEATS times at each of
 # CONTROL_ITERS iterations, the host engine polling back to back and pausing 2 us alternately,
@@ -148,20 +150,22 @@ elif [[ $WHAT == control ]]; then
   control_tally "$REC"
 elif [[ $WHAT == kernel ]]; then
   O="--emu-set nic_kernel=own --emu-set nic_warps_count=16"
+  KB=${KBATCH-2}
+  [[ $KB != 2 ]] && C="$C --emu-set deliver_batch_count=$KB" && KS="-b$KB" || KS=""
   smokes own16 $O --emu-set nic_copy=staged --emu-set nic_claim=mask --emu-set deliver_lead_ns=8000
   step smoke-own16-proxy 60 --ranks 2 --gpus 1 --iters 5 --warmup 1 --profile 0 --path proxy --out-dir "$REC/smoke" $O \
     --emu-set nic_copy=staged --id-prefix smoke-own16-proxy- --variants ";"
   for i in $(seq 1 "$REPEATS"); do
     for kw in shared:8 own:8 own:16; do
       step ${kw/:/}-shared-r$i 60 $C --emu-set nic_kernel=${kw%:*} --emu-set nic_warps_count=${kw#*:} \
-        --emu-set deliver_lead_ns=8000 --emu-set nic_fetcher=shared --id-prefix emu-kernel-${kw/:/}-lead8000-shared-r$i- --variants ";"
+        --emu-set deliver_lead_ns=8000 --emu-set nic_fetcher=shared --id-prefix emu-kernel-${kw/:/}$KS-lead8000-shared-r$i- --variants ";"
     done
   done
   step own12-shared 60 $C --emu-set nic_kernel=own --emu-set nic_warps_count=12 --emu-set deliver_lead_ns=8000 \
-    --emu-set nic_fetcher=shared --id-prefix emu-kernel-own12-lead8000-shared-r1- --variants ";"
-  then_runs kernel own16 6000 $C $O
+    --emu-set nic_fetcher=shared --id-prefix emu-kernel-own12$KS-lead8000-shared-r1- --variants ";"
+  then_runs kernel own16$KS 6000 $C $O
   step own16-one 60 $C $O --emu-set nic_copy=one --emu-set deliver_lead_ns=8000 --emu-set nic_fetcher=shared \
-    --id-prefix emu-kernel-own16-one-lead8000-shared-r1- --variants ";"
+    --id-prefix emu-kernel-own16$KS-one-lead8000-shared-r1- --variants ";"
 elif [[ $WHAT == loads ]]; then
   smokes wide --emu-set nic_claim_loads=wide --emu-set nic_copy=staged --emu-set nic_claim=mask --emu-set deliver_lead_ns=8000
   alternate loads nic_claim_loads "volatile wide" $C

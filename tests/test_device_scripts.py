@@ -232,6 +232,11 @@ def test_spread_script_runs_the_nic_kernel_shared_and_its_own_in_rounds(tmp_path
     assert [(v["nic_fetcher"], v["deliver_lead_ns"], v["nic_copy"]) for _, v in runs[6:]] == [
         ("shared", 8000.0, "staged"), ("dedicated", 8000.0, "staged"), ("shared", 6000.0, "staged"),
         ("shared", 8000.0, "one")]
+    assert {v["deliver_batch_count"] for _, v in runs} == {2}
+    # KBATCH=1: every run a packet a batch, its id saying so
+    b1 = _emu_runs(p, _script_steps(tmp_path / "b1", {"REPEATS": "1", "WHAT": "kernel", "COMBOS": "", "KBATCH": "1"},
+                                    "run_spread_on_device.sh")[3:])
+    assert {v["deliver_batch_count"] for _, v in b1} == {1} and all("-b1-" in i for i, _ in b1)
 
 
 def test_spread_script_runs_the_mask_and_earliest_due_first_alternately(tmp_path):

@@ -1197,6 +1197,50 @@ def test_two_blocks_a_nic_are_later_either_way():
         _smokes_pass(BED / folder, "smoke-blocks2*.json", 5)
 
 
+def test_a_nic_kernel_of_its_own_claims_sooner_and_delivers_no_sooner():
+    """docs/testbed.md "A NIC kernel of its own": the NIC blocks in a kernel of their own
+    (compiled for 128 registers a thread) with 16 delivering warps on each NIC's SM, in rounds
+    with the one kernel's 8 warps and the own kernel's 8, on one H100 (e003421, batches of two):
+    packets wait less for a free warp (claim lag under 2 us against over 2.4), but each claim and
+    each batch's copies cost more (more warps on one table, one-MTU staging slices, spills), so no
+    run is under 1.5 us late and the ops are over 8% slower. A packet a batch (360a6e9) 16 warps
+    are five times as timely as 8 (1.2-1.4 us against 7.5-10.8), still not under 1 us, and every op
+    over 50% slower than with two packets a batch; the release fence changes neither. Faulted smoke
+    runs with 16 NIC warps pass the gate (V1 native, V2 hybrid, V1 proxy) in each call."""
+    kinds = {"shared8": ("shared", 8), "own8": ("own", 8), "own16": ("own", 16)}
+
+    def runs(folder: Path, rev: str, kw: str, rounds: int, b: str = "") -> dict[str, list[float]]:
+        paths = [folder / f"emu-kernel-{kw}{b}-lead8000-shared-r{i}-2-native-baseline.json" for i in range(1, rounds + 1)]
+        for pth in paths:
+            fab = _fab(pth)
+            assert (fab["nic_kernel"], fab["nic_warps_count"]) == kinds[kw] and fab["nics_per_rank"] == 4
+            assert fab["deliver_batch_count"] == (1 if b else 2)
+        keys = ("nic_late_per_packet_ns", "nic_claim_lag_per_packet_ns", "nic_scan_per_packet_ns",
+                "nic_copy_per_packet_ns", "dispatch")
+        return {k: [_metric(pth, k, rev) for pth in paths] for k in keys}
+
+    b2 = BED / "h100-e003421" / "b2"
+    m = {kw: runs(b2, "e003421", kw, 3) for kw in kinds}
+    assert max(m["own16"]["nic_claim_lag_per_packet_ns"]) < 2000 < 2400 < min(
+        m["shared8"]["nic_claim_lag_per_packet_ns"] + m["own8"]["nic_claim_lag_per_packet_ns"])
+    assert min(m["own16"]["nic_scan_per_packet_ns"]) > max(m["shared8"]["nic_scan_per_packet_ns"]) + 300
+    assert min(m["own16"]["nic_copy_per_packet_ns"]) > max(m["shared8"]["nic_copy_per_packet_ns"]) + 400
+    assert min(m["own16"]["nic_late_per_packet_ns"]) > 1500
+    assert min(m["own16"]["dispatch"]) > 1.08 * max(m["shared8"]["dispatch"])
+    _smokes_pass(b2, "smoke-own16*.json", 5)
+    for sub in ("b1", "b1-release"):
+        f = BED / "h100-360a6e9" / sub
+        n = 2 if sub == "b1" else 1
+        k = {kw: runs(f, "360a6e9", kw, n, "-b1") for kw in kinds}
+        late16 = k["own16"]["nic_late_per_packet_ns"]
+        assert 1000 < min(late16) and max(late16) < 1400
+        assert 5 * max(late16) < min(k["shared8"]["nic_late_per_packet_ns"] + k["own8"]["nic_late_per_packet_ns"])
+        assert min(k["own16"]["dispatch"]) > 1.5 * max(m["shared8"]["dispatch"])
+        own16 = _fab(f / "emu-kernel-own16-b1-lead8000-shared-r1-2-native-baseline.json")
+        assert own16["nic_fence"] == ("release" if sub == "b1-release" else "sc")
+        _smokes_pass(f, "smoke-own16*.json", 5)
+
+
 def test_earliest_due_first_claims_cost_more_than_they_order():
     """docs/testbed.md "The fence's strength, and more SMs a NIC", earliest due first: on one
     H100 (e46346f), claiming the earliest-due candidates first, alternating with the due mask's

@@ -41,6 +41,19 @@ log_header() {
   } 2>&1 | tee -a "$LOG"
 }
 
+# device_start NAME: what a device script does before its first step: $OUT (default
+# /tmp/NAME_out), its records folder $REC (/tmp/NAME_rec) emptied (a warm machine keeps /tmp, so
+# an earlier call's records would come back as this call's), $LOG, the device environment, the
+# carried wheels, and the log's header (the commit and the GPUs).
+device_start() {
+  OUT=${OUT:-/tmp/$1_out}
+  REC=/tmp/$1_rec; rm -rf "$REC"; mkdir -p "$REC" "$OUT"
+  LOG="$OUT/log.txt"
+  device_env
+  use_carried_wheels
+  log_header
+}
+
 # step NAME TIMEOUT ARGS...: one bounded `lever hw ep ARGS...`, logged to $LOG with its exit
 # status and wall time; a failing smoke* step sets SMOKE_FAILED=1. $REC (the records folder)
 # is re-tarred into $OUT/records.tgz after every step, so what ran so far comes back even if

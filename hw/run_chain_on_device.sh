@@ -13,14 +13,9 @@
 # LEVER_GIT_REV must name the clean 40-hex commit the tree came from.
 set -u
 cd "$(dirname "$0")/.."
-OUT=${OUT:-/tmp/chain_out}
-REC=/tmp/chain_rec; rm -rf "$REC"; mkdir -p "$REC" "$OUT"  # a warm machine keeps /tmp: no earlier call's records
 . hw/device_lib.sh
 GAPS=${GAPS-"0 32000"}
-device_env
-use_carried_wheels
-LOG="$OUT/log.txt"
-log_header
+device_start chain
 build_exts prim
 echo "=== primitives latency, wqe_doorbell, stores_fences, turn_handoff" | tee -a "$LOG"
 timeout 240 python3 -m lever.hw.primitives --gpus 1 --reps 60 --only latency,wqe_doorbell,stores_fences,turn_handoff \

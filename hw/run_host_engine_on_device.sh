@@ -9,18 +9,13 @@
 # LEVER_GIT_REV must name the clean 40-hex commit the tree came from.
 set -u
 cd "$(dirname "$0")/.."
-OUT=${OUT:-/tmp/host_out}
-REC=/tmp/host_rec; rm -rf "$REC"; mkdir -p "$REC" "$OUT"  # a warm machine keeps /tmp: no earlier call's records
 . hw/device_lib.sh
 # LEVERS: the EP2 lever sets run beside the baseline (a set's levers joined by ","); EP4_LEVERS:
 # lever sets run at EP4 on the GPU (4 ranks, 12 SMs each) beside its baseline, none when empty;
 # CHAIN=: leave out the one-warp chain
 LEVERS=${LEVERS-"qp17-ownership;deferred-doorbell-aggregation;batched-doorbells;put-many;lazy-completion-dispatch;qp-fanout-fix;provider-batched-tail"}
 EP4_LEVERS=${EP4_LEVERS-} CHAIN=${CHAIN-1}
-device_env
-use_carried_wheels
-LOG="$OUT/log.txt"
-log_header
+device_start host
 build_exts
 C="--ranks 2 --gpus 1 --iters 40 --out-dir $REC"
 step smoke 60 --ranks 2 --gpus 1 --iters 5 --warmup 1 --profile 0 --faults --out-dir "$REC/smoke" --id-prefix smoke-host --variants ";qp17-ownership"

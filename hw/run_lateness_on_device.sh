@@ -15,18 +15,13 @@
 # LEVER_GIT_REV must name the clean 40-hex commit the tree came from.
 set -u
 cd "$(dirname "$0")/.."
-OUT=${OUT:-/tmp/late_out}
-REC=/tmp/late_rec; rm -rf "$REC"; mkdir -p "$REC" "$OUT"  # a warm machine keeps /tmp: no earlier call's records
 . hw/device_lib.sh
 # LEADS, GAPS, LEVERS, FAULTS: the leads and gaps run, the levers run at each gap, and whether
 # the faulted run is (a shorter call when device time is short: LEADS=900 GAPS="0 2000" LEVERS=
 # FAULTS=, about 3 minutes with the build)
 LEADS=${LEADS-"900 3000 5000"} GAPS=${GAPS-"0 2000 8000"} FAULTS=${FAULTS-1}
 LEVERS=${LEVERS-"deferred-doorbell-aggregation;batched-doorbells;put-many;lazy-completion-dispatch;qp17-ownership"}
-device_env
-use_carried_wheels
-LOG="$OUT/log.txt"
-log_header
+device_start late
 build_exts prim  # the EP extension and the primitives (warp_copy) side by side
 C="--ranks 2 --gpus 1 --iters 60 --out-dir $REC"
 # what a warp pays to copy a token by itself (hw/ep local_put's loop: the emulated platform's

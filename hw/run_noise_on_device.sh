@@ -12,13 +12,8 @@
 # LEVER_GIT_REV must name the clean 40-hex commit the tree came from.
 set -u
 cd "$(dirname "$0")/.."
-OUT=${OUT:-/tmp/noise_out}
-REC=/tmp/noise_rec; rm -rf "$REC"; mkdir -p "$REC" "$OUT"  # a warm machine keeps /tmp: no earlier call's records
 . hw/device_lib.sh
-device_env
-use_carried_wheels
-LOG="$OUT/log.txt"
-log_header
+device_start noise
 build_exts prim
 C="--ranks 2 --gpus 1 --iters 60 --out-dir $REC"
 LEVERS="lazy-completion-dispatch;lazy-completion-combine;batched-doorbells;qp-fanout-fix;write-imm-counting;put-many;deferred-doorbell-aggregation;provider-batched-tail;cached-dispatch;lazy-completion-dispatch,deferred-doorbell-aggregation"

@@ -15,14 +15,9 @@
 # Usage: LEVER_GIT_REV=<rev> bash hw/run_rpg_on_device.sh
 set -u
 cd "$(dirname "$0")/.."
-OUT=${OUT:-/tmp/rpg_out}
-REC=/tmp/rpg_rec; rm -rf "$REC"; mkdir -p "$REC" "$OUT"  # a warm machine keeps /tmp: no earlier call's records
 ITERS=${ITERS:-60}
-. hw/device_lib.sh  # device_env, use_carried_wheels, log_header, build_exts, step
-device_env
-use_carried_wheels
-LOG="$OUT/log.txt"
-log_header
+. hw/device_lib.sh  # device_start, build_exts, step
+device_start rpg
 NGPU=$(nvidia-smi --list-gpus | wc -l)
 echo "=== $NGPU GPU(s)" | tee -a "$LOG"
 build_exts  # the EP extension (V1 and V2 kernels): its log in $OUT/build_ep.log

@@ -53,17 +53,12 @@
 # LEVER_GIT_REV must name the clean 40-hex commit the tree came from.
 set -u
 cd "$(dirname "$0")/.."
-OUT=${OUT:-/tmp/spread_out}
-REC=/tmp/spread_rec; rm -rf "$REC"; mkdir -p "$REC" "$OUT"  # a warm machine keeps /tmp: no earlier call's records
 . hw/device_lib.sh
 REPEATS=${REPEATS-3}
 LEADS8=${LEADS8-"4000 8000"}
 WHAT=${WHAT-wide-edf}
 COMBOS=${COMBOS-}
-device_env
-use_carried_wheels
-LOG="$OUT/log.txt"
-log_header
+device_start spread
 build_exts
 C="--ranks 2 --gpus 1 --iters 60 --out-dir $REC --emu-set nic_copy=staged --emu-set nic_claim=mask --emu-set deliver_batch_count=2"
 # smokes NAME EMU-ARGS...: faulted runs through the gate with those emulator values, V1 (2 ranks)

@@ -14,8 +14,6 @@
 # LEVER_GIT_REV must name the clean 40-hex commit the tree came from.
 set -u
 cd "$(dirname "$0")/.."
-OUT=${OUT:-/tmp/staged_out}
-REC=/tmp/staged_rec; rm -rf "$REC"; mkdir -p "$REC" "$OUT"  # a warm machine keeps /tmp: no earlier call's records
 . hw/device_lib.sh
 # COMBOS: the EP2 lever sets run beside the baseline (none when empty); STAGED=: leave out the
 # copy comparison; COPIES: the copies compared; BATCHES: the delivery batches run with the due
@@ -27,10 +25,7 @@ REC=/tmp/staged_rec; rm -rf "$REC"; mkdir -p "$REC" "$OUT"  # a warm machine kee
 COMBOS=${COMBOS-"put-many;put-many,lazy-completion-dispatch;put-many,lazy-completion-combine;lazy-completion-dispatch;lazy-completion-dispatch,batched-doorbells"}
 STAGED=${STAGED-1} COPIES=${COPIES-"one staged"} BATCHES=${BATCHES-"2 4"} LEADS=${LEADS-8000}
 FETCHERS=${FETCHERS-dedicated} REPEATS=${REPEATS-1} SCAN=${SCAN-1} LEAD3000=${LEAD3000-1}
-device_env
-use_carried_wheels
-LOG="$OUT/log.txt"
-log_header
+device_start staged
 build_exts
 step smoke-staged 60 --ranks 2 --gpus 1 --iters 5 --warmup 1 --profile 0 --faults --out-dir "$REC/smoke" \
   --emu-set nic_copy=staged --id-prefix smoke-staged --variants ";write-imm-counting"

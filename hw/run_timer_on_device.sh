@@ -16,15 +16,10 @@
 # LEVER_GIT_REV must name the clean 40-hex commit the tree came from.
 set -u
 cd "$(dirname "$0")/.."
-OUT=${OUT:-/tmp/timer_out}
-REC=/tmp/timer_rec; rm -rf "$REC"; mkdir -p "$REC" "$OUT"  # a warm machine keeps /tmp: no earlier call's records
 . hw/device_lib.sh
 REPEATS=${REPEATS-3}
 COMBOS=${COMBOS-"lazy-completion-dispatch;lazy-completion-dispatch,lazy-completion-combine;put-many;put-many,qp-fanout-fix"}
-device_env
-use_carried_wheels
-LOG="$OUT/log.txt"
-log_header
+device_start timer
 build_exts prim
 echo "=== primitives latency" | tee -a "$LOG"
 timeout 120 python3 -m lever.hw.primitives --gpus 1 --reps 100 --only latency \

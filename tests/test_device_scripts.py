@@ -79,6 +79,7 @@ def _script_steps(tmp_path: Path, env: dict[str, str], script: str = "run_staged
     (hw / "device_lib.sh").write_text(
         "SMOKE_FAILED=0\n"
         "device_env() { :; }\nuse_carried_wheels() { :; }\nlog_header() { :; }\nbuild_exts() { :; }\n"
+        "device_start() { REC=$OUT/rec; mkdir -p \"$REC\"; LOG=$OUT/log.txt; }\n"
         "metric_table() { :; }\ncontrol_tally() { :; }\n"
         f"step() {{ shift 2; printf '%s\\0' \"$@\" >> {shlex.quote(str(log))}; printf '\\n' >> {shlex.quote(str(log))}; }}\n")
     r = subprocess.run(["bash", str(hw / script)], capture_output=True, text=True,
@@ -367,9 +368,15 @@ def test_a_device_script_starts_from_an_empty_records_folder(script):
     """A warm device machine keeps /tmp between calls: a script's records folder is emptied
     before its first step, or a record an earlier call left (a run that passed where this
     call's failed and wrote none) comes back in this call's tarball as if it were its own."""
-    lines = [x for x in script.read_text().splitlines() if x.startswith("REC=/tmp/")]
+    text = script.read_text()
+    lines = [x for x in text.splitlines() if x.startswith("REC=/tmp/")]
     for line in lines:
         assert 'rm -rf "$REC"; mkdir -p "$REC"' in line, line
+    if "device_start " in text:  # the library's start does it (held below)
+        assert not lines
+    lib = (ROOT / "hw" / "device_lib.sh").read_text()
+    start = lib.split("device_start() {", 1)[1].split("\n}", 1)[0]
+    assert 'REC=/tmp/$1_rec; rm -rf "$REC"; mkdir -p "$REC"' in start
 
 
 SEALED_5462B22 = {  # the combinations a72025c measured: (baseline, run) as hw/ep names them

@@ -221,7 +221,10 @@ struct QpIssuer {  // issuer-side QP state, shared by the warps posting on it; 1
 struct NicQp {  // NIC-side QP state; 128 B (per-WQE state lives in the NIC block's shared memory)
   unsigned int ci;          // WQEs consumed from the SQ
   unsigned int cq_pi;       // CQEs written
-  unsigned int pad[30];
+  unsigned int ci_sub[4];   // a NIC's blocks splitting its WQEs (Fabric::share_table 2): block b
+                            // takes the WQEs of index b mod blocks_per_nic, its next one at
+                            // ci_sub[b] + b
+  unsigned int pad[26];
 };
 
 struct ProxyDesc {  // 128 B descriptor of the proxy path (host ring entry)

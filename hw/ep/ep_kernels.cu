@@ -1235,12 +1235,19 @@ __device__ __forceinline__ void vstu(unsigned* p, unsigned v) { *reinterpret_cas
 // Fabric::share_table): the second block's warps reach the first block's shared memory
 // (distributed shared memory), so the orderings on the tables are at cluster scope.
 __host__ __device__ __forceinline__ bool tab_shared(const Fabric& fb) {
-  return fb.blocks_per_nic > 1 && fb.share_table;
+  return fb.blocks_per_nic > 1 && fb.share_table == 1;
 }
-// NIC blocks a rank that act as NICs of their own (each its QPs, its table): a NIC's blocks
-// when they split its QPs (Fabric::share_table 0), else one a NIC (a cluster shares one table).
+// Whether a NIC's blocks split its WQEs (Fabric::share_table 2): every block sees every QP of the
+// NIC and takes the WQEs of its own index mod blocks_per_nic, so each block gets a share of every
+// burst (a QP's WQEs alternate between the blocks) and keeps its packets in its own table.
+__host__ __device__ __forceinline__ bool wqes_split(const Fabric& fb) {
+  return fb.blocks_per_nic > 1 && fb.share_table == 2;
+}
+// NIC blocks a rank that act as NICs of their own (each its table): a NIC's blocks when they
+// split its QPs or its WQEs (Fabric::share_table 0 or 2), else one a NIC (a cluster shares one
+// table).
 __device__ __forceinline__ int nic_units(const Fabric& fb) {
-  return fb.nics_per_rank * (fb.blocks_per_nic > 1 && !fb.share_table ? fb.blocks_per_nic : 1);
+  return fb.nics_per_rank * (fb.blocks_per_nic > 1 && !tab_shared(fb) ? fb.blocks_per_nic : 1);
 }
 // Order this thread's writes to the NIC's tables before its later ones: block scope for a
 // table only its own block touches, cluster scope for one a cluster shares.
@@ -1312,20 +1319,30 @@ __device__ int nic_fetch(const World& w, NicCtx& c, NicShared& S) {
   const float ns_per_byte = 8.f / fb.line_rate_gbps;
   // lane j watches QP nic + j * nics: all doorbells are read at once
   unsigned my_ci = 0, my_db = 0;
-  const int my_q = c.nic + lane * c.nics;
+  // The QPs it fetches from: its own (one block a NIC, or the NIC's QPs split between its
+  // blocks), or every QP of the NIC, taking the WQEs of its block index `sub` mod `step` (WQEs
+  // split: ci is then this block's next WQE, and its WQEs are `step` apart).
+  const bool split = wqes_split(fb);
+  const int qbase = split ? c.pnic : c.nic, qstride = split ? c.pnics : c.nics;
+  const int sub = split ? c.nic / c.pnics : 0;
+  const unsigned step = split ? (unsigned)fb.blocks_per_nic : 1u;
+  const int my_q = qbase + lane * qstride;
   if (my_q < c.nq) {
-    my_ci = ld_vol32(&L.nicqp[my_q].ci);
+    my_ci = split ? ld_vol32(&L.nicqp[my_q].ci_sub[sub]) + (unsigned)sub : ld_vol32(&L.nicqp[my_q].ci);
     my_db = ld_acq32(reinterpret_cast<const unsigned*>(c.flay[my_q].sq_doorbell_dev)) & 0xffffu;
   }
-  unsigned todo = __ballot_sync(0xffffffffu, my_q < c.nq && ((my_db - my_ci) & 0xffffu) != 0u);
+  // this block's WQEs in [ci, db): a signed distance (the SQ is far shallower than 2^15), so a
+  // block whose next WQE is past the doorbell has none
+  const int my_dist = (int)(short)(unsigned short)((my_db - my_ci) & 0xffffu);
+  const unsigned my_pend = my_dist > 0 ? ((unsigned)my_dist + step - 1u) / step : 0u;
+  unsigned todo = __ballot_sync(0xffffffffu, my_q < c.nq && my_pend != 0u);
   while (todo) {
     const int jq = __ffs(todo) - 1;
     todo &= todo - 1;
-    const int q = c.nic + jq * c.nics;
+    const int q = qbase + jq * qstride;
     NicQp* NQ = L.nicqp + q;
     unsigned ci = __shfl_sync(0xffffffffu, my_ci, jq);
-    const unsigned dbv = __shfl_sync(0xffffffffu, my_db, jq);
-    unsigned pending = (dbv - ci) & 0xffffu;
+    unsigned pending = __shfl_sync(0xffffffffu, my_pend, jq);
     while (pending > 0u) {
       const int nw = pending < 32u ? (int)pending : 32;
       // lane j parses WQE ci + j (4 x 16 B loads; from host memory on the proxy path)
@@ -1333,7 +1350,7 @@ __device__ int nic_fetch(const World& w, NicCtx& c, NicShared& S) {
       unsigned len = 0, imm = 0, dest = 0, dqp = 0, has_imm = 0;
       int npk = 0;
       bool bad = false;
-      const unsigned idx = ci + (unsigned)lane;
+      const unsigned idx = ci + (unsigned)lane * step;
       // a 128-byte WQE (v63): 8 loads; an inline write's payload (bytes 48 on) is copied into
       // the NIC's own memory once its WQE slot is known (below), as a device takes it at fetch
       uint4 raw[8];
@@ -1402,11 +1419,11 @@ __device__ int nic_fetch(const World& w, NicCtx& c, NicShared& S) {
       {
         unsigned long long now = __shfl_sync(0xffffffffu, gtime(), 0);
         unsigned long long nf = S.nic_free, lw = S.last_wqe;
-        // a NIC whose blocks split its QPs (more blocks than NICs: c.nics > c.pnics) has one
-        // wire: its state in global memory, taken under a lock for this WQE batch (the other
-        // block's fetcher waits its turn)
+        // a NIC whose blocks split its QPs or its WQEs (more blocks than NICs) has one wire: its
+        // state in global memory, taken under a lock for this WQE batch (the other block's
+        // fetcher waits its turn)
         unsigned long long* wire =
-            c.L->nic_wire && c.nics > c.pnics ? c.L->nic_wire + 4 * c.pnic : nullptr;
+            c.L->nic_wire && fb.blocks_per_nic > 1 && !tab_shared(fb) ? c.L->nic_wire + 4 * c.pnic : nullptr;
         if (wire) {
           bool ok = true;
           if (lane == 0) {
@@ -1527,7 +1544,7 @@ __device__ int nic_fetch(const World& w, NicCtx& c, NicShared& S) {
         const int npj = __shfl_sync(0xffffffffu, npk, jm);
         if (m < P) {
           const unsigned p = (unsigned)(m - (incj - npj));
-          const unsigned wi = ci + (unsigned)jm;
+          const unsigned wi = ci + (unsigned)jm * step;
           Rng r = pkt_rng(c, q, wi, p);
           // arrival of the first transmission; whether the wire drops it is drawn when it
           // is due (nic_warp), and a dropped packet is resent from its departure + RTO
@@ -1552,8 +1569,9 @@ __device__ int nic_fetch(const World& w, NicCtx& c, NicShared& S) {
         atomicSub(&S.nfree, P);
         atomicSub(&S.wfree, take);
         atomicAdd(&S.inflight, P);
-        ci += (unsigned)take;
-        *reinterpret_cast<volatile unsigned*>(&NQ->ci) = ci;
+        ci += (unsigned)take * step;
+        if (split) *reinterpret_cast<volatile unsigned*>(&NQ->ci_sub[sub]) = ci - (unsigned)sub;
+        else *reinterpret_cast<volatile unsigned*>(&NQ->ci) = ci;
         c.n_wqe += take;
       }
       ci = __shfl_sync(0xffffffffu, ci, 0);

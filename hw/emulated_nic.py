@@ -27,7 +27,7 @@ CLAIMS = {"mask": 1, "scan": 0, "edf": 2}
 COPIES = {"one": 0, "staged": 1, "bulk": 2}
 PART_TIMERS = {"on": 1, "off": 0}
 FENCES = {"sc": 0, "release": 1}
-SHARES = {"qps": 0, "table": 1, "wqes": 2}
+SHARES = {"qps": 0, "table": 1, "wqes": 2, "lanes": 3}
 NIC_KERNELS = {"shared": 0, "own": 1}
 CLAIM_LOADS = {"volatile": 0, "wide": 1}
 

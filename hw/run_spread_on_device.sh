@@ -14,6 +14,8 @@
 # (due mask 8 us ahead, batches of two, staged copies, shared fetch) with one block a NIC and two
 # splitting its WQEs alternately, REPEATS rounds, then two with the dedicated fetcher, 6 us ahead,
 # four blocks a NIC, and the file's own setting (the table walk 0.9 us ahead) with one and two.
+# WHAT=lanes: the same with `nic_share = "lanes"` (the WQEs split as with "wqes", each block
+# sending on a lane of its own at the line rate over the lanes, no wire shared).
 # WHAT=kernel: the NIC blocks in a kernel of their own (`nic_kernel = "own"`, compiled for 128
 # registers a thread, so a NIC block runs up to 16 delivering warps: `nic_warps_count`): faulted
 # smoke runs through the gate with 16 NIC warps (V1 native, V1 proxy, V2 hybrid), then the closest
@@ -149,27 +151,27 @@ elif [[ $WHAT == control ]]; then
     done
   done
   control_tally "$REC"
-elif [[ $WHAT == wqes ]]; then
-  W="--emu-set blocks_per_nic_count=2 --emu-set nic_share=wqes"
+elif [[ $WHAT == wqes || $WHAT == lanes ]]; then
+  W="--emu-set blocks_per_nic_count=2 --emu-set nic_share=$WHAT"
   S="$W --emu-set nic_copy=staged --emu-set nic_claim=mask --emu-set deliver_lead_ns=8000"
-  step smoke-wqes2 60 --ranks 2 --gpus 1 --iters 5 --warmup 1 --profile 0 --faults --out-dir "$REC/smoke" $S \
-    --id-prefix smoke-wqes2- --variants ";write-imm-counting"
-  step smoke-wqes2-proxy 60 --ranks 2 --gpus 1 --iters 5 --warmup 1 --profile 0 --path proxy --out-dir "$REC/smoke" $S \
-    --id-prefix smoke-wqes2- --variants ";"
-  step smoke-wqes2-v2 90 --protocol v2-hybrid --ranks 4 --ranks-per-node 2 --gpus 1 --iters 5 --warmup 1 --profile 0 \
-    --faults --out-dir "$REC/smoke" $S --id-prefix smoke-wqes2-v2- --variants ";write-imm-counting"
+  step smoke-${WHAT}2 60 --ranks 2 --gpus 1 --iters 5 --warmup 1 --profile 0 --faults --out-dir "$REC/smoke" $S \
+    --id-prefix smoke-${WHAT}2- --variants ";write-imm-counting"
+  step smoke-${WHAT}2-proxy 60 --ranks 2 --gpus 1 --iters 5 --warmup 1 --profile 0 --path proxy --out-dir "$REC/smoke" $S \
+    --id-prefix smoke-${WHAT}2- --variants ";"
+  step smoke-${WHAT}2-v2 90 --protocol v2-hybrid --ranks 4 --ranks-per-node 2 --gpus 1 --iters 5 --warmup 1 --profile 0 \
+    --faults --out-dir "$REC/smoke" $S --id-prefix smoke-${WHAT}2-v2- --variants ";write-imm-counting"
   for i in $(seq 1 "$REPEATS"); do
     for b in 1 2; do
-      step wqes$b-shared-r$i 60 $C --emu-set nic_share=wqes --emu-set blocks_per_nic_count=$b \
-        --emu-set deliver_lead_ns=8000 --emu-set nic_fetcher=shared --id-prefix emu-wqes-blocks$b-lead8000-shared-r$i- --variants ";"
+      step $WHAT$b-shared-r$i 60 $C --emu-set nic_share=$WHAT --emu-set blocks_per_nic_count=$b \
+        --emu-set deliver_lead_ns=8000 --emu-set nic_fetcher=shared --id-prefix emu-$WHAT-blocks$b-lead8000-shared-r$i- --variants ";"
     done
   done
-  then_runs wqes blocks2 6000 $C $W
-  step wqes4-shared 60 $C --emu-set nic_share=wqes --emu-set blocks_per_nic_count=4 --emu-set deliver_lead_ns=8000 \
-    --emu-set nic_fetcher=shared --id-prefix emu-wqes-blocks4-lead8000-shared-r1- --variants ";"
+  then_runs $WHAT blocks2 6000 $C $W
+  step ${WHAT}4-shared 60 $C --emu-set nic_share=$WHAT --emu-set blocks_per_nic_count=4 --emu-set deliver_lead_ns=8000 \
+    --emu-set nic_fetcher=shared --id-prefix emu-$WHAT-blocks4-lead8000-shared-r1- --variants ";"
   for b in 1 2; do
-    step wqes$b-file 60 --ranks 2 --gpus 1 --iters 60 --out-dir "$REC" --emu-set nic_share=wqes \
-      --emu-set blocks_per_nic_count=$b --id-prefix emu-wqes-blocks$b-file-r1- --variants ";"
+    step $WHAT$b-file 60 --ranks 2 --gpus 1 --iters 60 --out-dir "$REC" --emu-set nic_share=$WHAT \
+      --emu-set blocks_per_nic_count=$b --id-prefix emu-$WHAT-blocks$b-file-r1- --variants ";"
   done
 elif [[ $WHAT == kernel ]]; then
   O="--emu-set nic_kernel=own --emu-set nic_warps_count=16"

@@ -210,26 +210,28 @@ def test_spread_script_runs_one_and_two_blocks_a_nic_alternately(tmp_path):
 
 
 def test_spread_script_runs_one_block_a_nic_and_two_splitting_its_wqes_alternately(tmp_path):
-    """hw/run_spread_on_device.sh with WHAT=wqes: faulted smoke runs with two blocks a NIC
+    """hw/run_spread_on_device.sh with WHAT=wqes (and WHAT=lanes, each block its own lane of the wire): faulted smoke runs with two blocks a NIC
     splitting its WQEs (V1 native, V1 proxy, V2 hybrid) first; then the closest setting with one
     block a NIC and two splitting its WQEs alternately (nothing else differs within a pair), each
     run its own id; then two blocks with the dedicated fetcher and 6 us ahead, four blocks, and the
     file's own setting with one and two. p5's four 100 Gb/s NICs throughout."""
 
     p = _ep_parser()
-    steps = _script_steps(tmp_path, {"REPEATS": "2", "WHAT": "wqes", "COMBOS": ""}, "run_spread_on_device.sh")
-    smokes = [p.parse_args(steps.pop(0)) for _ in range(3)]
-    assert [s.protocol for s in smokes] == ["v1-ll", "v1-ll", "v2-hybrid"]
-    assert smokes[0].faults and smokes[1].path == "proxy" and smokes[2].faults
-    assert all({"blocks_per_nic_count=2", "nic_share=wqes"} <= set(s.emu_set) for s in smokes)
-    runs = _emu_runs(p, steps)
-    assert len(runs) == 2 * 2 + 5 and len({i for i, _ in runs}) == len(runs)
-    _alternated(runs, 2, ("blocks_per_nic_count",), (1,), (2,))
-    assert all(v["nic_share"] == "wqes" for _, v in runs)
-    assert [(v["blocks_per_nic_count"], v["nic_fetcher"], v["deliver_lead_ns"], v["nic_claim"]) for _, v in runs[4:]] == [
-        (2, "dedicated", 8000.0, "mask"), (2, "shared", 6000.0, "mask"), (4, "shared", 8000.0, "mask"),
-        (1, "dedicated", 900.0, "scan"), (2, "dedicated", 900.0, "scan")]
-    assert all(v["nics_per_rank"] == 4 and v["line_rate_gbps"] == 100.0 for _, v in runs)
+    for what in ("wqes", "lanes"):
+        steps = _script_steps(tmp_path / what, {"REPEATS": "2", "WHAT": what, "COMBOS": ""}, "run_spread_on_device.sh")
+        smokes = [p.parse_args(steps.pop(0)) for _ in range(3)]
+        assert [s.protocol for s in smokes] == ["v1-ll", "v1-ll", "v2-hybrid"]
+        assert smokes[0].faults and smokes[1].path == "proxy" and smokes[2].faults
+        assert all({"blocks_per_nic_count=2", f"nic_share={what}"} <= set(s.emu_set) for s in smokes)
+        runs = _emu_runs(p, steps)
+        assert len(runs) == 2 * 2 + 5 and len({i for i, _ in runs}) == len(runs)
+        assert all(i.startswith(f"emu-{what}-blocks") for i, _ in runs)
+        _alternated(runs, 2, ("blocks_per_nic_count",), (1,), (2,))
+        assert all(v["nic_share"] == what for _, v in runs)
+        assert [(v["blocks_per_nic_count"], v["nic_fetcher"], v["deliver_lead_ns"], v["nic_claim"]) for _, v in runs[4:]] == [
+            (2, "dedicated", 8000.0, "mask"), (2, "shared", 6000.0, "mask"), (4, "shared", 8000.0, "mask"),
+            (1, "dedicated", 900.0, "scan"), (2, "dedicated", 900.0, "scan")]
+        assert all(v["nics_per_rank"] == 4 and v["line_rate_gbps"] == 100.0 for _, v in runs)
 
 
 def test_spread_script_runs_the_nic_kernel_shared_and_its_own_in_rounds(tmp_path):

@@ -1237,11 +1237,16 @@ __device__ __forceinline__ void vstu(unsigned* p, unsigned v) { *reinterpret_cas
 __host__ __device__ __forceinline__ bool tab_shared(const Fabric& fb) {
   return fb.blocks_per_nic > 1 && fb.share_table == 1;
 }
-// Whether a NIC's blocks split its WQEs (Fabric::share_table 2): every block sees every QP of the
-// NIC and takes the WQEs of its own index mod blocks_per_nic, so each block gets a share of every
-// burst (a QP's WQEs alternate between the blocks) and keeps its packets in its own table.
+// Whether a NIC's blocks split its WQEs (Fabric::share_table 2 or 3): every block sees every QP
+// of the NIC and takes the WQEs of its own index mod blocks_per_nic, so each block gets a share
+// of every burst (a QP's WQEs alternate between the blocks) and keeps its packets in its own
+// table. With 2 the blocks share one wire in global memory under a lock; with 3 each block sends
+// on a lane of its own (the line rate and the message rate divided between the lanes, no lock).
 __host__ __device__ __forceinline__ bool wqes_split(const Fabric& fb) {
-  return fb.blocks_per_nic > 1 && fb.share_table == 2;
+  return fb.blocks_per_nic > 1 && (fb.share_table == 2 || fb.share_table == 3);
+}
+__host__ __device__ __forceinline__ bool wire_lanes(const Fabric& fb) {
+  return fb.blocks_per_nic > 1 && fb.share_table == 3;
 }
 // NIC blocks a rank that act as NICs of their own (each its table): a NIC's blocks when they
 // split its QPs or its WQEs (Fabric::share_table 0 or 2), else one a NIC (a cluster shares one
@@ -1316,7 +1321,9 @@ __device__ int nic_fetch(const World& w, NicCtx& c, NicShared& S) {
   const Fabric& fb = w.fab;
   const RankLocal& L = *c.L;
   int taken_total = 0;
-  const float ns_per_byte = 8.f / fb.line_rate_gbps;
+  // a lane of the wire (wire_lanes) sends at the line rate over the lanes
+  const float lanes = wire_lanes(fb) ? (float)fb.blocks_per_nic : 1.f;
+  const float ns_per_byte = 8.f * lanes / fb.line_rate_gbps;
   // lane j watches QP nic + j * nics: all doorbells are read at once
   unsigned my_ci = 0, my_db = 0;
   // The QPs it fetches from: its own (one block a NIC, or the NIC's QPs split between its
@@ -1423,7 +1430,8 @@ __device__ int nic_fetch(const World& w, NicCtx& c, NicShared& S) {
         // state in global memory, taken under a lock for this WQE batch (the other block's
         // fetcher waits its turn)
         unsigned long long* wire =
-            c.L->nic_wire && fb.blocks_per_nic > 1 && !tab_shared(fb) ? c.L->nic_wire + 4 * c.pnic : nullptr;
+            c.L->nic_wire && fb.blocks_per_nic > 1 && !tab_shared(fb) && !wire_lanes(fb) ? c.L->nic_wire + 4 * c.pnic
+                                                                                        : nullptr;
         if (wire) {
           bool ok = true;
           if (lane == 0) {
@@ -1449,7 +1457,7 @@ __device__ int nic_fetch(const World& w, NicCtx& c, NicShared& S) {
           const unsigned lj = __shfl_sync(0xffffffffu, len, j);
           const int pj = __shfl_sync(0xffffffffu, npk, j);
           unsigned long long ready = now + (unsigned long long)(fb.wqe_process_ns + fb.dma_read_ns);
-          const unsigned long long gap = lw + (unsigned long long)fb.min_wqe_gap_ns;
+          const unsigned long long gap = lw + (unsigned long long)(fb.min_wqe_gap_ns * lanes);
           if (gap > ready) ready = gap;
           lw = ready;
           for (int p = 0; p < pj; ++p) {

@@ -23,19 +23,24 @@ from time import perf_counter
 def _kind(event, callback) -> str:
     if type(event) is tuple:  # a call entry (fn, args, rec)
         fn = event[0]
-        if getattr(fn, "__name__", "") == "_resume":  # a hold's end (engine.hold): its process
-            return _kind(event[1][0], fn)
+        if getattr(fn, "__name__", "") == "_wake":  # a hold's end (engine.hold): its process
+            return "_Hold:" + _waits_in(event[1][0])
         return "call:" + getattr(fn, "__qualname__", str(fn))
     proc = getattr(callback, "__self__", None)
-    gen = getattr(proc, "_generator", None)
-    if gen is None:
+    if getattr(proc, "_generator", None) is None:
         return f"{type(event).__name__}:cb:{getattr(callback, '__qualname__', callback)}"
+    return f"{type(event).__name__}:{_waits_in(proc)}"
+
+
+def _waits_in(proc) -> str:
+    """The chain of generators a process waits in (``scaleout>put>post``)."""
+    gen = proc._generator
     name = gen.__qualname__.replace(".<locals>", "")
     sub = gen.gi_yieldfrom
     while sub is not None and hasattr(sub, "gi_yieldfrom"):
         name += ">" + sub.__qualname__.split(".")[-1]
         sub = sub.gi_yieldfrom
-    return f"{type(event).__name__}:{name}"
+    return name
 
 
 def timed_run(env, time_s: Counter, count: Counter) -> int:

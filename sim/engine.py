@@ -306,18 +306,61 @@ class _Hold:
 
 class _Resumes:
     """What :func:`hold` gives the running process to yield on a :class:`ModelEnvironment`:
-    its queue entry is a call entry ``(proc._resume, (_DONE,), None)`` rather than an event,
-    so there is nothing to fire. ``Process._resume`` appends itself to ``callbacks`` of what
-    the process yielded; here that list is a ``deque(maxlen=0)``, which keeps nothing."""
+    its queue entry is a call entry ``(_wake, (proc,), None)`` rather than an event, so there
+    is nothing to fire. :func:`_wake` knows it by identity; ``Process._resume`` (were it to see
+    it) appends itself to ``callbacks``, here a ``deque(maxlen=0)``, which keeps nothing."""
 
     __slots__ = ()
     callbacks: deque = deque(maxlen=0)
 
 
 _RESUMES = _Resumes()
-_DONE = _Hold()  # what a finished hold is to Process._resume: ok, value None (its type a _Hold)
-_DONE.callbacks = None  # type: ignore[assignment]
-_DONE_ARGS = (_DONE,)
+
+
+def _wake(proc: Process) -> None:
+    """A hold's end: resume ``proc`` as ``proc._resume`` resumes it with a finished timeout
+    (SimPy's ``Process._resume``, and on a :class:`PathEnvironment` ``_PathProcess._resume``
+    around it), in one frame.
+
+    Half of the model's events are these. Through the process's own resume each cost two
+    frames, a bound method made at the hold and another made to append to
+    :data:`_RESUMES`'s callbacks: the same steps here, the same order, the same chain (a hold
+    is the process's own segment, recorded before it yielded, so nothing releases it but
+    its own ``rec``). Anything but a hold yielded next goes on as SimPy's loop would."""
+    env = proc.env
+    path = env.path
+    if path is not None:
+        path.cur = proc.rec
+    env._active_proc = proc
+    try:
+        ev = proc._generator.send(None)
+    except StopIteration as e:  # the process ended: it fires as an event of its own
+        ev = None
+        proc._ok = True
+        proc._value = e.args[0] if e.args else None
+        env.schedule(proc)
+    except BaseException as e:  # it failed: as SimPy fails it
+        ev = None
+        proc._ok = False
+        e.__traceback__ = e.__traceback__.tb_next  # type: ignore[union-attr]
+        proc._value = e
+        env.schedule(proc)
+    else:
+        if ev is not _RESUMES:
+            try:
+                cbs = ev.callbacks
+            except AttributeError:
+                raise RuntimeError(f'Invalid yield value "{ev}"') from None
+            if cbs is None:  # processed already: SimPy's loop sends its value at once
+                Process._resume(proc, ev)
+                if path is not None:
+                    proc.rec = path.cur
+                return
+            cbs.append(proc._resume)
+    proc._target = ev
+    env._active_proc = None
+    if path is not None:
+        proc.rec = path.cur
 
 
 def hold(env: simpy.Environment, delay: float) -> _Hold | _Resumes:
@@ -326,7 +369,7 @@ def hold(env: simpy.Environment, delay: float) -> _Hold | _Resumes:
     so the same order bit for bit: ``tests/test_engine.py``).
 
     On a :class:`ModelEnvironment`, inside a process, the entry is a call entry resuming that
-    process (run in the loop's fast path, what ``_Hold``'s one callback did: the same call
+    process (:func:`_wake`, run in the loop's fast path: what ``_Hold``'s one callback did,
     at the same slot), and what the process yields is :data:`_RESUMES`; half of the model's
     events are these. The process must yield it at once (every caller does: a cost it pays)."""
     if delay < 0:
@@ -342,7 +385,7 @@ def hold(env: simpy.Environment, delay: float) -> _Hold | _Resumes:
         h = _Hold()
         push((env._now + delay, NORMAL, next(env._eid), h))
         return h
-    push((env._now + delay, NORMAL, next(env._eid), (proc._resume, _DONE_ARGS, None)))
+    push((env._now + delay, NORMAL, next(env._eid), (_wake, (proc,), None)))
     return _RESUMES
 
 
@@ -363,7 +406,7 @@ def hold_at(env: simpy.Environment, t: float) -> _Hold | _Resumes:
         h = _Hold()
         push((t, NORMAL, next(env._eid), h))
         return h
-    push((t, NORMAL, next(env._eid), (proc._resume, _DONE_ARGS, None)))
+    push((t, NORMAL, next(env._eid), (_wake, (proc,), None)))
     return _RESUMES
 
 

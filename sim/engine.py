@@ -16,6 +16,8 @@ import simpy
 from simpy.core import BoundClass, EmptySchedule, StopSimulation
 from simpy.events import NORMAL, AllOf, Event, EventPriority, Process, Timeout
 
+_heappush = heapq.heappush  # one global per push, not a global and an attribute
+
 Rec = tuple[float, float, str, "Rec | None"]
 """One segment of simulated time on the critical path: ``(start, end, category,
 predecessor)``, the predecessor being the segment whose end let this one start (a
@@ -208,7 +210,6 @@ class ModelEnvironment(simpy.Environment):
         self._width = self.BUCKET_NS
         self._bucket = self._now // self._width  # the latest bucket moved into the heap
         self._edge = (self._bucket + 1) * self._width  # where the next bucket starts
-        self._nfar = 0
         self.push = self._push_entry  # a bound method kept once: helpers look it up per entry
         self.daemons: list[Process] = []  # the pieces' endless loops (start_daemon), for close()
 
@@ -236,17 +237,17 @@ class ModelEnvironment(simpy.Environment):
     def _push_entry(self, entry: tuple) -> None:
         # t < (_bucket + 1) * width is t // width <= _bucket: floor division of floats is exact
         # (fmod is), and the bucket edges are whole multiples of the width
-        if entry[0] < self._edge:
-            heapq.heappush(self._queue, entry)
+        t = entry[0]
+        if t < self._edge:
+            _heappush(self._queue, entry)
             return
-        b = entry[0] // self._width
+        b = t // self._width
         lst = self._far.get(b)
         if lst is None:
             self._far[b] = [entry]
-            heapq.heappush(self._far_keys, b)
+            _heappush(self._far_keys, b)
         else:
             lst.append(entry)
-        self._nfar += 1
 
     def schedule(self, event, priority=NORMAL, delay=0) -> None:  # type: ignore[override]
         self._push_entry((self._now + delay, priority, next(self._eid), event, None, None))
@@ -259,15 +260,15 @@ class ModelEnvironment(simpy.Environment):
         self._bucket = b
         self._edge = (b + 1) * self._width
         lst = self._far.pop(b)
-        self._nfar -= len(lst)
         q = self._queue
         q.extend(lst)  # the same list object: loops hold it
         heapq.heapify(q)
         return True
 
     def pending(self) -> int:
-        """Entries queued, in the heap and the buckets."""
-        return len(self._queue) + self._nfar
+        """Entries queued, in the heap and the buckets (counted when asked: the depth
+        sampler's, every few events, not a count kept at every push)."""
+        return len(self._queue) + sum(map(len, self._far.values()))
 
     def peek(self) -> float:
         if not self._queue:

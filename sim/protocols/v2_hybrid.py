@@ -23,6 +23,7 @@ for every node's finish and reduces.
 from __future__ import annotations
 
 import heapq
+from bisect import bisect_left
 from typing import TYPE_CHECKING
 
 from lever.sim.engine import Counter, Rec, event_at
@@ -176,9 +177,14 @@ def _dispatch_rank(w: World, r: int, sh: _Shared):
         track = f"fwd{j}"
         done = [0] * len(pairs)
         want = [len(sh.stream.get((s, c, n), ())) for s, c in pairs]
-        # per pair, per token of its stream: the destination GPUs of this node (routing is fixed)
-        here = [[tuple(x for x in rt.dst_ranks[s][t] if x // rpn == n)
-                 for t in sh.stream.get((s, c, n), ())] for s, c in pairs]
+        # per pair, per token of its stream: the destination GPUs of this node (routing is fixed),
+        # the ranks lo..hi-1 of a token's destinations (Routing.dst_ranks rows are sorted): a
+        # slice, not a filter of each (a generator per token was 1.4% of an EP256 dispatch)
+        lo, hi = n * rpn, (n + 1) * rpn
+        here = []
+        for s, c in pairs:
+            rows = [rt.dst_ranks[s][t] for t in sh.stream.get((s, c, n), ())]
+            here.append([x[bisect_left(x, lo):bisect_left(x, hi)] for x in rows])
         wake = Counter(env)  # bumped whenever any polled tail moves
         tags = [TailTag(s, c) for s, c in pairs]
         known = [rcv.known[tag] for tag in tags]  # the words polled, looked up once

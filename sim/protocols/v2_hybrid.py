@@ -165,10 +165,10 @@ def _dispatch_rank(w: World, r: int, sh: _Shared):
                 yield from post(message(r, m * rpn + loc, nbytes, tail, seq=sent[m]))
                 sent[m] += 1
                 if not counting and sent[m] % d.scaleout_update_interval == 0:
-                    yield from publish(w, port, r, sh.rank(m, loc), TailTag(r, c), sent[m])
+                    yield from publish(w, port, r, sh.rank(m, loc), tail, sent[m])
         for m in range(N):  # the finish word: final tail for every remote node
             if m != n and not counting and (sent[m] % d.scaleout_update_interval or not sent[m]):
-                yield from publish(w, port, r, sh.rank(m, loc), TailTag(r, c), sent[m])
+                yield from publish(w, port, r, sh.rank(m, loc), tail, sent[m])
         yield from port.finish()
 
     def forward(j: int, pairs: list[tuple[int, int]]):

@@ -22,7 +22,7 @@ from __future__ import annotations
 from collections.abc import Generator
 from typing import TYPE_CHECKING, Any, Protocol
 
-from lever.sim.engine import Counter, _running, call_at, hold, hold_at
+from lever.sim.engine import Counter, _running, call_at, hold, hold_at, succeed
 from simpy.events import Event
 
 if TYPE_CHECKING:
@@ -239,7 +239,7 @@ class SlotTurn:
         ev = self._waiting.pop(ticket + 1, None)
         if ev is not None:
             ev.rec = self.released  # its wait was released by this doorbell
-            ev.succeed()
+            succeed(ev)
 
 
 class NativePort(WarpPort):

@@ -401,7 +401,7 @@ class NativePort(WarpPort):
         f_wqe = self._f_wqe
         t = g.atomic_ns * f_wqe  # reserve the slot on the producer counter
         busy["wqe"] += t
-        counts["wqe"] += 1
+        counts["wqe"] += 1 + blocks  # its count, and the stores' below (integers: one sum)
         if t > 0:
             if path is not None:
                 path.cur = (acc, acc + t, "wqe", path.cur)
@@ -409,7 +409,6 @@ class NativePort(WarpPort):
             total += t
         t = (g.wqe_build_ns + g.wqe_store_ns * blocks) * f_wqe
         busy["wqe"] += t
-        counts["wqe"] += blocks
         if t > 0:
             if path is not None:
                 path.cur = (acc, acc + t, "wqe", path.cur)

@@ -408,22 +408,25 @@ def _combine_rank(w: World, r: int, sh: _Shared):
     sent_to: dict[int, int] = {s: 0 for s in remote}
 
     rpn = sh.rpn
+    lo, hi = n * rpn, (n + 1) * rpn  # this node's ranks
     red_ns = g.reduce_ns_per_kib * kib  # a reduction's cost per partial row
+    to_source = {s: CombineTag(n, s) for s in remote}  # the tag of each source's rows
 
     def forwarder(j: int):
         port = w.port(r, j % C)
+        message = w.messages.new  # World.message's callee: one frame fewer a write
         track = f"fwd{j}"
         for s, t in work[j::F]:
-            contrib = 0  # the token's expert ranks on this node: one partial row each
-            for x in rt.dst_ranks[s][t]:
-                if x // rpn == n:
-                    contrib += 1
+            # the token's expert ranks on this node, one partial row each: the slice lo..hi-1
+            # of its sorted destinations (Routing.dst_ranks), counted without a pass over it
+            x = rt.dst_ranks[s][t]
+            contrib = bisect_left(x, hi) - bisect_left(x, lo)
             # the poll that sees the partials, then their reduction: one wait of the warp
             yield from rcv.wait(PartialTag(s, t), contrib, track, total=True,
                                 then=("compute", red_ns * contrib))
             seq = sent_to[s]  # claimed before posting: forward warps run concurrently
             sent_to[s] += 1
-            yield from port.post(w.message(r, s, nbytes, CombineTag(n, s), seq=seq))
+            yield from port.post(message(r, s, nbytes, to_source[s], seq=seq))
         # the finish signal goes on the notify QP, after every forward warp's data on other
         # QPs: no single connection orders them, so flag-after-data modes flush first (as V2 does)
         if d.path == "native" and d.signal_mode in ("flush", "ordered"):
@@ -450,7 +453,8 @@ def _combine_rank(w: World, r: int, sh: _Shared):
             cnt = sum(1 for _t, nodes in mine if m in nodes)
             yield from rcv.wait(CombineTag(m, r), cnt, "rx", flags=1)
         for t, _nodes in mine:
-            local = sum(1 for x in rt.dst_ranks[r][t] if w.node_of(x) == n)
+            x = rt.dst_ranks[r][t]
+            local = bisect_left(x, hi) - bisect_left(x, lo)  # its ranks on this node (sorted)
             if local:
                 yield from rcv.wait(PartialTag(r, t), local, "rx", total=True)
         yield w.ctx.busy("compute", final_reduce_ns(w, kib * len(mine) * N))

@@ -146,7 +146,7 @@ def _dispatch_rank(w: World, r: int, sh: _Shared):
     def scaleout(c: int):
         port = w.port(r, c)
         post = port.post
-        message = w.messages.new  # World.message's callee: one frame fewer a write
+        message = w.message
         busy = w.ctx.busy
         tail = TailTag(r, c)
         sent = [0] * N
@@ -414,7 +414,6 @@ def _combine_rank(w: World, r: int, sh: _Shared):
 
     def forwarder(j: int):
         port = w.port(r, j % C)
-        message = w.messages.new  # World.message's callee: one frame fewer a write
         track = f"fwd{j}"
         for s, t in work[j::F]:
             # the token's expert ranks on this node, one partial row each: the slice lo..hi-1
@@ -426,7 +425,7 @@ def _combine_rank(w: World, r: int, sh: _Shared):
                                 then=("compute", red_ns * contrib))
             seq = sent_to[s]  # claimed before posting: forward warps run concurrently
             sent_to[s] += 1
-            yield from port.post(message(r, s, nbytes, to_source[s], seq=seq))
+            yield from port.post(w.message(r, s, nbytes, to_source[s], seq=seq))
         # the finish signal goes on the notify QP, after every forward warp's data on other
         # QPs: no single connection orders them, so flag-after-data modes flush first (as V2 does)
         if d.path == "native" and d.signal_mode in ("flush", "ordered"):

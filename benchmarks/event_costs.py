@@ -20,22 +20,26 @@ from collections import Counter
 from time import perf_counter
 
 
-def _kind(event, callback) -> str:
-    if type(event) is tuple:  # a call entry (fn, args, rec)
-        fn = event[0]
-        if getattr(fn, "__name__", "") == "_resume":  # a hold's end (engine.hold): its process
-            return _kind(event[1][0], fn)
-        return "call:" + getattr(fn, "__qualname__", str(fn))
+def _kind(event, callback, args=None) -> str:
+    if args is not None:  # a call entry: event(*args)
+        if getattr(event, "__name__", "") == "_wake":  # a hold's end (engine.hold): its process
+            return "_Hold:" + _waits_in(args[0])
+        return "call:" + getattr(event, "__qualname__", str(event))
     proc = getattr(callback, "__self__", None)
-    gen = getattr(proc, "_generator", None)
-    if gen is None:
+    if getattr(proc, "_generator", None) is None:
         return f"{type(event).__name__}:cb:{getattr(callback, '__qualname__', callback)}"
+    return f"{type(event).__name__}:{_waits_in(proc)}"
+
+
+def _waits_in(proc) -> str:
+    """The chain of generators a process waits in (``scaleout>put>post``)."""
+    gen = proc._generator
     name = gen.__qualname__.replace(".<locals>", "")
     sub = gen.gi_yieldfrom
     while sub is not None and hasattr(sub, "gi_yieldfrom"):
         name += ">" + sub.__qualname__.split(".")[-1]
         sub = sub.gi_yieldfrom
-    return f"{type(event).__name__}:{name}"
+    return name
 
 
 def timed_run(env, time_s: Counter, count: Counter) -> int:
@@ -44,14 +48,13 @@ def timed_run(env, time_s: Counter, count: Counter) -> int:
     path = env.path
     n = 0
     while queue or env.refill():
-        env._now, _, _, event = heapq.heappop(queue)
-        if type(event) is tuple:
-            k = _kind(event, None)
-            fn, args, rec = event
+        env._now, _, _, event, args, rec = heapq.heappop(queue)
+        if args is not None:  # a call entry
+            k = _kind(event, None, args)
             if rec is not None:
                 path.cur = rec
             t = perf_counter()
-            fn(*args)
+            event(*args)
             time_s[k] += perf_counter() - t
             count[k] += 1
         else:

@@ -13,8 +13,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import simpy
-from simpy.core import BoundClass
-from simpy.events import NORMAL, AllOf, Event, Process, Timeout
+from simpy.core import BoundClass, EmptySchedule, StopSimulation
+from simpy.events import NORMAL, AllOf, Event, EventPriority, Process, Timeout
+
+_heappush = heapq.heappush  # one global per push, not a global and an attribute
 
 Rec = tuple[float, float, str, "Rec | None"]
 """One segment of simulated time on the critical path: ``(start, end, category,
@@ -24,6 +26,22 @@ cheapest object CPython builds)."""
 
 ROOT: Rec = (0.0, 0.0, "", None)
 """Time 0: where every chain starts."""
+
+
+def succeed(ev: Event) -> None:
+    """``ev.succeed()`` for a wait the model triggers once and only once (a counter's
+    waiter, a turn's grant): the same ``(now, NORMAL, id)`` entry SimPy's ``schedule`` pushes
+    for it, without the frames of ``Event.succeed``, ``schedule`` and the queue's push (one
+    such wake for about every tenth event at EP256)."""
+    ev._ok = True
+    ev._value = None
+    env = ev.env
+    try:
+        push = env.push  # type: ignore[attr-defined]
+    except AttributeError:  # SimPy's own environment
+        _heappush(env._queue, (env._now, NORMAL, next(env._eid), ev))
+        return
+    push((env._now, NORMAL, next(env._eid), ev, None, None))
 
 
 class Counter:
@@ -54,7 +72,7 @@ class Counter:
                 ev = heapq.heappop(w)[2]
                 if rec is not None:
                     ev.rec = rec  # what released the wait
-                ev.succeed()
+                succeed(ev)
         if self.watchers:
             for c in self.watchers:
                 c.add(1)
@@ -62,7 +80,7 @@ class Counter:
     def reach(self, n: int) -> simpy.Event:
         ev = Event(self.env)
         if self.value >= n:
-            ev.succeed()
+            succeed(ev)
         else:
             self._seq += 1
             if self._waiters is None:
@@ -142,10 +160,10 @@ class _Call:
     callback appended does, as one slotted object with no callback list.
 
     ``Environment.step`` needs of a queued event only ``callbacks`` (which it
-    sets to None) and ``_ok``. On a :class:`ModelEnvironment` a call is lighter still: its
-    queue entry holds the tuple ``(fn, args, rec)`` where the event goes (a *call entry*,
-    no object to build; a packet in flight, a landing or a completion is one, some 70k
-    pending at once at EP256), which the environment's ``step`` and :func:`run_events` run.
+    sets to None) and ``_ok``. On a :class:`ModelEnvironment` a call is lighter still: a
+    *call entry*, ``fn``, ``args`` and ``rec`` in the queue entry itself (see there; a packet
+    in flight, a landing or a completion is one, some 70k pending at once at EP256), which
+    the environment's ``step`` and :func:`run_events` run.
     """
 
     __slots__ = ("callbacks", "_ok", "_value", "fn", "args")
@@ -156,15 +174,6 @@ class _Call:
         self._value = None
         self.fn = fn
         self.args = args
-
-
-def _push(env: simpy.Environment, entry: tuple) -> None:
-    """Queue a ``(time, priority, id, event)`` entry: into a :class:`ModelEnvironment`'s
-    two-level queue, or SimPy's own heap (the hot helpers inline this)."""
-    try:
-        env.push(entry)  # type: ignore[attr-defined]
-    except AttributeError:
-        heapq.heappush(env._queue, entry)
 
 
 class ModelEnvironment(simpy.Environment):
@@ -186,6 +195,14 @@ class ModelEnvironment(simpy.Environment):
     So every entry in the heap has a smaller bucket, hence an earlier time, than every
     entry left in the lists, and within the heap SimPy's own tuple order decides;
     ``tests/test_engine.py`` compares whole runs event by event.
+
+    An entry is ``(time, priority, id, event, None, None)`` for an event, and
+    ``(time, priority, id, fn, args, rec)`` for a *call entry*: ``fn(*args)`` run as segment
+    ``rec`` of the critical path (None: not recorded, or the callee restores its own). The
+    ids are unique, so entries compare as SimPy's ``(time, priority, id, event)`` do, on the
+    first three items. The call is flat in the entry, not a tuple of its own in the event's
+    place, because nearly every entry is one (a packet, a landing, a hold's end): one object
+    fewer to build, free and reach through per event.
     """
 
     BUCKET_NS = 50.0  # fewest instructions at EP32 of 10-500 (callgrind): a heap of tens
@@ -209,7 +226,6 @@ class ModelEnvironment(simpy.Environment):
         self._width = self.BUCKET_NS
         self._bucket = self._now // self._width  # the latest bucket moved into the heap
         self._edge = (self._bucket + 1) * self._width  # where the next bucket starts
-        self._nfar = 0
         self.push = self._push_entry  # a bound method kept once: helpers look it up per entry
         self.daemons: list[Process] = []  # the pieces' endless loops (start_daemon), for close()
 
@@ -237,20 +253,20 @@ class ModelEnvironment(simpy.Environment):
     def _push_entry(self, entry: tuple) -> None:
         # t < (_bucket + 1) * width is t // width <= _bucket: floor division of floats is exact
         # (fmod is), and the bucket edges are whole multiples of the width
-        if entry[0] < self._edge:
-            heapq.heappush(self._queue, entry)
+        t = entry[0]
+        if t < self._edge:
+            _heappush(self._queue, entry)
             return
-        b = entry[0] // self._width
+        b = t // self._width
         lst = self._far.get(b)
         if lst is None:
             self._far[b] = [entry]
-            heapq.heappush(self._far_keys, b)
+            _heappush(self._far_keys, b)
         else:
             lst.append(entry)
-        self._nfar += 1
 
     def schedule(self, event, priority=NORMAL, delay=0) -> None:  # type: ignore[override]
-        self._push_entry((self._now + delay, priority, next(self._eid), event))
+        self._push_entry((self._now + delay, priority, next(self._eid), event, None, None))
 
     def refill(self) -> bool:
         """The heap ran empty: heapify the earliest bucket into it (False when none is left)."""
@@ -260,15 +276,15 @@ class ModelEnvironment(simpy.Environment):
         self._bucket = b
         self._edge = (b + 1) * self._width
         lst = self._far.pop(b)
-        self._nfar -= len(lst)
         q = self._queue
         q.extend(lst)  # the same list object: loops hold it
         heapq.heapify(q)
         return True
 
     def pending(self) -> int:
-        """Entries queued, in the heap and the buckets."""
-        return len(self._queue) + self._nfar
+        """Entries queued, in the heap and the buckets (counted when asked: the depth
+        sampler's, every few events, not a count kept at every push)."""
+        return len(self._queue) + sum(map(len, self._far.values()))
 
     def peek(self) -> float:
         if not self._queue:
@@ -276,15 +292,30 @@ class ModelEnvironment(simpy.Environment):
         return self._queue[0][0] if self._queue else simpy.core.Infinity
 
     def step(self) -> None:
-        if not self._queue:
-            self.refill()
-        if self._queue and type(self._queue[0][3]) is tuple:  # a call entry (fn, args, rec)
-            self._now, _, _, (fn, args, rec) = heapq.heappop(self._queue)
+        """SimPy's ``Environment.step`` for this queue's entries: a call entry is run, an
+        event's callbacks are (:func:`run_events` is the model's loop; this one serves
+        ``env.run()``)."""
+        if not self._queue and not self.refill():
+            raise EmptySchedule()
+        self._now, _, _, event, args, rec = heapq.heappop(self._queue)
+        if args is not None:  # a call entry
             if rec is not None:
                 self.path.cur = rec  # type: ignore[union-attr]
-            fn(*args)
+            event(*args)
             return
-        super().step()
+        callbacks, event.callbacks = event.callbacks, None
+        try:
+            for callback in callbacks:
+                callback(event)
+        except StopSimulation:
+            # as SimPy does: the callbacks left run when the simulation resumes
+            event.callbacks = callbacks[callbacks.index(callback) + 1 :]
+            self.schedule(event, EventPriority(-1))
+            raise
+        if not event._ok and not hasattr(event, "_defused"):
+            exc = type(event._value)(*event._value.args)
+            exc.__cause__ = event._value
+            raise exc
 
 
 class _Hold:
@@ -306,18 +337,61 @@ class _Hold:
 
 class _Resumes:
     """What :func:`hold` gives the running process to yield on a :class:`ModelEnvironment`:
-    its queue entry is a call entry ``(proc._resume, (_DONE,), None)`` rather than an event,
-    so there is nothing to fire. ``Process._resume`` appends itself to ``callbacks`` of what
-    the process yielded; here that list is a ``deque(maxlen=0)``, which keeps nothing."""
+    its queue entry is a call entry of ``_wake(proc)`` rather than an event, so there
+    is nothing to fire. :func:`_wake` knows it by identity; ``Process._resume`` (were it to see
+    it) appends itself to ``callbacks``, here a ``deque(maxlen=0)``, which keeps nothing."""
 
     __slots__ = ()
     callbacks: deque = deque(maxlen=0)
 
 
 _RESUMES = _Resumes()
-_DONE = _Hold()  # what a finished hold is to Process._resume: ok, value None (its type a _Hold)
-_DONE.callbacks = None  # type: ignore[assignment]
-_DONE_ARGS = (_DONE,)
+
+
+def _wake(proc: Process) -> None:
+    """A hold's end: resume ``proc`` as ``proc._resume`` resumes it with a finished timeout
+    (SimPy's ``Process._resume``, and on a :class:`PathEnvironment` ``_PathProcess._resume``
+    around it), in one frame.
+
+    Half of the model's events are these. Through the process's own resume each cost two
+    frames, a bound method made at the hold and another made to append to
+    :data:`_RESUMES`'s callbacks: the same steps here, the same order, the same chain (a hold
+    is the process's own segment, recorded before it yielded, so nothing releases it but
+    its own ``rec``). Anything but a hold yielded next goes on as SimPy's loop would."""
+    env = proc.env
+    path = env.path
+    if path is not None:
+        path.cur = proc.rec
+    env._active_proc = proc
+    try:
+        ev = proc._generator.send(None)
+    except StopIteration as e:  # the process ended: it fires as an event of its own
+        ev = None
+        proc._ok = True
+        proc._value = e.args[0] if e.args else None
+        env.schedule(proc)
+    except BaseException as e:  # it failed: as SimPy fails it
+        ev = None
+        proc._ok = False
+        e.__traceback__ = e.__traceback__.tb_next  # type: ignore[union-attr]
+        proc._value = e
+        env.schedule(proc)
+    else:
+        if ev is not _RESUMES:
+            try:
+                cbs = ev.callbacks
+            except AttributeError:
+                raise RuntimeError(f'Invalid yield value "{ev}"') from None
+            if cbs is None:  # processed already: SimPy's loop sends its value at once
+                Process._resume(proc, ev)
+                if path is not None:
+                    proc.rec = path.cur
+                return
+            cbs.append(proc._resume)
+    proc._target = ev
+    env._active_proc = None
+    if path is not None:
+        proc.rec = path.cur
 
 
 def hold(env: simpy.Environment, delay: float) -> _Hold | _Resumes:
@@ -326,7 +400,7 @@ def hold(env: simpy.Environment, delay: float) -> _Hold | _Resumes:
     so the same order bit for bit: ``tests/test_engine.py``).
 
     On a :class:`ModelEnvironment`, inside a process, the entry is a call entry resuming that
-    process (run in the loop's fast path, what ``_Hold``'s one callback did: the same call
+    process (:func:`_wake`, run in the loop's fast path: what ``_Hold``'s one callback did,
     at the same slot), and what the process yields is :data:`_RESUMES`; half of the model's
     events are these. The process must yield it at once (every caller does: a cost it pays)."""
     if delay < 0:
@@ -340,9 +414,9 @@ def hold(env: simpy.Environment, delay: float) -> _Hold | _Resumes:
     proc = env._active_proc
     if proc is None:  # not yielded by a process: an event of its own
         h = _Hold()
-        push((env._now + delay, NORMAL, next(env._eid), h))
+        push((env._now + delay, NORMAL, next(env._eid), h, None, None))
         return h
-    push((env._now + delay, NORMAL, next(env._eid), (proc._resume, _DONE_ARGS, None)))
+    push((env._now + delay, NORMAL, next(env._eid), _wake, (proc,), None))
     return _RESUMES
 
 
@@ -361,9 +435,9 @@ def hold_at(env: simpy.Environment, t: float) -> _Hold | _Resumes:
     proc = env._active_proc
     if proc is None:
         h = _Hold()
-        push((t, NORMAL, next(env._eid), h))
+        push((t, NORMAL, next(env._eid), h, None, None))
         return h
-    push((t, NORMAL, next(env._eid), (proc._resume, _DONE_ARGS, None)))
+    push((t, NORMAL, next(env._eid), _wake, (proc,), None))
     return _RESUMES
 
 
@@ -419,7 +493,12 @@ def fire_at(env: simpy.Environment, ev: Event, t: float, rec: Rec | None = None)
     ev._value = None
     if rec is not None:
         ev.rec = rec
-    _push(env, (t, NORMAL, next(env._eid), ev))
+    try:
+        push = env.push  # type: ignore[attr-defined]
+    except AttributeError:  # SimPy's own environment
+        heapq.heappush(env._queue, (t, NORMAL, next(env._eid), ev))
+    else:
+        push((t, NORMAL, next(env._eid), ev, None, None))
     return ev
 
 
@@ -434,7 +513,7 @@ def call_later(env: simpy.Environment, delay: float, fn, *args) -> None:
     except AttributeError:  # SimPy's own environment
         env.schedule(_Call(fn, args), NORMAL, delay)
         return
-    push((env._now + delay, NORMAL, next(env._eid), (fn, args, None)))
+    push((env._now + delay, NORMAL, next(env._eid), fn, args, None))
 
 
 def call_at(env: simpy.Environment, t: float, fn, *args) -> None:
@@ -445,7 +524,7 @@ def call_at(env: simpy.Environment, t: float, fn, *args) -> None:
     arrival, a landing, a completion) must be scheduled as that instant: as a delay,
     ``now + (t - now)`` can round one ulp away from ``t`` and let a later arrival overtake
     an earlier one. SimPy's ``Environment.schedule`` takes a delay only, so this pushes the
-    same ``(time, priority, id, event)`` entry it would push (SimPy 4.x queue layout,
+    same ``(time, priority, id, ...)`` entry it would push (SimPy 4.x queue layout,
     ``tests/test_engine.py`` checks the order against SimPy's own).
     """
     now = env._now
@@ -456,7 +535,7 @@ def call_at(env: simpy.Environment, t: float, fn, *args) -> None:
     except AttributeError:  # SimPy's own environment
         heapq.heappush(env._queue, (t, NORMAL, next(env._eid), _Call(fn, args)))
         return
-    push((t, NORMAL, next(env._eid), (fn, args, None)))
+    push((t, NORMAL, next(env._eid), fn, args, None))
 
 
 def run_events(env: simpy.Environment, limit: int = -1) -> int:
@@ -466,28 +545,40 @@ def run_events(env: simpy.Environment, limit: int = -1) -> int:
     The same events in the same order as calling ``env.step()`` until the queue is
     empty (``tests/test_engine.py`` runs both side by side), without a method call and
     an ``EmptySchedule`` frame per event (a tenth of the model's time at EP16). The
-    queue is read as ``env._queue`` (SimPy 4.x). ``limit`` >= 0 stops after that many
-    events (the depth sampler's strides). Returns the number processed.
+    queue is read as ``env._queue`` (SimPy 4.x; a :class:`ModelEnvironment`'s entries and
+    its call entries as described there). ``limit`` >= 0 stops after that many events (the
+    depth sampler's strides). Returns the number processed.
     """
     queue = env._queue
     pop = heapq.heappop
-    refill = getattr(env, "refill", None)  # a ModelEnvironment's later buckets
-    path = getattr(env, "path", None)  # a PathEnvironment's recorder
     n = 0
-    call = _Call
+    refill = getattr(env, "refill", None)  # a ModelEnvironment's later buckets
+    if refill is None:  # SimPy's own environment: (time, priority, id, event) entries
+        call = _Call
+        while n != limit and queue:
+            env._now, _, _, event = pop(queue)
+            n += 1
+            if type(event) is call:  # a plain callback
+                event.fn(*event.args)
+                continue
+            callbacks, event.callbacks = event.callbacks, None
+            for callback in callbacks:
+                callback(event)
+            if not event._ok and not hasattr(event, "_defused"):
+                exc = type(event._value)(*event._value.args)
+                exc.__cause__ = event._value
+                raise exc
+        return n
+    path = env.path  # a PathEnvironment's recorder (None on a ModelEnvironment)
     while n != limit:
-        if not queue and (refill is None or not refill()):
+        if not queue and not refill():
             break
-        env._now, _, _, event = pop(queue)
+        env._now, _, _, event, args, rec = pop(queue)
         n += 1
-        if type(event) is tuple:  # a call entry: nothing else ever looks at it
-            fn, args, rec = event
-            if rec is not None:  # it runs as the segment it ends
+        if args is not None:  # a call entry: event(*args), as the segment rec ends
+            if rec is not None:
                 path.cur = rec
-            fn(*args)
-            continue
-        if type(event) is call:  # a plain callback on SimPy's own environment
-            event.fn(*event.args)
+            event(*args)
             continue
         callbacks, event.callbacks = event.callbacks, None
         for callback in callbacks:
@@ -568,7 +659,7 @@ class Lock:
         ev = self._queue.popleft()
         self.holder = ev
         ev.rec = self._released  # a turn waited for is released by the previous holder
-        ev.succeed()
+        succeed(ev)
 
     def _on_handoff(self, _ev: Event) -> None:
         if self.holder is None and self._queue:
@@ -700,7 +791,7 @@ class CriticalPath:
         if delay < 0:
             raise ValueError(f"negative delay {delay}")
         env = self.env
-        env.push((env._now + delay, NORMAL, next(env._eid), (fn, args, rec)))
+        env.push((env._now + delay, NORMAL, next(env._eid), fn, args, rec))
 
     def call_at(self, t: float, rec: Rec, fn, *args) -> None:
         """:func:`call_at` (the same queue slot), running ``fn`` as segment ``rec``."""
@@ -708,7 +799,7 @@ class CriticalPath:
         now = env._now
         if t < now:
             raise ValueError(f"time {t} is before now ({now})")
-        env.push((t, NORMAL, next(env._eid), (fn, args, rec)))
+        env.push((t, NORMAL, next(env._eid), fn, args, rec))
 
 
 class _PathProcess(Process):

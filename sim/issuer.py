@@ -22,7 +22,7 @@ from __future__ import annotations
 from collections.abc import Generator
 from typing import TYPE_CHECKING, Any, Protocol
 
-from lever.sim.engine import Counter, _running, call_at, hold, hold_at
+from lever.sim.engine import Counter, _running, call_at, hold, hold_at, succeed
 from simpy.events import Event
 
 if TYPE_CHECKING:
@@ -239,7 +239,7 @@ class SlotTurn:
         ev = self._waiting.pop(ticket + 1, None)
         if ev is not None:
             ev.rec = self.released  # its wait was released by this doorbell
-            ev.succeed()
+            succeed(ev)
 
 
 class NativePort(WarpPort):
@@ -303,6 +303,14 @@ class NativePort(WarpPort):
                        and self.turn is not None and d.fences_per_doorbell >= 1
                        and not ctx.trace.enabled)
         self._check_every = d.credit_check_every
+        # what _post_alone multiplies by, per put: the ledger's factors (fixed for a run), and
+        # the slot-turn atomic and doorbell it pays after the turn, scaled (the same products)
+        led = ctx.ledger
+        self._f_credit = led.factor("credit_wait")
+        self._f_wqe = led.factor("wqe")
+        self._f_fence = led.factor("fence")
+        self._ringing = (("lock", g.atomic_ns * led.factor("lock")),
+                         ("doorbell", g.doorbell_ns * led.factor("doorbell")))
 
     # -- posting ----------------------------------------------------------------
     def post(self, msg: Message, limit: int | None = None) -> Steps:
@@ -365,7 +373,6 @@ class NativePort(WarpPort):
         # summed into the ledger in order, a segment each on the path, one wait for their sum
         busy = led.busy
         counts = led.events
-        scale = led.scale
         path = led.path
         fused = False
         self._since_check += 1
@@ -383,7 +390,7 @@ class NativePort(WarpPort):
         acc = env._now
         total = 0.0
         if fused:
-            t = read * scale.get("credit_wait", 1.0)
+            t = read * self._f_credit
             busy["credit_wait"] += t
             counts["credit_wait"] += 1
             if t > 0:
@@ -391,10 +398,10 @@ class NativePort(WarpPort):
                     path.cur = (acc, acc + t, "credit_wait", path.cur)
                     acc += t
                 total += t
-        f_wqe = scale.get("wqe", 1.0)
+        f_wqe = self._f_wqe
         t = g.atomic_ns * f_wqe  # reserve the slot on the producer counter
         busy["wqe"] += t
-        counts["wqe"] += 1
+        counts["wqe"] += 1 + blocks  # its count, and the stores' below (integers: one sum)
         if t > 0:
             if path is not None:
                 path.cur = (acc, acc + t, "wqe", path.cur)
@@ -402,7 +409,6 @@ class NativePort(WarpPort):
             total += t
         t = (g.wqe_build_ns + g.wqe_store_ns * blocks) * f_wqe
         busy["wqe"] += t
-        counts["wqe"] += blocks
         if t > 0:
             if path is not None:
                 path.cur = (acc, acc + t, "wqe", path.cur)
@@ -418,7 +424,7 @@ class NativePort(WarpPort):
             acc = env._now
             total = 0.0
             f = fh.fence_ns(acc, f)
-        t = f * scale.get("fence", 1.0)
+        t = f * self._f_fence
         busy["fence"] += t
         counts["fence"] += 1
         if t > 0:
@@ -443,8 +449,7 @@ class NativePort(WarpPort):
         now = env._now
         acc = now
         total = 0.0
-        for cat, ns in (("lock", g.atomic_ns), ("doorbell", g.doorbell_ns)):
-            t = ns * scale.get(cat, 1.0)  # led.issue(cat, ns, 1)
+        for cat, t in self._ringing:  # led.issue(cat, ns, 1)
             busy[cat] += t
             counts[cat] += 1
             if t > 0:
@@ -455,6 +460,7 @@ class NativePort(WarpPort):
         rung = path.cur if path is not None else None  # the segment the doorbell ends
         after = 0.0
         tail = self._release_tail(self.ctx.design.fences_per_doorbell, now + total)
+        scale = led.scale
         for cat, ns, n in tail:
             t = ns * scale.get(cat, 1.0)  # led.issue(cat, ns, n)
             busy[cat] += t

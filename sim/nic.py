@@ -236,7 +236,7 @@ class Nic:
             arrive = depart + (base + (j.pop() if j else dr.jitter())) * f_wire
             # a call entry (engine.call_at's), run as the flight's segment when it is recorded
             push((arrive if arrive > now else now, NORMAL, next(eid),
-                  (deliver, (msg, k, True), None if path is None else (depart, arrive, "wire", tx))))
+                  deliver, (msg, k, True), None if path is None else (depart, arrive, "wire", tx)))
 
     # -- ingress ----------------------------------------------------------
     def ingress(self, msg: Message, k: int, ack_ok: bool) -> None:

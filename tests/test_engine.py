@@ -296,6 +296,57 @@ def test_a_hold_on_the_models_environment_resumes_its_process_in_the_slot_of_a_t
     assert run_events(env) == 2 and fired == [2.0, 3.0]
 
 
+def _after_hold_trace(light: bool, env: simpy.Environment | None = None) -> list[tuple]:
+    """What a process does after a hold other than hold again: yield an event already
+    processed (SimPy's loop sends its value at once), wait on a pending one, return a value,
+    fail; each seen by a waiter of the process as SimPy's own resume would give it."""
+    from lever.sim.engine import hold
+
+    env = env if env is not None else simpy.Environment()
+    log: list[tuple] = []
+    done = env.event()
+    done.succeed("old")
+
+    def pay(dt: float):
+        return hold(env, dt) if light else env.timeout(dt)
+
+    def warp(i: int):
+        yield pay(1.0)
+        v = yield done
+        log.append((env.now, i, "processed", v))
+        yield pay(0.5)
+        later = env.event()
+        call_later(env, 2.0, later.succeed, i)
+        v = yield later
+        log.append((env.now, i, "pending", v))
+        yield pay(0.0)
+        if i == 1:
+            raise KeyError(i)
+        return i * 10
+
+    def watch(p):
+        try:
+            v = yield p
+            log.append((env.now, "ended", v))
+        except KeyError as e:
+            log.append((env.now, "failed", e.args))
+
+    for i in range(3):
+        env.process(watch(env.process(warp(i))))
+    env.run()
+    return log
+
+
+@pytest.mark.parametrize("kind", ["model", "path"])
+def test_a_process_goes_on_after_a_hold_as_after_a_timeout(kind) -> None:
+    from lever.sim.engine import ModelEnvironment, PathEnvironment
+
+    make = ModelEnvironment if kind == "model" else PathEnvironment
+    ref = _after_hold_trace(False)
+    assert [e[2] for e in ref if e[1] == 0] == ["processed", "pending"]
+    assert _after_hold_trace(True, make()) == ref
+
+
 # -- the two-level queue --------------------------------------------------------------------
 
 def _queue_trace(env: simpy.Environment) -> list[tuple]:

@@ -546,28 +546,18 @@ def run_events(env: simpy.Environment, limit: int = -1) -> int:
     empty (``tests/test_engine.py`` runs both side by side), without a method call and
     an ``EmptySchedule`` frame per event (a tenth of the model's time at EP16). The
     queue is read as ``env._queue`` (SimPy 4.x; a :class:`ModelEnvironment`'s entries and
-    its call entries as described there). ``limit`` >= 0 stops after that many events (the
-    depth sampler's strides). Returns the number processed.
+    its call entries as described there); SimPy's own environment is stepped as it steps
+    itself. ``limit`` >= 0 stops after that many events (the depth sampler's strides).
+    Returns the number processed.
     """
     queue = env._queue
     pop = heapq.heappop
     n = 0
     refill = getattr(env, "refill", None)  # a ModelEnvironment's later buckets
-    if refill is None:  # SimPy's own environment: (time, priority, id, event) entries
-        call = _Call
+    if refill is None:  # SimPy's own environment (tests, tools; never the model): its own step
         while n != limit and queue:
-            env._now, _, _, event = pop(queue)
+            env.step()
             n += 1
-            if type(event) is call:  # a plain callback
-                event.fn(*event.args)
-                continue
-            callbacks, event.callbacks = event.callbacks, None
-            for callback in callbacks:
-                callback(event)
-            if not event._ok and not hasattr(event, "_defused"):
-                exc = type(event._value)(*event._value.args)
-                exc.__cause__ = event._value
-                raise exc
         return n
     path = env.path  # a PathEnvironment's recorder (None on a ModelEnvironment)
     while n != limit:
@@ -584,10 +574,16 @@ def run_events(env: simpy.Environment, limit: int = -1) -> int:
         for callback in callbacks:
             callback(event)
         if not event._ok and not hasattr(event, "_defused"):
-            exc = type(event._value)(*event._value.args)
-            exc.__cause__ = event._value
-            raise exc
+            _raise_failed(event)
     return n
+
+
+def _raise_failed(event: simpy.Event) -> None:
+    """A failed event nobody defused: raise a copy of its exception (caused by it), as
+    SimPy's ``Environment.step`` does."""
+    exc = type(event._value)(*event._value.args)
+    exc.__cause__ = event._value
+    raise exc
 
 
 class Lock:

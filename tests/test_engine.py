@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import simpy
-from lever.sim.engine import Lock, call_at, call_later
+from lever.sim.engine import Lock, ModelEnvironment, call_at, call_later
 
 
 def _lock_trace(make_lock, seed: int) -> list[tuple]:
@@ -108,10 +108,10 @@ def test_call_at_fires_at_the_instant_given_where_a_delay_rounds_off() -> None:
 
 # -- the inlined event loop -------------------------------------------------------------------
 
-def _mixed_trace(run) -> list[tuple]:
+def _mixed_trace(run, env_cls: type = simpy.Environment) -> list[tuple]:
     """Processes, timeouts, plain calls, a lock and a defused failure meeting on the same
-    instants: the log of who ran when, under ``run(env)``."""
-    env = simpy.Environment()
+    instants: the log of who ran when, under ``run(env)`` on an ``env_cls``."""
+    env = env_cls()
     lock = Lock(env)
     log: list[tuple] = []
     rng = np.random.default_rng(7)
@@ -157,10 +157,13 @@ def test_run_events_processes_what_step_does_in_the_same_order() -> None:
     from lever.sim.engine import run_events
 
     ref = _mixed_trace(_step_loop)
-    assert _mixed_trace(run_events) == ref
     assert sum(1 for e in ref[:-1] if e[1][0] == "caught") == 5 and ref[-1][1] > 300
-    # in strides (the depth sampler's) it is still the same sequence
-    assert _mixed_trace(lambda env: sum(iter(lambda: run_events(env, 7), 0))) == ref
+    # the model's environment (its own queue and call entries) steps as SimPy's does, and its
+    # inlined loop runs the same sequence, whole and in strides (the depth sampler's)
+    assert _mixed_trace(_step_loop, ModelEnvironment) == ref
+    assert _mixed_trace(run_events, ModelEnvironment) == ref
+    assert _mixed_trace(lambda env: sum(iter(lambda: run_events(env, 7), 0)), ModelEnvironment) == ref
+    assert _mixed_trace(run_events) == ref  # SimPy's own environment, stepped
 
 
 def test_run_events_raises_a_failure_nobody_defused() -> None:

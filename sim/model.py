@@ -287,7 +287,8 @@ class OpResult:
 
 
 def simulate_op(scn: Scenario, op: str, seed: int, scale: dict[str, float] | None = None,
-                trace: bool = False, depth: bool = False, critical_path: bool = False) -> OpResult:
+                trace: bool = False, depth: bool = False, critical_path: bool = False,
+                keep: list | None = None) -> OpResult:
     """Run one op for one seed; ``scale`` zeroes or scales cost categories.
 
     ``depth`` also samples how many events are pending (the heap SimPy pops
@@ -295,15 +296,18 @@ def simulate_op(scn: Scenario, op: str, seed: int, scale: dict[str, float] | Non
     ``critical_path`` records, in the same run, what released every wait and what
     every timed segment was (``sim/engine.py``, :class:`CriticalPath`), and walks each
     rank's chain back from its end; the run itself is the same bit for bit.
+    ``keep``: the finished run is appended there, not freed on return, and frozen out of the
+    collector's reach (``gc.freeze``), so its owner frees it when the result is on its way
+    (a pool worker, at its next job or its exit: freeing a recorded EP256 dispatch is 0.7 s).
     """
     # the collector stays off until the world is freed: re-enabled while it is alive, its
     # first pass would traverse everything the run allocated (5% of a recorded EP128 dispatch)
     with _gc_paused():
-        return _simulate_op(scn, op, seed, scale, trace, depth, critical_path)
+        return _simulate_op(scn, op, seed, scale, trace, depth, critical_path, keep)
 
 
 def _simulate_op(scn: Scenario, op: str, seed: int, scale: dict[str, float] | None,
-                 trace: bool, depth: bool, critical_path: bool) -> OpResult:
+                 trace: bool, depth: bool, critical_path: bool, keep: list | None = None) -> OpResult:
     ledger = Ledger(scale=dict(scale or {}))
     tr = Trace(enabled=trace)
     routing = Routing.for_scenario(scn, seed)
@@ -330,6 +334,9 @@ def _simulate_op(scn: Scenario, op: str, seed: int, scale: dict[str, float] | No
             res.path_gap_ns = max(res.path_gap_ns, float(gap))
         ledger.path = None  # the recorder holds the environment: not part of the result
     world.close()
+    if keep is not None:
+        keep.append(world)
+        gc.freeze()  # the collector, re-enabled on return, would traverse all of it
     return res
 
 

@@ -20,6 +20,7 @@ the latency. A category can be busy on the profiler and on the chain yet worth
 
 from __future__ import annotations
 
+import gc
 import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
@@ -114,12 +115,25 @@ def _median_chain(lat: list[float], chains: list[tuple[float, ...]]) -> dict[str
     return {c: (1.0 - f) * lo[k] + f * hi[k] for k, c in enumerate(CATEGORIES)}
 
 
-def _op_job(job: tuple[Scenario, str, int, dict[str, float] | None, bool, bool]
-            ) -> OpResult | list[float]:
+def _op_job(job: tuple[Scenario, str, int, dict[str, float] | None, bool, bool],
+            keep: list | None = None) -> OpResult | list[float]:
     """One (op, seed, what-if scale) run; what-if runs send back only their latencies."""
     scn, op, seed, scale, trace, path = job
-    r = simulate_op(scn, op, seed, scale=scale, trace=trace, critical_path=path)
+    r = simulate_op(scn, op, seed, scale=scale, trace=trace, critical_path=path, keep=keep)
     return r if scale is None else r.latency_us
+
+
+# A pool worker's last finished run: freed when the worker takes its next job, or never (a
+# worker process ends without freeing its objects), so the freeing is off the result's path.
+_FINISHED: list = []
+
+
+def _op_job_in_worker(job: tuple[Scenario, str, int, dict[str, float] | None, bool, bool]
+                      ) -> OpResult | list[float]:
+    """:func:`_op_job` in a pool worker: the previous run freed first, this one kept."""
+    _FINISHED.clear()
+    gc.unfreeze()
+    return _op_job(job, keep=_FINISHED)
 
 
 def _run_jobs(jobs: Iterable, workers: int) -> Iterator:
@@ -138,7 +152,7 @@ def _run_jobs(jobs: Iterable, workers: int) -> Iterator:
     with ProcessPoolExecutor(max_workers=workers) as ex:
         window: deque = deque()
         for j in it:
-            window.append(ex.submit(_op_job, j))
+            window.append(ex.submit(_op_job_in_worker, j))
             if len(window) >= 4 * workers:
                 yield window.popleft().result()
         while window:

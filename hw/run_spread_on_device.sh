@@ -72,11 +72,25 @@ C="--ranks 2 --gpus 1 --iters 60 --out-dir $REC --emu-set nic_copy=staged --emu-
 # smokes NAME EMU-ARGS...: faulted runs through the gate with those emulator values, V1 (2 ranks)
 # and V2 hybrid (2 nodes x 2 ranks), each beside write-with-immediate counting
 smokes() {
+  smoke_v1 "$@"
+  smoke_v2 "$@"
+}
+# smoke_v1 / smoke_v2 NAME EMU-ARGS...: the two runs of smokes, one at a time
+smoke_v1() {
   local name=$1; shift
   step smoke-$name 60 --ranks 2 --gpus 1 --iters 5 --warmup 1 --profile 0 --faults --out-dir "$REC/smoke" "$@" \
     --id-prefix smoke-$name- --variants ";write-imm-counting"
+}
+smoke_v2() {
+  local name=$1; shift
   step smoke-$name-v2 90 --protocol v2-hybrid --ranks 4 --ranks-per-node 2 --gpus 1 --iters 5 --warmup 1 --profile 0 \
     --faults --out-dir "$REC/smoke" "$@" --id-prefix smoke-$name-v2- --variants ";write-imm-counting"
+}
+# smoke_proxy STEP ID-PREFIX EMU-ARGS...: a V1 proxy run through the gate (no faults)
+smoke_proxy() {
+  local name=$1 id=$2; shift 2
+  step $name 60 --ranks 2 --gpus 1 --iters 5 --warmup 1 --profile 0 --path proxy --out-dir "$REC/smoke" "$@" \
+    --id-prefix $id --variants ";"
 }
 # then_runs STEM VALUE LEADS ARGS...: the candidate VALUE (ARGS set it) with the dedicated fetcher 8 us
 # ahead, then with the shared fetch at each of LEADS (ns); ids emu-STEM-VALUE-leadL-FETCHER-r1-
@@ -154,12 +168,9 @@ elif [[ $WHAT == control ]]; then
 elif [[ $WHAT == wqes || $WHAT == lanes ]]; then
   W="--emu-set blocks_per_nic_count=2 --emu-set nic_share=$WHAT"
   S="$W --emu-set nic_copy=staged --emu-set nic_claim=mask --emu-set deliver_lead_ns=8000"
-  step smoke-${WHAT}2 60 --ranks 2 --gpus 1 --iters 5 --warmup 1 --profile 0 --faults --out-dir "$REC/smoke" $S \
-    --id-prefix smoke-${WHAT}2- --variants ";write-imm-counting"
-  step smoke-${WHAT}2-proxy 60 --ranks 2 --gpus 1 --iters 5 --warmup 1 --profile 0 --path proxy --out-dir "$REC/smoke" $S \
-    --id-prefix smoke-${WHAT}2- --variants ";"
-  step smoke-${WHAT}2-v2 90 --protocol v2-hybrid --ranks 4 --ranks-per-node 2 --gpus 1 --iters 5 --warmup 1 --profile 0 \
-    --faults --out-dir "$REC/smoke" $S --id-prefix smoke-${WHAT}2-v2- --variants ";write-imm-counting"
+  smoke_v1 ${WHAT}2 $S
+  smoke_proxy smoke-${WHAT}2-proxy smoke-${WHAT}2- $S
+  smoke_v2 ${WHAT}2 $S
   for i in $(seq 1 "$REPEATS"); do
     for b in 1 2; do
       step $WHAT$b-shared-r$i 60 $C --emu-set nic_share=$WHAT --emu-set blocks_per_nic_count=$b \
@@ -178,8 +189,7 @@ elif [[ $WHAT == kernel ]]; then
   KB=${KBATCH-2}
   [[ $KB != 2 ]] && C="$C --emu-set deliver_batch_count=$KB" && KS="-b$KB" || KS=""
   smokes own16 $O --emu-set nic_copy=staged --emu-set nic_claim=mask --emu-set deliver_lead_ns=8000
-  step smoke-own16-proxy 60 --ranks 2 --gpus 1 --iters 5 --warmup 1 --profile 0 --path proxy --out-dir "$REC/smoke" $O \
-    --emu-set nic_copy=staged --id-prefix smoke-own16-proxy- --variants ";"
+  smoke_proxy smoke-own16-proxy smoke-own16-proxy- $O --emu-set nic_copy=staged
   for i in $(seq 1 "$REPEATS"); do
     for kw in shared:8 own:8 own:16; do
       step ${kw/:/}-shared-r$i 60 $C --emu-set nic_kernel=${kw%:*} --emu-set nic_warps_count=${kw#*:} \
@@ -207,12 +217,9 @@ elif [[ $WHAT == edf ]]; then
   then_runs claim edf "6000 10000" $E --emu-set nic_claim=edf
 else
   S="--emu-set blocks_per_nic_count=2 --emu-set nic_copy=staged --emu-set nic_claim=mask --emu-set deliver_lead_ns=8000"
-  step smoke-blocks2 60 --ranks 2 --gpus 1 --iters 5 --warmup 1 --profile 0 --faults --out-dir "$REC/smoke" $S \
-    --id-prefix smoke-blocks2- --variants ";write-imm-counting"
-  step smoke-blocks2-proxy 60 --ranks 2 --gpus 1 --iters 5 --warmup 1 --profile 0 --path proxy --out-dir "$REC/smoke" $S \
-    --id-prefix smoke-blocks2- --variants ";"
-  step smoke-blocks2-v2 90 --protocol v2-hybrid --ranks 4 --ranks-per-node 2 --gpus 1 --iters 5 --warmup 1 --profile 0 \
-    --faults --out-dir "$REC/smoke" $S --id-prefix smoke-blocks2-v2- --variants ";write-imm-counting"
+  smoke_v1 blocks2 $S
+  smoke_proxy smoke-blocks2-proxy smoke-blocks2- $S
+  smoke_v2 blocks2 $S
   for i in $(seq 1 "$REPEATS"); do
     for b in 1 2; do
       step blocks$b-shared-r$i 60 $C --emu-set deliver_lead_ns=8000 --emu-set nic_fetcher=shared \

@@ -416,7 +416,7 @@ static std::map<std::string, int64_t> layout_sizes() {
           {"nic_qp", sizeof(emu::NicQp)}, {"proxy_desc", sizeof(emu::ProxyDesc)},
           {"dmsg", emu::DMSG}, {"cmsg", emu::CMSG}, {"err_words", emu::ERR_WORDS},
           {"stats", emu::ST_NUM}, {"prof_words", emu::PROF_WORDS},
-          {"stage_bytes_per_warp", emu::STAGE_V * 16}, {"max_nic_warps", emu::MAXNW}};
+          {"stage_bytes_per_warp", emu::STAGE_V * 16}};
 }
 // The staging slice of each delivering warp of a NIC block of `nic_warps` warps (bytes).
 static int64_t stage_bytes(int nic_warps) { return (int64_t)emu::stage_words(nic_warps) * 16; }

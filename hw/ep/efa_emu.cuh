@@ -221,7 +221,7 @@ struct QpIssuer {  // issuer-side QP state, shared by the warps posting on it; 1
 struct NicQp {  // NIC-side QP state; 128 B (per-WQE state lives in the NIC block's shared memory)
   unsigned int ci;          // WQEs consumed from the SQ
   unsigned int cq_pi;       // CQEs written
-  unsigned int ci_sub[4];   // a NIC's blocks splitting its WQEs (Fabric::share_table 2): block b
+  unsigned int ci_sub[4];   // a NIC's blocks splitting its WQEs (Fabric::share_table 2, 3): block b
                             // takes the WQEs of index b mod blocks_per_nic, its next one at
                             // ci_sub[b] + b
   unsigned int pad[26];
@@ -313,7 +313,9 @@ struct Fabric {  // [platform.fabric] + [platform.nic] + [platform.receiver], ns
                           // them, one wire (line rate, message rate) shared in global memory
   int share_table;        // with blocks_per_nic > 1: 1 the NIC's tables in its first block's shared
                           // memory, the other blocks of its cluster deliver from them; 0 its QPs
-                          // split between the blocks, each with its own tables
+                          // split between the blocks, each with its own tables, one wire; 2 its
+                          // WQEs split so (WQE i to block i mod blocks_per_nic), one wire; 3 its
+                          // WQEs split, each block on a lane of the wire of its own
   int own_kernel;         // 1: the NIC blocks run as a kernel of their own beside the EP blocks'
                           // (up to MAXNW warps a block, 128 registers a thread); 0: one kernel
                           // holds both roles (up to 8 warps a block, 255 registers)

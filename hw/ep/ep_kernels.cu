@@ -1249,8 +1249,8 @@ __host__ __device__ __forceinline__ bool wire_lanes(const Fabric& fb) {
   return fb.blocks_per_nic > 1 && fb.share_table == 3;
 }
 // NIC blocks a rank that act as NICs of their own (each its table): a NIC's blocks when they
-// split its QPs or its WQEs (Fabric::share_table 0 or 2), else one a NIC (a cluster shares one
-// table).
+// split its QPs or its WQEs (Fabric::share_table 0, 2 or 3), else one a NIC (a cluster shares
+// one table).
 __device__ __forceinline__ int nic_units(const Fabric& fb) {
   return fb.nics_per_rank * (fb.blocks_per_nic > 1 && !tab_shared(fb) ? fb.blocks_per_nic : 1);
 }
@@ -1426,9 +1426,9 @@ __device__ int nic_fetch(const World& w, NicCtx& c, NicShared& S) {
       {
         unsigned long long now = __shfl_sync(0xffffffffu, gtime(), 0);
         unsigned long long nf = S.nic_free, lw = S.last_wqe;
-        // a NIC whose blocks split its QPs or its WQEs (more blocks than NICs) has one wire: its
-        // state in global memory, taken under a lock for this WQE batch (the other block's
-        // fetcher waits its turn)
+        // a NIC whose blocks split its QPs or its WQEs on one wire (not lanes): its state in
+        // global memory, taken under a lock for this WQE batch (the other block's fetcher waits
+        // its turn)
         unsigned long long* wire =
             c.L->nic_wire && fb.blocks_per_nic > 1 && !tab_shared(fb) && !wire_lanes(fb) ? c.L->nic_wire + 4 * c.pnic
                                                                                         : nullptr;
@@ -2494,6 +2494,13 @@ int launch_coop(const void* kernel, const World& w, int grid, int threads, void*
   return (int)cudaLaunchKernelExC(&cfg, kernel, args);
 }
 
+// Whether a launch's warps a block are ones its kernels take: 1 to MAXW EP warps, and NIC warps
+// up to MAXW in the one kernel, MAXNW in a NIC kernel of its own (V1's launch and V2's).
+bool warps_fit(const World& w) {
+  const int nic_max = w.fab.own_kernel ? MAXNW : MAXW;
+  return w.ep_warps >= 1 && w.ep_warps <= MAXW && w.nic_warps >= 1 && w.nic_warps <= nic_max;
+}
+
 // The NIC kernel's side stream and the events that order it, one set a device (made once).
 struct NicStream {
   cudaStream_t s = nullptr;
@@ -2572,8 +2579,7 @@ int launch_world_barrier(const World& w, unsigned long long seq, void* stream) {
 
 int launch_op(const World& w, int op, unsigned epoch, const EpFlags& f, void* stream) {
   int grid = w.ranks_per_gpu * w.ep_blocks_per_rank + w.nic_blocks;
-  if (w.ep_warps > MAXW || w.nic_warps > (w.fab.own_kernel ? MAXNW : MAXW) || w.ep_warps < 1 || w.nic_warps < 1)
-    return -2;
+  if (!warps_fit(w)) return -2;
   int threads = 32 * (w.ep_warps > w.nic_warps ? w.ep_warps : w.nic_warps);  // one block shape, both roles
   World wc = w;
   EpFlags fc = f;

@@ -1147,8 +1147,7 @@ int coop_max_blocks_v2(int device, int threads, int smem) {
 int launch_v2_op(const emu::World& w, const emu2::V2World& v, int op, unsigned epoch,
                  const emu::EpFlags& f, const emu2::V2Run& r, void* stream) {
   const int grid = w.ranks_per_gpu * w.ep_blocks_per_rank + w.nic_blocks;
-  if (w.ep_warps > MAXW || w.nic_warps > (w.fab.own_kernel ? MAXNW : MAXW) || w.ep_warps < 1 || w.nic_warps < 1)
-    return -2;
+  if (!warps_fit(w)) return -2;
   if (v.so_warps + v.fwd_warps != w.ep_warps || v.C < 1 || v.P < 1 || w.num_ranks > V2_MAX_RANKS) return -3;
   const int threads = 32 * (w.ep_warps > w.nic_warps ? w.ep_warps : w.nic_warps);
   World wc = w;

@@ -313,9 +313,7 @@ class ModelEnvironment(simpy.Environment):
             self.schedule(event, EventPriority(-1))
             raise
         if not event._ok and not hasattr(event, "_defused"):
-            exc = type(event._value)(*event._value.args)
-            exc.__cause__ = event._value
-            raise exc
+            _raise_failed(event)
 
 
 class _Hold:

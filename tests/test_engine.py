@@ -173,6 +173,12 @@ def test_run_events_raises_a_failure_nobody_defused() -> None:
     env.event().fail(ValueError("lost"))
     with pytest.raises(ValueError, match="lost"):
         run_events(env)
+    # the model's environment, through its inlined loop and through its own step (env.run)
+    for run in (run_events, lambda e: e.run()):
+        env = ModelEnvironment()
+        env.event().fail(ValueError("lost"))
+        with pytest.raises(ValueError, match="lost"):
+            run(env)
 
 
 # -- the lone holder's turn -----------------------------------------------------------------

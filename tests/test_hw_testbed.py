@@ -1392,6 +1392,35 @@ def test_wide_earliest_due_first_collides():
     _smokes_pass(f, "smoke-wedf*.json", 4)
 
 
+def _re_measured(folder: Path, rev: str, setting: dict) -> tuple[list[dict], list[tuple[dict, dict]]]:
+    """A whole hwfix set re-measured on one setting (docs/testbed.md, "Re-measuring on a new
+    setting"), its parts in ``folder``'s subfolders: every run record gate-passed, clean, at
+    ``rev``, on an H100, with every value of ``setting``; every must-fail outcome failed. Returns
+    the run records and the (shipped, re-measured) pairs of the V1 EP2 records both sets have."""
+    paths = sorted(p for p in folder.glob("*/*.json") if "outcome" not in p.name and p.parent.name != "refit")
+    assert len(paths) > 60
+    recs = []
+    for p in paths:
+        r = _run(p, rev)
+        assert "H100" in r["what"]["platform"]["gpu"], p.name
+        v = r["what"]["emulated_fabric"]["values"]
+        assert {k: v[k] for k in setting} == setting, p.name
+        recs.append(r)
+    outcomes = sorted(folder.glob("*/*-outcome.json"))
+    assert len(outcomes) >= 3 and all(json.loads(p.read_text())["exit_code"] != 0 for p in outcomes)
+    pairs = []
+    for p in sorted((folder / "bed").glob("emu-bed-ep2-*.json")):
+        shipped = next((q for q in (DATA_DIR / p.name, BED / p.name) if q.exists()), None)
+        if shipped is not None:
+            pairs.append((json.loads(shipped.read_text()), json.loads(p.read_text())))
+    return recs, pairs
+
+
+def _late_of(rec: dict) -> float:
+    """A record's lateness median (ns a packet)."""
+    return rec["metrics"]["nic_late_per_packet_ns"]["median"]
+
+
 def test_the_closest_setting_re_measured_is_nearer_its_schedule():
     """docs/testbed.md "Tried at 998f0b3": every record hw/run_hwfix_on_device.sh makes,
     re-measured on the closest setting (due mask 8 us ahead, shared fetch, staged copies) on one
@@ -1401,22 +1430,8 @@ def test_the_closest_setting_re_measured_is_nearer_its_schedule():
     H100 run of the shipped setting. The re-fit's held-out levers (its committed validate run)
     validate one more row than the shipped fit's with a larger median miss: not shipped."""
     f = BED / "h100-998f0b3"
-    recs = sorted(p for p in f.glob("*/*.json") if "outcome" not in p.name and p.parent.name != "refit")
-    assert len(recs) > 60
-    for p in recs:
-        r = _run(p, "998f0b3")
-        assert "H100" in r["what"]["platform"]["gpu"], p.name
-        v = r["what"]["emulated_fabric"]["values"]
-        assert (v["nic_claim"], v["deliver_lead_ns"], v["nic_copy"]) == ("mask", 8000.0, "staged"), p.name
-    outcomes = sorted(f.glob("*/*-outcome.json"))
-    assert len(outcomes) >= 3 and all(json.loads(p.read_text())["exit_code"] != 0 for p in outcomes)
-    late = lambda p: json.loads(p.read_text())["metrics"]["nic_late_per_packet_ns"]["median"]  # noqa: E731
-    old, new = [], []
-    for p in sorted((f / "bed").glob("emu-bed-ep2-*.json")):
-        shipped = next((q for q in (DATA_DIR / p.name, BED / p.name) if q.exists()), None)
-        if shipped is not None:
-            old.append(late(shipped))
-            new.append(late(p))
+    _, pairs = _re_measured(f, "998f0b3", {"nic_claim": "mask", "deliver_lead_ns": 8000.0, "nic_copy": "staged"})
+    old, new = [_late_of(a) for a, _ in pairs], [_late_of(b) for _, b in pairs]
     assert len(new) >= 20 and statistics.median(new) * 3 < statistics.median(old)
     base = json.loads((f / "bed" / "emu-bed-ep2-native-baseline.json").read_text())["latency_us"]["dispatch"]["median"]
     h100_shipped = [json.loads(p.read_text())["latency_us"]["dispatch"]["median"]
@@ -1438,26 +1453,12 @@ def test_two_lanes_re_measured_whole_keep_the_schedule_and_are_not_shipped():
     confident right signs and a larger median miss (not shipped), yet beat the H100 re-fit of the
     shipped setting (h100-f52c882) on every count."""
     f = BED / "h100-7f8fef1" / "full"
-    recs = sorted(p for p in f.glob("*/*.json") if "outcome" not in p.name)
-    assert len(recs) > 60
-    for p in recs:
-        r = _run(p, "7f8fef1")
-        assert "H100" in r["what"]["platform"]["gpu"], p.name
-        v = r["what"]["emulated_fabric"]["values"]
-        assert (v["nic_claim"], v["deliver_lead_ns"], v["nic_copy"], v["nic_fetcher"]) == ("mask", 8000.0, "staged", "shared")
-        assert (v["blocks_per_nic_count"], v["nic_share"]) == (2, "lanes"), p.name
-        assert v["nics_per_rank"] == 4 or p.name.startswith("diag-nics"), p.name  # the NIC-count diagnostics
-    outcomes = sorted(f.glob("*/*-outcome.json"))
-    assert len(outcomes) >= 3 and all(json.loads(p.read_text())["exit_code"] != 0 for p in outcomes)
-    rec = lambda p: json.loads(p.read_text())  # noqa: E731
-    late, ratio = ([], []), []
-    for p in sorted((f / "bed").glob("emu-bed-ep2-*.json")):
-        shipped = next((q for q in (DATA_DIR / p.name, BED / p.name) if q.exists()), None)
-        if shipped is not None:
-            a, b = rec(shipped), rec(p)
-            late[0].append(a["metrics"]["nic_late_per_packet_ns"]["median"])
-            late[1].append(b["metrics"]["nic_late_per_packet_ns"]["median"])
-            ratio += [b["latency_us"][op]["median"] / a["latency_us"][op]["median"] for op in ("dispatch", "combine")]
+    recs, pairs = _re_measured(f, "7f8fef1", {"nic_claim": "mask", "deliver_lead_ns": 8000.0, "nic_copy": "staged",
+                                              "nic_fetcher": "shared", "blocks_per_nic_count": 2, "nic_share": "lanes"})
+    for r in recs:  # p5's four NICs a rank, but in the NIC-count diagnostics
+        assert r["what"]["emulated_fabric"]["values"]["nics_per_rank"] == 4 or r["id"].startswith("diag-nics"), r["id"]
+    late = ([_late_of(a) for a, _ in pairs], [_late_of(b) for _, b in pairs])
+    ratio = [b["latency_us"][op]["median"] / a["latency_us"][op]["median"] for a, b in pairs for op in ("dispatch", "combine")]
     assert len(late[1]) >= 20 and statistics.median(late[1]) < 1000
     assert statistics.median(late[1]) * 5 < statistics.median(late[0])
     assert 0.9 < statistics.median(ratio) < 1.0

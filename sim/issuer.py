@@ -210,7 +210,7 @@ class SlotTurn:
     though their own stores are done: doorbells of a QP ring one group at a time, in the
     order of reservation, not of readiness."""
 
-    __slots__ = ("env", "next", "serving", "_waiting", "released")
+    __slots__ = ("env", "next", "serving", "_waiting", "released", "due")
 
     def __init__(self, env) -> None:
         self.env = env
@@ -218,6 +218,9 @@ class SlotTurn:
         self.serving = 0    # the ticket whose doorbell may ring now
         self._waiting: dict[int, Event] = {}
         self.released = None  # the last ringer's segment when it passed the turn
+        # (ticket, instant, segment): a ringer in its last wait passes the turn at that instant
+        # with that segment running (set by _post_alone, read by the group after it)
+        self.due: tuple | None = None
 
     def take(self) -> int:
         t = self.next
@@ -244,6 +247,11 @@ class SlotTurn:
 
 class NativePort(WarpPort):
     """One warp's view of its QP: post, ring, poll completions."""
+
+    # a group whose slot turn is (or will be) its own when its fence issues waits once for the
+    # fence, the ringing and the release (_post_alone); off: a wait for each, as it ran before
+    # (the same instants; tests compare the two)
+    fuse_turn = True
 
     def __init__(self, ctx: Context, rank: int, warp: int, qp: QueuePair, lazy: bool,
                  host: HostReadPath | None = None, cq: CqReadQueue | None = None,
@@ -431,22 +439,45 @@ class NativePort(WarpPort):
             if path is not None:
                 path.cur = (acc, acc + t, "fence", path.cur)
             total += t
-        if total > 0:
-            yield hold(env, total)
         ticket = self._ticket
         if ticket < 0:  # not reserved before the stores: reserved now (as _ring does)
             ticket = turn.take()
         self._ticket = -1
-        ev = turn.wait(ticket)
-        if ev is None:  # its turn already: continue on the last ringer's chain if later
-            rel = turn.released
+        # The turn is this group's when its fence issues (every group reserved before it has
+        # rung), or will be before the fence ends (the group before it is in its last wait,
+        # passing the turn at a known instant): nothing another warp does meanwhile can hold
+        # it, so the fence, the ringing and the release are one wait, the doorbell a call at
+        # its instant. Only where the release's cost is fixed (it waits for no host reads
+        # issued meanwhile).
+        fuse = False
+        if total > 0 and self.release_host is None and self.fuse_turn:
+            now = env._now + total  # where hold(env, total) would fire
+            serving = turn.serving
+            if serving == ticket:
+                fuse = True
+                rel = turn.released
+            elif serving == ticket - 1:
+                due = turn.due
+                if due is not None and due[0] == serving and due[1] < now:
+                    fuse = True
+                    rel = due[2]  # what turn.released will be when it passes
+        if fuse:  # its turn at the fence's end: on the last ringer's chain if later
             if path is not None and rel is not None and rel[1] > path.cur[1]:
                 path.cur = rel
         else:
-            yield from self._wait("lock", ev)
+            if total > 0:
+                yield hold(env, total)
+            now = env._now
+            ev = turn.wait(ticket)
+            if ev is None:  # its turn already: continue on the last ringer's chain if later
+                rel = turn.released
+                if path is not None and rel is not None and rel[1] > path.cur[1]:
+                    path.cur = rel
+            else:
+                yield from self._wait("lock", ev)
+                now = env._now
         led.counters["doorbells"] += 1
         # _pay_ringing: slot-turn atomic and doorbell, then the fence after the doorbell
-        now = env._now
         acc = now
         total = 0.0
         for cat, t in self._ringing:  # led.issue(cat, ns, 1)
@@ -469,22 +500,26 @@ class NativePort(WarpPort):
                 after += t
         nic = qp.nic
         msgs = [msg]
-        if total > 0 and after > 0:
+        if fuse or (total > 0 and after > 0):
             t_ring = now + total  # where hold(env, total) would fire
             if path is None:
                 call_at(env, t_ring, nic.doorbell, msgs)
             else:
                 path.call_at(t_ring, rung, nic.doorbell, msgs)
-                path.cur = (t_ring, t_ring + after, "fence", path.cur)
-            yield hold_at(env, t_ring + after)
+                if after > 0:
+                    path.cur = (t_ring, t_ring + after, "fence", path.cur)
+            end = t_ring + after
+            turn.due = (ticket, end, path.cur if path is not None else None)
+            yield hold_at(env, end)
         else:  # nothing to wait for on one side: as two separate payments
             if total > 0:
                 yield hold(env, total)
             nic.doorbell(msgs)  # a posted MMIO store: the NIC sees it now
             if after > 0:
+                acc = env._now
                 if path is not None:
-                    acc = env._now
                     path.cur = (acc, acc + after, "fence", path.cur)
+                turn.due = (ticket, acc + after, path.cur if path is not None else None)
                 yield hold(env, after)
         turn.passed(ticket)  # after the fence that orders the doorbell before the turn word
 

@@ -951,3 +951,43 @@ def test_a_draining_proxy_thread_rings_one_doorbell_for_a_rings_visible_descript
     assert got[False][0] == got[False][1]  # a doorbell per WQE
     assert got[True][1] == got[False][1]
     assert got[True][0] < 0.8 * got[True][1], got
+
+
+@pytest.mark.parametrize("host_cq", [False, True])
+def test_a_group_whose_turn_is_free_when_its_fence_issues_waits_once(host_cq):
+    """A post group whose slot turn is its own when its fence issues (every group reserved
+    before it has rung), or will be before the fence ends (the group before it is in its last
+    wait, passing the turn at a known instant), pays the fence, the ringing and the release as
+    one wait, its doorbell a call at its instant: nothing another warp does meanwhile can move
+    them. Each doorbell rings the same WQEs at the same instant as with a wait for each step,
+    the op's latencies are the same, and the warps wait fewer times. With the CQ in host
+    memory the fence's cost is known only when it issues (it waits for the reads then in
+    flight), so only the stores are paid apart."""
+    from lever.sim import issuer, nic
+
+    sets = {"platform.gpu.completion_counter_in_device_memory": not host_cq}  # EP16 V2 hybrid
+    orig_db = nic.Nic.doorbell
+
+    def run(fuse: bool):
+        rung = []
+
+        def doorbell(self, msgs):
+            rung.append((self.env.now, tuple(m.seq for m in msgs), msgs[0].src, msgs[0].dst))
+            return orig_db(self, msgs)
+
+        mp = pytest.MonkeyPatch()
+        mp.setattr(nic.Nic, "doorbell", doorbell)
+        mp.setattr(issuer.NativePort, "fuse_turn", fuse)
+        try:
+            return simulate_op(scenario.load(NATIVE, sets), "dispatch", 0), sorted(rung)
+        finally:
+            mp.undo()
+
+    fused, rung_fused = run(True)
+    apart, rung_apart = run(False)
+    assert len(rung_apart) > 1000 and fused.ledger.busy["lock"] > 0  # shared QPs, some waited
+    assert rung_fused == rung_apart
+    assert fused.latency_us == apart.latency_us
+    assert fused.counters == apart.counters
+    assert fused.ledger.busy == pytest.approx(apart.ledger.busy, rel=1e-12)  # summed in another order
+    assert fused.events < apart.events - len(rung_apart) // (4 if host_cq else 2)

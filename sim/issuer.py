@@ -449,33 +449,32 @@ class NativePort(WarpPort):
         # it, so the fence, the ringing and the release are one wait, the doorbell a call at
         # its instant. Only where the release's cost is fixed (it waits for no host reads
         # issued meanwhile).
-        fuse = False
+        turn_free = False  # the turn is this group's by the fence's end, known now
         if total > 0 and self.release_host is None and self.fuse_turn:
             now = env._now + total  # where hold(env, total) would fire
             serving = turn.serving
             if serving == ticket:
-                fuse = True
+                turn_free = True
                 rel = turn.released
             elif serving == ticket - 1:
                 due = turn.due
                 if due is not None and due[0] == serving and due[1] < now:
-                    fuse = True
+                    turn_free = True
                     rel = due[2]  # what turn.released will be when it passes
-        if fuse:  # its turn at the fence's end: on the last ringer's chain if later
-            if path is not None and rel is not None and rel[1] > path.cur[1]:
-                path.cur = rel
-        else:
+        if not turn_free:
             if total > 0:
                 yield hold(env, total)
             now = env._now
             ev = turn.wait(ticket)
-            if ev is None:  # its turn already: continue on the last ringer's chain if later
+            if ev is None:  # its turn already
                 rel = turn.released
-                if path is not None and rel is not None and rel[1] > path.cur[1]:
-                    path.cur = rel
-            else:
+            else:  # the wait records what released it
                 yield from self._wait("lock", ev)
                 now = env._now
+                rel = None
+        # its turn with no wait for it: continue on the last ringer's chain if later
+        if path is not None and rel is not None and rel[1] > path.cur[1]:
+            path.cur = rel
         led.counters["doorbells"] += 1
         # _pay_ringing: slot-turn atomic and doorbell, then the fence after the doorbell
         acc = now
@@ -500,7 +499,7 @@ class NativePort(WarpPort):
                 after += t
         nic = qp.nic
         msgs = [msg]
-        if fuse or (total > 0 and after > 0):
+        if turn_free or (total > 0 and after > 0):
             t_ring = now + total  # where hold(env, total) would fire
             if path is None:
                 call_at(env, t_ring, nic.doorbell, msgs)

@@ -66,6 +66,12 @@ class _Moved:
         self.wake.add(n)
 
 
+def _on_node(dsts: list[int], lo: int, hi: int) -> list[int]:
+    """A token's destination ranks on the node of ranks ``lo..hi-1``: a slice of its sorted
+    destinations (``Routing.dst_ranks`` rows are sorted), not a filter of each."""
+    return dsts[bisect_left(dsts, lo):bisect_left(dsts, hi)]
+
+
 def _cur(w: World) -> Rec | None:
     """The segment of whatever runs now, when the critical path is recorded."""
     path = w.ledger.path
@@ -177,14 +183,13 @@ def _dispatch_rank(w: World, r: int, sh: _Shared):
         track = f"fwd{j}"
         done = [0] * len(pairs)
         want = [len(sh.stream.get((s, c, n), ())) for s, c in pairs]
-        # per pair, per token of its stream: the destination GPUs of this node (routing is fixed),
-        # the ranks lo..hi-1 of a token's destinations (Routing.dst_ranks rows are sorted): a
-        # slice, not a filter of each (a generator per token was 1.4% of an EP256 dispatch)
+        # per pair, per token of its stream: the destination GPUs of this node (routing is fixed;
+        # a slice, not a filter: a generator per token was 1.4% of an EP256 dispatch)
         lo, hi = n * rpn, (n + 1) * rpn
         here = []
         for s, c in pairs:
             rows = [rt.dst_ranks[s][t] for t in sh.stream.get((s, c, n), ())]
-            here.append([x[bisect_left(x, lo):bisect_left(x, hi)] for x in rows])
+            here.append([_on_node(x, lo, hi) for x in rows])
         wake = Counter(env)  # bumped whenever any polled tail moves
         tags = [TailTag(s, c) for s, c in pairs]
         known = [rcv.known[tag] for tag in tags]  # the words polled, looked up once
@@ -416,10 +421,8 @@ def _combine_rank(w: World, r: int, sh: _Shared):
         port = w.port(r, j % C)
         track = f"fwd{j}"
         for s, t in work[j::F]:
-            # the token's expert ranks on this node, one partial row each: the slice lo..hi-1
-            # of its sorted destinations (Routing.dst_ranks), counted without a pass over it
-            x = rt.dst_ranks[s][t]
-            contrib = bisect_left(x, hi) - bisect_left(x, lo)
+            # the token's expert ranks on this node, one partial row each
+            contrib = len(_on_node(rt.dst_ranks[s][t], lo, hi))
             # the poll that sees the partials, then their reduction: one wait of the warp
             yield from rcv.wait(PartialTag(s, t), contrib, track, total=True,
                                 then=("compute", red_ns * contrib))
@@ -452,8 +455,7 @@ def _combine_rank(w: World, r: int, sh: _Shared):
             cnt = sum(1 for _t, nodes in mine if m in nodes)
             yield from rcv.wait(CombineTag(m, r), cnt, "rx", flags=1)
         for t, _nodes in mine:
-            x = rt.dst_ranks[r][t]
-            local = bisect_left(x, hi) - bisect_left(x, lo)  # its ranks on this node (sorted)
+            local = len(_on_node(rt.dst_ranks[r][t], lo, hi))
             if local:
                 yield from rcv.wait(PartialTag(r, t), local, "rx", total=True)
         yield w.ctx.busy("compute", final_reduce_ns(w, kib * len(mine) * N))

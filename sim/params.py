@@ -572,6 +572,13 @@ class Design(Strict):
         "per-expert", description="v1-ll combine: a flag per (expert, source rank) after its rows "
         "(DeepEP LL), or one flag per destination rank after all rows to it, which every "
         "receiving warp polls (the hw/ep kernels)")
+    ll_combine_order: Literal["in-turn", "concurrent"] = Field(
+        "in-turn", description="v1-ll combine: the order a rank's rows are dealt over its "
+        "channels. in-turn: (expert, source) pair after pair, each pair's rows over the "
+        "channels (the hw/ep kernels' combine_rank); concurrent: the pairs side by side, every "
+        "pair's first row, then every pair's second... (DeepEP LL: a warp group per pair, all "
+        "running at once), so a rank's writes go to every source at once, not to a few sources "
+        "after another as every other rank also does")
     recv_cq: Literal["per-rail", "per-dest-qp"] = Field(
         "per-rail", description="imm-counting: one receive CQ per NIC of the rank, read as its CQEs "
         "arrive (a GIN context's CQ per device), or one per destination QP, each read only by the "

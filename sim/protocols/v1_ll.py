@@ -77,26 +77,37 @@ def run(w: World) -> list:
             for t, row in enumerate(rt.topk[src]):
                 for e in row:
                     got.setdefault((int(e), src), []).append(t)
+        concurrent = w.design.ll_combine_order == "concurrent"
         for s in range(R):  # s hosts expert e; results go back to the token's source rank
-            # (expert, source) pairs expert-major, source-minor, each pair's rows dealt round
-            # robin over the channels in turn (DeepEP LL's combine: a warp group per (expert,
-            # destination rank); hw/ep's combine_rank: the same pairs, rows dealt over warps), so
-            # the channels write to different destinations at once
-            k = 0
-            for e in rt.experts_of(s):
-                for src in range(R):
-                    for t in got.get((e, src), ()):
-                        # one flag per (expert, source), or per source rank for all its rows;
-                        # the token rides along: its channel at the source is the receive CQ
-                        # its row completes on (design.recv_cq = "per-dest-qp")
-                        key = (s, src, -1) if per_rank else (s, src, e)
-                        items[s].append((k % C, src, RankTag(s) if per_rank else ExpertTag(s, e), t))
-                        counts[key] = counts.get(key, 0) + 1
-                        k += 1
+            # (expert, source) pairs expert-major, source-minor; each pair's rows in token order
+            rows = [(j, e, src, t) for e in rt.experts_of(s) for src in range(R)
+                    for j, t in enumerate(got.get((e, src), ()))]
+            if concurrent:
+                # DeepEP LL's combine: a warp group per (expert, destination rank) pair, all
+                # at once: every pair's j-th row before any pair's (j+1)-th (a stable sort).
+                # In turn (hw/ep's combine_rank), pair after pair: every rank walks the
+                # sources in the same order, so at any instant all ranks write to the same few
+                # sources, whose receive ports then set the pace (EP256: the p50 source 28%
+                # later than with the pairs side by side, test_v1_combine_pairs_side_by_side...)
+                rows.sort(key=_row_index)
+            # dealt round robin over the channels, so the channels write to different
+            # destinations at once
+            for k, (_j, e, src, t) in enumerate(rows):
+                # one flag per (expert, source), or per source rank for all its rows; the
+                # token rides along: its channel at the source is the receive CQ its row
+                # completes on (design.recv_cq = "per-dest-qp")
+                key = (s, src, -1) if per_rank else (s, src, e)
+                items[s].append((k % C, src, RankTag(s) if per_rank else ExpertTag(s, e), t))
+                counts[key] = counts.get(key, 0) + 1
     done = []
     for r in range(R):
         done.append(env.process(_rank(w, r, items[r], counts, nbytes, dispatch)))
     return done
+
+
+def _row_index(row: tuple[int, int, int, int]) -> int:
+    """A combine row's place within its (expert, source) pair."""
+    return row[0]
 
 
 def _rank(w: World, r: int, items, counts, nbytes: int, dispatch: bool):

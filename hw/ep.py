@@ -174,6 +174,9 @@ def scenario_overrides(ranks: int, faults: bool, extra: Mapping[str, Any],
         # the kernels' combine sends one flag per destination rank, polled by every warp
         # (ep_kernels.cu post_signals / combine_rank), not DeepEP LL's flag per expert
         "design.ll_combine_flags": "per-rank",
+        # and deals its (expert, source) pairs' rows pair after pair (combine_rank), not side by
+        # side as DeepEP LL's warp group per pair does
+        "design.ll_combine_order": "in-turn",
         # write-with-immediate: a receive CQ per destination QP (local expert in dispatch,
         # token channel in combine), read by the warp receiving on it, one 16-byte CQE per
         # read (ep_kernels.cu dispatch_rank / combine_rank)

@@ -991,3 +991,31 @@ def test_a_group_whose_turn_is_free_when_its_fence_issues_waits_once(host_cq):
     assert fused.counters == apart.counters
     assert fused.ledger.busy == pytest.approx(apart.ledger.busy, rel=1e-12)  # summed in another order
     assert fused.events < apart.events - len(rung_apart) // (4 if host_cq else 2)
+
+
+def test_v1_combine_pairs_side_by_side_spread_the_sources_load():
+    """DeepEP LL's combine runs a warp group per (expert, destination rank) pair, all at once
+    (``ll_combine_order = "concurrent"``); dealt pair after pair (``in-turn``, hw/ep's
+    combine_rank) every rank writes to the same few sources at any instant, so the sources are
+    served one band after another and finish in rank order. One expert a rank makes the whole
+    combine one such sweep (pure RDMA, so every row crosses a receive port)."""
+    sets = {"workload.ep_ranks": 32, "workload.num_experts": 32, "workload.tokens_per_rank": 64,
+            "design.num_sms": 16, "design.ll_intranode_nvlink": False}
+    lat = {}
+    for order in ("in-turn", "concurrent"):
+        scn = scenario.load("decode-ep16-ib", {**sets, "design.ll_combine_order": order})
+        lat[order] = np.array(simulate_op(scn, "combine", 0).latency_us)
+    turn, side = lat["in-turn"], lat["concurrent"]
+    assert turn.min() == pytest.approx(side.min(), rel=0.01)  # the first source served as early
+    assert np.corrcoef(np.arange(32), turn)[0, 1] > 0.9  # in turn: finished in the order served
+    assert turn.max() > 1.4 * side.max()
+    assert side.max() < 1.01 * side.min()  # side by side: every source with the first
+    assert np.median(side) < 0.85 * np.median(turn)
+
+
+def test_deepep_ll_deals_its_combine_pairs_side_by_side_and_the_hw_kernels_in_turn():
+    from lever.hw.ep import scenario_overrides
+
+    assert scenario.load("decode-ep16-ib").design.ll_combine_order == "concurrent"
+    assert scenario.load("emu-ep2-native").design.ll_combine_order == "in-turn"
+    assert scenario_overrides(2, False, {})["design.ll_combine_order"] == "in-turn"

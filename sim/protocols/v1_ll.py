@@ -87,8 +87,9 @@ def run(w: World) -> list:
                 # at once: every pair's j-th row before any pair's (j+1)-th (a stable sort).
                 # In turn (hw/ep's combine_rank), pair after pair: every rank walks the
                 # sources in the same order, so at any instant all ranks write to the same few
-                # sources, whose receive ports then set the pace (EP256: the p50 source 28%
-                # later than with the pairs side by side, test_v1_combine_pairs_side_by_side...)
+                # sources, whose receive ports then set the pace (IB pure RDMA EP256: the p50
+                # source 28% later than with the pairs side by side; tests/test_mechanisms.py::
+                # test_v1_combine_pairs_side_by_side_spread_the_sources_load)
                 rows.sort(key=_row_index)
             # dealt round robin over the channels, so the channels write to different
             # destinations at once
